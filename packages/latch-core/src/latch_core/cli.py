@@ -1,0 +1,131 @@
+"""``latch-pipeline``: a click group with chained subcommands.
+
+Core provides ``plugins``, ``show``, ``validate`` and ``passes`` (run a named sequence of passes on
+a file). Stage packages add subcommands through ``latch_register_commands``; installing only
+latch-core gives a working CLI with fewer commands.
+
+Chaining: ``latch-pipeline show a.latch.json validate a.latch.json``. Commands that transform a
+document read ``-i/--input`` and write ``-o/--output``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from . import document as _document
+from . import plugins as _plugins
+from .lint import lint_section
+from .passes import PassError, run_pipeline
+from .text import format_document
+
+
+class LatchGroup(click.Group):
+    """Adds the commands plugins register, lazily, so ``--help`` lists them."""
+
+    def _plugin_commands(self) -> dict[str, click.Command]:
+        try:
+            regs = _plugins.registries()
+        except Exception as e:  # a broken plugin must not take the whole CLI down silently
+            click.echo(f"latch-pipeline: error loading plugins: {e}", err=True)
+            sys.exit(2)
+        return {name: cmd for name, cmd in regs.commands.items()}
+
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(self._plugin_commands()))
+
+    def get_command(self, ctx, name):
+        cmd = super().get_command(ctx, name)
+        if cmd is not None:
+            return cmd
+        return self._plugin_commands().get(name)
+
+
+@click.group(cls=LatchGroup, chain=True)
+def main():
+    """Latch: compile a PyTorch training update into one persistent Hopper kernel."""
+
+
+def load_or_exit(path: str) -> _document.Document:
+    try:
+        return _document.load(path)
+    except _document.DocumentError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+
+
+@main.command("plugins")
+def plugins_cmd():
+    """List installed plugins and what each registers."""
+    regs = _plugins.registries()
+    owners: dict[str, dict[str, list[str]]] = {}
+    for hook, registry in regs.by_hook().items():
+        kind = hook.removeprefix("latch_register_")
+        for owner, names in registry.by_owner().items():
+            owners.setdefault(owner, {})[kind] = names
+    for name, dist in regs.plugins:
+        click.echo(f"{name}  ({dist})")
+        for kind, names in sorted(owners.get(name, {}).items()):
+            shown = ", ".join(names[:12]) + (f", ... (+{len(names) - 12})" if len(names) > 12 else "")
+            click.echo(f"    {kind} [{len(names)}]: {shown}")
+        if not owners.get(name):
+            click.echo("    (registers nothing)")
+
+
+@main.command("show")
+@click.argument("file", type=click.Path(dir_okay=False))
+def show_cmd(file):
+    """Print a document as readable text: one line per node, then schedule and memory."""
+    doc = load_or_exit(file)
+    click.echo(format_document(doc, source=file))
+
+
+@main.command("validate")
+@click.argument("file", type=click.Path(dir_okay=False))
+def validate_cmd(file):
+    """Check a document: schema, graph lint, and every registered validator pass."""
+    doc = load_or_exit(file)
+    regs = _plugins.registries()
+    problems: list[str] = []
+    if doc.graph is not None:
+        problems += lint_section(doc.graph, regs.ops)
+    for name, p in regs.passes.items():
+        if getattr(p, "validator", False) and set(p.requires) <= doc.sections():
+            try:
+                p.run(doc)
+            except Exception as e:
+                problems.append(f"{name}: {e}")
+    if problems:
+        click.echo(f"{file}: INVALID", err=True)
+        for pr in problems:
+            click.echo(f"  {pr}", err=True)
+        sys.exit(1)
+    click.echo(f"{file}: ok ({', '.join(sorted(doc.sections()))})")
+
+
+@main.command("passes")
+@click.option("-i", "--input", "inp", required=True, type=click.Path(dir_okay=False), help="document to read")
+@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False), help="document to write")
+@click.option("--list", "list_only", is_flag=True, help="list registered passes and exit")
+@click.argument("names", nargs=-1)
+def passes_cmd(inp, out, list_only, names):
+    """Run the named passes, in order, on a document."""
+    regs = _plugins.registries()
+    if list_only:
+        for name, p in regs.passes.items():
+            click.echo(f"{name}: requires {sorted(p.requires)} ensures {sorted(p.ensures)}  [{regs.passes.owner(name)}]")
+        return
+    doc = load_or_exit(inp)
+    try:
+        seq = [regs.passes.get(n) for n in names]
+        doc = run_pipeline(seq, doc, on_pass=lambda p, d: click.echo(f"  {p.name}: {d.provenance[-1].seconds * 1000:.1f} ms"))
+    except (PassError, ValueError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    _document.save(doc, out)
+    click.echo(f"wrote {out}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,166 @@
+"""The plugin manager: discovers plugins through the ``latch.plugins`` entry-point group.
+
+Built-in packages and third-party packages take the same path. ``LATCH_PLUGINS=a,b`` limits which
+entry points load (by entry-point name); the core plugin always loads. A plugin that implements a
+hook Latch does not define fails at load (pluggy's ``check_pending``), naming the hook.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import metadata
+from typing import Any, Iterable
+
+import attrs
+import pluggy
+
+from . import hookspecs
+from .registry import OpSpec, Registry, RegistryError
+
+GROUP = "latch.plugins"
+ENV = "LATCH_PLUGINS"
+CORE_PLUGIN = "core"
+
+
+class PluginError(RuntimeError):
+    pass
+
+
+@attrs.define
+class Registries:
+    ops: Registry
+    derivatives: Registry
+    lowerings: Registry
+    schedulers: Registry
+    passes: Registry
+    commands: Registry
+    plugins: list[tuple[str, str]]  # (plugin name, distribution "name version" or "-")
+    manager: pluggy.PluginManager = attrs.field(repr=False)
+
+    def by_hook(self) -> dict[str, Registry]:
+        return {
+            "latch_register_ops": self.ops,
+            "latch_register_derivatives": self.derivatives,
+            "latch_register_lowerings": self.lowerings,
+            "latch_register_schedulers": self.schedulers,
+            "latch_register_passes": self.passes,
+            "latch_register_commands": self.commands,
+        }
+
+
+def _allowed() -> set[str] | None:
+    raw = os.environ.get(ENV)
+    if raw is None or not raw.strip():
+        return None
+    return {x.strip() for x in raw.split(",") if x.strip()}
+
+
+def _entry_points() -> list[metadata.EntryPoint]:
+    return sorted(metadata.entry_points(group=GROUP), key=lambda e: e.name)
+
+
+def make_manager(extra_plugins: Iterable[tuple[str, Any]] = (), *, entry_points: bool = True) -> pluggy.PluginManager:
+    pm = pluggy.PluginManager("latch")
+    pm.add_hookspecs(hookspecs)
+    allowed = _allowed()
+    if entry_points:
+        seen: dict[str, str] = {}
+        for ep in _entry_points():
+            if allowed is not None and ep.name not in allowed and ep.name != CORE_PLUGIN:
+                continue
+            dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "-"
+            if ep.name in seen:
+                if seen[ep.name] == dist:
+                    continue  # the same distribution seen twice on sys.path
+                raise PluginError(
+                    f"two plugins named {ep.name!r} in entry-point group {GROUP!r}: from {seen[ep.name]} and {dist}"
+                )
+            try:
+                plugin = ep.load()
+            except Exception as e:  # a broken plugin must name itself
+                raise PluginError(f"plugin {ep.name!r} ({dist}, {ep.value}) failed to import: {e}") from e
+            seen[ep.name] = dist
+            pm.register(plugin, name=ep.name)
+            pm._latch_dists = getattr(pm, "_latch_dists", {})  # type: ignore[attr-defined]
+            pm._latch_dists[ep.name] = dist  # type: ignore[attr-defined]
+        if allowed is not None:
+            missing = allowed - set(seen) - {CORE_PLUGIN}
+            if missing:
+                raise PluginError(
+                    f"{ENV} names plugins that are not installed: {sorted(missing)}; "
+                    f"installed: {sorted(e.name for e in _entry_points())}"
+                )
+    for name, plugin in extra_plugins:
+        pm.register(plugin, name=name)
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as e:
+        raise PluginError(f"plugin {e.plugin_name!r} implements a hook Latch does not define: {e}") from None
+    return pm
+
+
+def collect(pm: pluggy.PluginManager) -> Registries:
+    regs = Registries(
+        ops=Registry("op"),
+        derivatives=Registry("derivative rule"),
+        lowerings=Registry("lowering"),
+        schedulers=Registry("scheduler"),
+        passes=Registry("pass"),
+        commands=Registry("command"),
+        plugins=[],
+        manager=pm,
+    )
+    dists = getattr(pm, "_latch_dists", {})
+    regs.plugins = [(name, dists.get(name, "-")) for name, _ in sorted(pm.list_name_plugin()) if name is not None]
+
+    for hook_name, registry in regs.by_hook().items():
+        hook = getattr(pm.hook, hook_name)
+        for impl in reversed(hook.get_hookimpls()):  # registration order
+            registrant = impl.plugin_name
+
+            def register(*args, _registry=registry, _registrant=registrant, _hook=hook_name):
+                _register(_registry, _hook, _registrant, args)
+
+            impl.function(register=register)
+    return regs
+
+
+def _register(registry: Registry, hook: str, registrant: str, args: tuple) -> None:
+    if hook == "latch_register_ops":
+        if len(args) != 1 or not isinstance(args[0], OpSpec):
+            raise RegistryError(f"plugin {registrant!r}: {hook} register() takes one OpSpec, got {args!r}")
+        registry.add(args[0].name, args[0], registrant)
+    elif hook in ("latch_register_passes", "latch_register_commands"):
+        if len(args) != 1:
+            raise RegistryError(f"plugin {registrant!r}: {hook} register() takes one object, got {len(args)}")
+        item = args[0]
+        name = getattr(item, "name", None)
+        if not isinstance(name, str):
+            raise RegistryError(f"plugin {registrant!r}: {hook} item {item!r} has no string .name")
+        registry.add(name, item, registrant)
+    else:
+        if len(args) != 2 or not isinstance(args[0], str):
+            raise RegistryError(f"plugin {registrant!r}: {hook} register() takes (name, item), got {args!r}")
+        registry.add(args[0], args[1], registrant)
+
+
+_CACHE: Registries | None = None
+
+
+def registries() -> Registries:
+    """The process-wide registries from installed plugins (loaded once)."""
+    global _CACHE
+    if _CACHE is None:
+        _CACHE = collect(make_manager())
+    return _CACHE
+
+
+def reset() -> None:
+    """Forget the cached registries (tests that change LATCH_PLUGINS or register plugins)."""
+    global _CACHE
+    _CACHE = None
+
+
+def load_with(*plugins: tuple[str, Any], entry_points: bool = True) -> Registries:
+    """Registries from installed plugins plus the given (name, plugin) objects; not cached."""
+    return collect(make_manager(plugins, entry_points=entry_points))
