@@ -1,0 +1,1 @@
+"""Latch capture: PyTorch training update -> Graph."""

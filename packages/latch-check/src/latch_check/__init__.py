@@ -1,0 +1,1 @@
+"""Latch check: FP64 reference interpreter, arena simulator, numerical gates, benchmarks."""

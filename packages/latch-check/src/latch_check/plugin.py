@@ -1,0 +1,3 @@
+"""latch-check's registrations with Latch (entry point group latch.plugins)."""
+
+from latch_core.hookspecs import hookimpl  # noqa: F401

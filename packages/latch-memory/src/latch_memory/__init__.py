@@ -1,0 +1,1 @@
+"""Latch memory: numerical policy, recomputation, liveness, arena planning."""

@@ -1,0 +1,1 @@
+"""Latch op definitions: schemas, shape rules, torch references, derivatives, costs, CUDA bodies."""

@@ -1,0 +1,1 @@
+"""Latch scheduling: Graph -> Schedule (barrier, dataflow), static hazard validator."""
