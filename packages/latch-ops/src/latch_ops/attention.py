@@ -1,0 +1,325 @@
+"""Latch's attention op: ``latch::sdpa`` and its backward ``latch::sdpa_backward``.
+
+Semantics (the FP64 reference is the ground truth; a GPU body must match it):
+
+    sdpa(q[B,H,Tq,D], k[B,H,Tk,D], v[B,H,Tk,Dv]; causal, scale) -> (out[B,H,Tq,Dv], lse[B,H,Tq])
+        s[b,h,i,j] = scale * sum_d q[b,h,i,d] k[b,h,j,d]     (j > i masked out when ``causal``:
+                                                              top-left aligned, as torch's is_causal)
+        lse[b,h,i] = log sum_j exp s[b,h,i,j]
+        out[b,h,i] = sum_j exp(s[b,h,i,j] - lse[b,h,i]) v[b,h,j]
+
+    sdpa_backward(grad_out, grad_lse?, q, k, v, out, lse; causal, scale) -> (dq, dk, dv)
+
+``lse`` is what the backward needs (it rebuilds the probabilities from it, as flash attention
+does) and it is differentiable: ``grad_lse`` is an optional operand, absent (None) when nothing
+used ``lse``, which is the normal case. Both ops appear as ONE node each in a captured graph.
+
+Dtypes: out has q's dtype; lse is f32 for bf16/f16 operands and q's dtype otherwise, so the FP64
+reference runs entirely in f64. "BF16 attention" is a numerical-policy attribute (``operand_dtype``)
+set later on the node, not a different op.
+
+This module imports without torch: torch is imported inside the math functions and by
+:func:`torch_ops`, which registers the torch.library custom ops on first use. Model code calls
+:func:`sdpa`; capture then sees ``torch.ops.latch.sdpa`` and lowers it generically to
+``latch::sdpa`` (tensor arguments -> operands, ``causal``/``scale`` -> attributes).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from latch_core.ir import FLOAT_DTYPES, TensorType
+from latch_core.registry import ATTENTION, OpSpec, ShapeError
+
+SDPA = "latch::sdpa"
+SDPA_BACKWARD = "latch::sdpa_backward"
+LOW_PRECISION = frozenset({"bf16", "f16"})
+
+
+def stat_dtype(dtype: str) -> str:
+    """dtype of the per-row statistic ``lse``: f32 for half-precision operands, else the operands'."""
+    return "f32" if dtype in LOW_PRECISION else dtype
+
+
+# --------------------------------------------------------------------------------------------
+# Shape/dtype rules
+
+def _attrs(op: str, attrs: dict[str, Any]) -> tuple[bool, float]:
+    if "causal" not in attrs or "scale" not in attrs:
+        raise ShapeError(f"{op}: attributes 'causal' (bool) and 'scale' (float) are required, got {sorted(attrs)}")
+    causal, scale = attrs["causal"], attrs["scale"]
+    if not isinstance(causal, bool):
+        raise ShapeError(f"{op}: attribute 'causal' must be a bool, got {causal!r}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ShapeError(f"{op}: attribute 'scale' must be a finite number, got {scale!r}")
+    return causal, float(scale)
+
+
+def _qkv(op: str, q: TensorType | None, k: TensorType | None, v: TensorType | None):
+    """Check q/k/v against each other; returns (B, H, Tq, Tk, D, Dv)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t is None:
+            raise ShapeError(f"{op}: operand {name} is required")
+        if len(t.shape) != 4:
+            raise ShapeError(f"{op}: {name} must be [B, H, T, D], got {t}; reshape/transpose to heads-first first")
+        if t.dtype not in FLOAT_DTYPES:
+            raise ShapeError(f"{op}: {name} must be a float tensor, got {t}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ShapeError(f"{op}: q, k, v must share one dtype, got q {q}, k {k}, v {v}; cast them first")
+    B, H, Tq, D = q.shape
+    if k.shape[:2] != (B, H) or v.shape[:2] != (B, H):
+        raise ShapeError(f"{op}: batch and head dims must agree: q {q}, k {k}, v {v}")
+    if k.shape[3] != D:
+        raise ShapeError(f"{op}: q and k head dims differ: q {q}, k {k}")
+    if k.shape[2] != v.shape[2]:
+        raise ShapeError(f"{op}: k and v sequence lengths differ: k {k}, v {v}")
+    return B, H, Tq, k.shape[2], D, v.shape[3]
+
+
+def infer_sdpa(inputs: Sequence[TensorType | None], attrs: dict[str, Any]) -> list[TensorType]:
+    _attrs(SDPA, attrs)
+    q, k, v = inputs
+    B, H, Tq, _Tk, _D, Dv = _qkv(SDPA, q, k, v)
+    return [TensorType((B, H, Tq, Dv), q.dtype), TensorType((B, H, Tq), stat_dtype(q.dtype))]
+
+
+def infer_sdpa_backward(inputs: Sequence[TensorType | None], attrs: dict[str, Any]) -> list[TensorType]:
+    _attrs(SDPA_BACKWARD, attrs)
+    grad_out, grad_lse, q, k, v, out, lse = inputs
+    B, H, Tq, _Tk, _D, Dv = _qkv(SDPA_BACKWARD, q, k, v)
+    want_out = TensorType((B, H, Tq, Dv), q.dtype)
+    want_lse = TensorType((B, H, Tq), stat_dtype(q.dtype))
+    for name, t, want in (("grad_out", grad_out, want_out), ("out", out, want_out), ("lse", lse, want_lse)):
+        if t is None:
+            raise ShapeError(f"{SDPA_BACKWARD}: operand {name} is required")
+        if t != want:
+            raise ShapeError(f"{SDPA_BACKWARD}: {name} must be {want} (from q {q}, v {v}), got {t}")
+    if grad_lse is not None and grad_lse != want_lse:
+        raise ShapeError(f"{SDPA_BACKWARD}: grad_lse must be {want_lse} or absent, got {grad_lse}")
+    return [q, k, v]
+
+
+# --------------------------------------------------------------------------------------------
+# Costs: (flops, bytes). Causal attention visits about half of the score matrix.
+
+def _score_elems(q: TensorType, k: TensorType, causal: bool) -> float:
+    B, H, Tq, _ = q.shape
+    Tk = k.shape[2]
+    if not causal:
+        return B * H * Tq * Tk
+    # rows i see keys 0..min(i, Tk-1): sum_i min(i+1, Tk)
+    full = min(Tq, Tk)
+    seen = full * (full + 1) // 2 + max(0, Tq - Tk) * Tk
+    return B * H * seen
+
+
+def _nbytes(types) -> int:
+    return sum(t.nbytes for t in types if t is not None)
+
+
+def cost_sdpa(inputs, outputs, attrs) -> tuple[int, int]:
+    q, k, v = inputs
+    n = _score_elems(q, k, bool(attrs.get("causal")))
+    flops = 2 * n * (q.shape[3] + v.shape[3]) + 5 * n  # QK^T, PV, plus exp/max/sum per score
+    return int(flops), _nbytes(list(inputs) + list(outputs))
+
+
+def cost_sdpa_backward(inputs, outputs, attrs) -> tuple[int, int]:
+    _go, _gl, q, k, v, _o, _l = inputs
+    n = _score_elems(q, k, bool(attrs.get("causal")))
+    D, Dv = q.shape[3], v.shape[3]
+    # recompute S (D), dV = P^T dO (Dv), dP = dO V^T (Dv), dQ = dS K (D), dK = dS^T Q (D)
+    flops = 2 * n * (3 * D + 2 * Dv) + 6 * n
+    return int(flops), _nbytes(list(inputs) + list(outputs))
+
+
+# --------------------------------------------------------------------------------------------
+# The math: plain torch, any float dtype (half precision computes in f32). This is both the
+# custom op's real implementation and the FP64 reference.
+
+def _compute_dtype(t):
+    import torch
+
+    return torch.float32 if t.dtype in (torch.bfloat16, torch.float16) else t.dtype
+
+
+def _scores(q, k, causal: bool, scale: float):
+    """scale * q k^T in the compute dtype, masked entries at -inf."""
+    import torch
+
+    cd = _compute_dtype(q)
+    s = torch.matmul(q.to(cd), k.to(cd).transpose(-2, -1)) * scale
+    if causal:
+        Tq, Tk = s.shape[-2], s.shape[-1]
+        masked = torch.ones(Tq, Tk, dtype=torch.bool, device=s.device).triu(1)
+        s = s.masked_fill(masked, float("-inf"))
+    return s
+
+
+def sdpa_forward_math(q, k, v, causal: bool, scale: float):
+    """(out, lse) of scaled dot-product attention; see the module docstring."""
+    import torch
+
+    cd = _compute_dtype(q)
+    s = _scores(q, k, causal, scale)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.unsqueeze(-1))
+    out = torch.matmul(p, v.to(cd))
+    return out.to(q.dtype).contiguous(), lse.contiguous()
+
+
+def sdpa_backward_math(grad_out, grad_lse, q, k, v, out, lse, causal: bool, scale: float):
+    """(dq, dk, dv) for :func:`sdpa_forward_math`, rebuilding P from lse.
+
+    With dP = dO V^T and delta_i = sum_j P_ij dP_ij = sum_d dO_id O_id, the score gradient is
+    dS = P * (dP - delta + grad_lse); dq = scale dS K, dk = scale dS^T Q, dv = P^T dO.
+    """
+    import torch
+
+    cd = _compute_dtype(q)
+    s = _scores(q, k, causal, scale)
+    p = torch.exp(s - lse.to(cd).unsqueeze(-1))
+    go = grad_out.to(cd)
+    dv = torch.matmul(p.transpose(-2, -1), go)
+    dp = torch.matmul(go, v.to(cd).transpose(-2, -1))
+    delta = (go * out.to(cd)).sum(dim=-1, keepdim=True)
+    ds = dp - delta
+    if grad_lse is not None:
+        ds = ds + grad_lse.to(cd).unsqueeze(-1)
+    ds = p * ds
+    dq = torch.matmul(ds, k.to(cd)) * scale
+    dk = torch.matmul(ds.transpose(-2, -1), q.to(cd)) * scale
+    return dq.to(q.dtype).contiguous(), dk.to(k.dtype).contiguous(), dv.to(v.dtype).contiguous()
+
+
+def _ref_sdpa(inputs, attrs):
+    q, k, v = inputs
+    return list(sdpa_forward_math(q, k, v, bool(attrs["causal"]), float(attrs["scale"])))
+
+
+def _ref_sdpa_backward(inputs, attrs):
+    return list(sdpa_backward_math(*inputs, bool(attrs["causal"]), float(attrs["scale"])))
+
+
+SPECS = [
+    OpSpec(
+        name=SDPA,
+        signature="sdpa(q[B,H,Tq,D], k[B,H,Tk,D], v[B,H,Tk,Dv]) {causal: bool, scale: float} "
+                  "-> (out[B,H,Tq,Dv], lse[B,H,Tq])",
+        infer=infer_sdpa,
+        tags={ATTENTION},
+        num_inputs=(3, 3),
+        cost=cost_sdpa,
+        doc="scaled dot-product attention returning the per-row log-sum-exp for the backward; "
+            "causal masking is top-left aligned (key j visible to query i iff j <= i)",
+        extra={"reference": _ref_sdpa, "torch_ops": ["latch::sdpa"]},
+    ),
+    OpSpec(
+        name=SDPA_BACKWARD,
+        signature="sdpa_backward(grad_out[B,H,Tq,Dv], grad_lse[B,H,Tq]?, q, k, v, out, lse) "
+                  "{causal: bool, scale: float} -> (dq, dk, dv)",
+        infer=infer_sdpa_backward,
+        tags={ATTENTION},
+        num_inputs=(7, 7),
+        cost=cost_sdpa_backward,
+        doc="gradient of latch::sdpa; grad_lse is absent (None) when lse was not used",
+        extra={"reference": _ref_sdpa_backward, "torch_ops": ["latch::sdpa_backward"]},
+    ),
+]
+
+
+# --------------------------------------------------------------------------------------------
+# torch.library registration (lazy: importing this module never imports torch)
+
+_OPS: Any = None
+
+
+def torch_ops():
+    """Register ``torch.ops.latch.sdpa`` / ``sdpa_backward`` (once) and return ``torch.ops.latch``."""
+    global _OPS
+    if _OPS is not None:
+        return _OPS
+    import torch
+    from torch.library import custom_op
+
+    # Explicit schemas: this module uses postponed annotations, which infer_schema cannot read here.
+    @custom_op(SDPA, mutates_args=(), schema="(Tensor q, Tensor k, Tensor v, bool causal, float scale) -> (Tensor, Tensor)")
+    def _sdpa(q, k, v, causal, scale):
+        return sdpa_forward_math(q, k, v, causal, scale)
+
+    @_sdpa.register_fake
+    def _sdpa_fake(q, k, v, causal, scale):
+        return _fake_outputs(infer_sdpa, [q, k, v], {"causal": causal, "scale": scale}, q)
+
+    @custom_op(SDPA_BACKWARD, mutates_args=(),
+               schema="(Tensor grad_out, Tensor? grad_lse, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+                      "bool causal, float scale) -> (Tensor, Tensor, Tensor)")
+    def _sdpa_backward(grad_out, grad_lse, q, k, v, out, lse, causal, scale):
+        return sdpa_backward_math(grad_out, grad_lse, q, k, v, out, lse, causal, scale)
+
+    @_sdpa_backward.register_fake
+    def _sdpa_backward_fake(grad_out, grad_lse, q, k, v, out, lse, causal, scale):
+        return _fake_outputs(infer_sdpa_backward, [grad_out, grad_lse, q, k, v, out, lse],
+                             {"causal": causal, "scale": scale}, q)
+
+    def setup_context(ctx, inputs, output):
+        q, k, v, causal, scale = inputs
+        out, lse = output
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.scale = causal, scale
+        # Unused outputs give None (not a materialised zeros tensor): grad_lse stays absent.
+        ctx.set_materialize_grads(False)
+
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if grad_out is None and grad_lse is None:
+            return None, None, None, None, None
+        if grad_out is None:
+            grad_out = torch.zeros_like(out)
+        dq, dk, dv = _sdpa_backward(grad_out, grad_lse, q, k, v, out, lse, ctx.causal, ctx.scale)
+        return dq, dk, dv, None, None
+
+    _sdpa.register_autograd(backward, setup_context=setup_context)
+    _OPS = torch.ops.latch
+    return _OPS
+
+
+_TORCH_DTYPES = {"f64": "float64", "f32": "float32", "bf16": "bfloat16", "f16": "float16",
+                 "i64": "int64", "i32": "int32", "i16": "int16", "i8": "int8", "u8": "uint8", "bool": "bool"}
+
+
+def latch_type(t) -> TensorType:
+    """The Latch TensorType of a torch tensor (fake or real)."""
+    import torch
+
+    for name, tname in _TORCH_DTYPES.items():
+        if t.dtype == getattr(torch, tname):
+            return TensorType(tuple(int(d) for d in t.shape), name)
+    raise ShapeError(f"tensor dtype {t.dtype} has no Latch dtype; use one of {sorted(_TORCH_DTYPES.values())}")
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, _TORCH_DTYPES[name])
+
+
+def _fake_outputs(infer, tensors, attrs, like):
+    """Outputs of a fake (meta) implementation built from the op's Latch shape rule, so tracing
+    and the rule cannot disagree, and a bad call fails at the user's line with the rule's message.
+    Every output is contiguous, as the real math returns."""
+    types = infer([None if t is None else latch_type(t) for t in tensors], attrs)
+    return tuple(like.new_empty(t.shape, dtype=torch_dtype(t.dtype)) for t in types)
+
+
+def sdpa(q, k, v, *, causal: bool = True, scale: float | None = None):
+    """Attention output for model code: ``latch::sdpa(q, k, v)[0]``, q/k/v as [B, H, T, D].
+
+    ``scale`` defaults to 1/sqrt(D) and is recorded in the graph as a concrete number.
+    """
+    ops = torch_ops()
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    out, _lse = ops.sdpa(q, k, v, bool(causal), float(scale))
+    return out

@@ -1,0 +1,198 @@
+"""latch::sdpa and latch::sdpa_backward: shape rules, the torch custom ops, derivatives, references."""
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from latch_core.ir import TensorType
+from latch_core.registry import ATTENTION, ShapeError
+from latch_ops import attention as A
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+
+def T(shape, dtype="f32"):
+    return TensorType(shape, dtype)
+
+
+def _spec(name):
+    return {s.name: s for s in A.SPECS}[name]
+
+
+# --------------------------------------------------------------------------------------------
+# Shape rules (no torch needed for the rules themselves)
+
+def test_shape_rule_forward():
+    out, lse = _spec(A.SDPA).check([T((2, 3, 5, 8)), T((2, 3, 7, 8)), T((2, 3, 7, 4))], {"causal": True, "scale": 0.5})
+    assert out == T((2, 3, 5, 4)) and lse == T((2, 3, 5))
+    out, lse = _spec(A.SDPA).check([T((1, 1, 4, 8), "bf16")] * 3, {"causal": False, "scale": 1.0})
+    assert out.dtype == "bf16" and lse.dtype == "f32"  # the row statistic stays f32 for half operands
+    _, lse = _spec(A.SDPA).check([T((1, 1, 4, 8), "f64")] * 3, {"causal": False, "scale": 1.0})
+    assert lse.dtype == "f64"
+
+
+@pytest.mark.parametrize("inputs, attrs, match", [
+    ([T((2, 3, 5, 8)), T((2, 3, 7, 6)), T((2, 3, 7, 4))], {"causal": True, "scale": 1.0}, "head dims differ"),
+    ([T((2, 3, 5, 8)), T((2, 4, 7, 8)), T((2, 4, 7, 8))], {"causal": True, "scale": 1.0}, "batch and head"),
+    ([T((2, 3, 5, 8)), T((2, 3, 7, 8)), T((2, 3, 6, 8))], {"causal": True, "scale": 1.0}, "sequence lengths"),
+    ([T((3, 5, 8)), T((3, 5, 8)), T((3, 5, 8))], {"causal": True, "scale": 1.0}, r"q must be \[B, H, T, D\]"),
+    ([T((1, 1, 4, 8)), T((1, 1, 4, 8), "f64"), T((1, 1, 4, 8))], {"causal": True, "scale": 1.0}, "share one dtype"),
+    ([T((1, 1, 4, 8), "i64")] * 3, {"causal": True, "scale": 1.0}, "float tensor"),
+    ([T((1, 1, 4, 8))] * 3, {"causal": True}, "'scale'"),
+    ([T((1, 1, 4, 8))] * 3, {"causal": 1, "scale": 1.0}, "'causal' must be a bool"),
+    ([T((1, 1, 4, 8))] * 3, {"causal": True, "scale": float("nan")}, "finite"),
+])
+def test_shape_rule_errors_name_the_problem(inputs, attrs, match):
+    with pytest.raises(ShapeError, match=match) as e:
+        _spec(A.SDPA).check(inputs, attrs)
+    assert "latch::sdpa" in str(e.value)
+
+
+def test_shape_rule_backward():
+    q, k, v = T((2, 3, 5, 8)), T((2, 3, 7, 8)), T((2, 3, 7, 4))
+    o, l = T((2, 3, 5, 4)), T((2, 3, 5))
+    spec = _spec(A.SDPA_BACKWARD)
+    assert spec.check([o, None, q, k, v, o, l], {"causal": True, "scale": 1.0}) == [q, k, v]
+    assert spec.check([o, l, q, k, v, o, l], {"causal": True, "scale": 1.0}) == [q, k, v]
+    with pytest.raises(ShapeError, match="grad_out must be"):
+        spec.check([T((2, 3, 5, 8)), None, q, k, v, o, l], {"causal": True, "scale": 1.0})
+    with pytest.raises(ShapeError, match="grad_lse must be"):
+        spec.check([o, T((2, 3, 7)), q, k, v, o, l], {"causal": True, "scale": 1.0})
+
+
+def test_specs_are_complete():
+    for spec in A.SPECS:
+        assert spec.tags == {ATTENTION}
+        assert callable(spec.extra["reference"]) and spec.cost is not None and spec.signature
+    q = T((1, 2, 64, 16))
+    full = A.cost_sdpa([q, q, q], [q, T((1, 2, 64))], {"causal": False, "scale": 1.0})[0]
+    causal = A.cost_sdpa([q, q, q], [q, T((1, 2, 64))], {"causal": True, "scale": 1.0})[0]
+    assert 0.5 < causal / full < 0.52  # (64*65/2) / 64^2
+
+
+def test_imports_without_torch():
+    # A fresh interpreter with torch made unimportable: the specs, the MoE plugin and the registries load.
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import latch_ops.attention, latch_ops.moe.plugin, latch_ops.moe.specs\n"
+        "assert len(latch_ops.attention.SPECS) == 2\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# The math against torch's own attention (an independent implementation), in float64
+
+def _qkv(B=2, H=3, Tq=5, Tk=5, D=8, Dv=8, dtype=torch.float64, seed=0, grad=False):
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda *s: torch.randn(*s, generator=g, dtype=dtype).requires_grad_(grad)  # noqa: E731
+    return mk(B, H, Tq, D), mk(B, H, Tk, D), mk(B, H, Tk, Dv)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("tq, tk", [(5, 5), (3, 6), (6, 3)])
+def test_math_matches_torch_sdpa(causal, tq, tk):
+    q, k, v = _qkv(Tq=tq, Tk=tk, Dv=4)
+    scale = 0.37
+    out, lse = A.sdpa_forward_math(q, k, v, causal, scale)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+    s = (q @ k.transpose(-1, -2)) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(tq, tk, dtype=torch.bool).triu(1), -math.inf)
+    torch.testing.assert_close(lse, torch.logsumexp(s, -1), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_math_matches_torch_autograd(causal):
+    q, k, v = _qkv(Tq=4, Tk=6, Dv=5, grad=True)
+    scale = 0.3
+    want_out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    go = torch.randn_like(want_out)
+    want = torch.autograd.grad(want_out, (q, k, v), go)
+    out, lse = A.sdpa_forward_math(q.detach(), k.detach(), v.detach(), causal, scale)
+    got = A.sdpa_backward_math(go, None, q.detach(), k.detach(), v.detach(), out, lse, causal, scale)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-11, atol=1e-12)
+
+
+# --------------------------------------------------------------------------------------------
+# The torch custom ops
+
+def test_custom_ops_pass_opcheck():
+    ops = A.torch_ops()
+    q, k, v = _qkv(B=1, H=2, Tq=3, Tk=4, D=4, Dv=3, grad=True)
+    torch.library.opcheck(ops.sdpa, (q, k, v, True, 0.5))
+    out, lse = A.sdpa_forward_math(q.detach(), k.detach(), v.detach(), True, 0.5)
+    go, gl = torch.randn_like(out), torch.randn_like(lse)
+    args = (go, gl, q.detach(), k.detach(), v.detach(), out, lse, True, 0.5)
+    torch.library.opcheck(ops.sdpa_backward, args)
+    torch.library.opcheck(ops.sdpa_backward, (go, None) + args[2:])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradcheck_both_outputs(causal):
+    # The derivative rule (latch::sdpa_backward, incl. the lse path) against finite differences.
+    ops = A.torch_ops()
+    q, k, v = _qkv(B=1, H=2, Tq=3, Tk=4, D=3, Dv=2, grad=True)
+    assert torch.autograd.gradcheck(lambda q, k, v: ops.sdpa(q, k, v, causal, 0.7), (q, k, v))
+    assert torch.autograd.gradcheck(lambda q, k, v: ops.sdpa(q, k, v, causal, 0.7)[0], (q, k, v))
+
+
+def test_reference_equals_eager_op_and_strides_are_contiguous():
+    ops = A.torch_ops()
+    q, k, v = _qkv(Tq=4, Tk=4)
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # non-contiguous operand, as models produce
+    out, lse = ops.sdpa(qt, k, v, True, 0.25)
+    ref = _spec(A.SDPA).extra["reference"]([q, k, v], {"causal": True, "scale": 0.25})
+    assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1])
+    assert out.is_contiguous() and lse.is_contiguous()
+    go = torch.randn_like(out)
+    got = ops.sdpa_backward(go, None, qt, k, v, out, lse, True, 0.25)
+    want = _spec(A.SDPA_BACKWARD).extra["reference"]([go, None, q, k, v, out, lse], {"causal": True, "scale": 0.25})
+    for g, w in zip(got, want):
+        assert torch.equal(g, w) and g.is_contiguous()
+
+
+def test_half_precision_keeps_f32_statistics():
+    q, k, v = _qkv(Tq=4, Tk=4, dtype=torch.bfloat16)
+    out, lse = A.torch_ops().sdpa(q, k, v, True, 0.5)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32
+    want, _ = A.sdpa_forward_math(q.double(), k.double(), v.double(), True, 0.5)
+    torch.testing.assert_close(out.double(), want, rtol=2e-2, atol=2e-2)
+
+
+def test_wrapper_default_scale_and_error_at_trace():
+    q, k, v = _qkv(D=16)
+    torch.testing.assert_close(A.sdpa(q, k, v, causal=False), F.scaled_dot_product_attention(q, k, v),
+                               rtol=1e-12, atol=1e-12)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    fq, fk = mode.from_tensor(q), mode.from_tensor(k[..., :8].contiguous())
+    with mode:
+        with pytest.raises(ShapeError, match="q and k head dims differ"):
+            A.sdpa(fq, fk, fk)
+
+
+def test_traced_update_has_one_node_per_op():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    ops = A.torch_ops()
+
+    def step(q, k, v):
+        with torch.enable_grad():
+            q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+            out = A.sdpa(q, k, v, causal=True)
+            return torch.autograd.grad(out.square().sum(), (q, k, v))
+
+    gm = make_fx(step, tracing_mode="fake")(*_qkv(dtype=torch.float32))
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets.count(ops.sdpa.default) == 1
+    assert targets.count(ops.sdpa_backward.default) == 1
+    bwd = next(n for n in gm.graph.nodes if n.target is ops.sdpa_backward.default)
+    assert bwd.args[1] is None  # lse unused: grad_lse absent, not a materialised zeros tensor
