@@ -1,3 +1,12 @@
-"""Registrations of the MoE ops through the `moe` entry point."""
+"""The `moe` entry point (group ``latch.plugins``): registers the MoE op specs exactly as a third-party
+package would, through the ``latch_register_ops`` hook. Importing it never imports torch."""
 
-from latch_core.hookspecs import hookimpl  # noqa: F401
+from latch_core.hookspecs import hookimpl
+
+from .specs import SPECS
+
+
+@hookimpl
+def latch_register_ops(register):
+    for spec in SPECS:
+        register(spec)
