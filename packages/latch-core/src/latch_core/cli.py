@@ -5,7 +5,9 @@ a file). Stage packages add subcommands through ``latch_register_commands``; ins
 latch-core gives a working CLI with fewer commands.
 
 Chaining: ``latch-pipeline show a.latch.json validate a.latch.json``. Commands that transform a
-document read ``-i/--input`` and write ``-o/--output``.
+document read ``-i/--input`` and write ``-o/--output``; chained commands run in order, so a later
+command can read what an earlier one wrote. A chained command cannot take a variable number of
+arguments (it would swallow the commands after it): lists are one comma-separated argument.
 """
 
 from __future__ import annotations
@@ -105,17 +107,25 @@ def validate_cmd(file):
 
 
 @main.command("passes")
-@click.option("-i", "--input", "inp", required=True, type=click.Path(dir_okay=False), help="document to read")
-@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False), help="document to write")
+@click.option("-i", "--input", "inp", type=click.Path(dir_okay=False), help="document to read")
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False), help="document to write")
 @click.option("--list", "list_only", is_flag=True, help="list registered passes and exit")
-@click.argument("names", nargs=-1)
-def passes_cmd(inp, out, list_only, names):
-    """Run the named passes, in order, on a document."""
+@click.argument("sequence", required=False)
+def passes_cmd(inp, out, list_only, sequence):
+    """Run a comma-separated SEQUENCE of named passes, in order: -i IN -o OUT a,b,c.
+
+    The sequence is one argument (not one per pass) so that further chained commands can follow:
+    ``latch-pipeline passes -i a.latch.json -o b.latch.json core.lint show b.latch.json``.
+    """
     regs = _plugins.registries()
     if list_only:
         for name, p in regs.passes.items():
             click.echo(f"{name}: requires {sorted(p.requires)} ensures {sorted(p.ensures)}  [{regs.passes.owner(name)}]")
         return
+    if not (inp and out and sequence):
+        missing = [what for what, v in (("-i/--input", inp), ("-o/--output", out), ("SEQUENCE", sequence)) if not v]
+        raise click.UsageError(f"passes: missing {', '.join(missing)}; e.g. passes -i in.latch.json -o out.latch.json core.lint")
+    names = [n.strip() for n in sequence.split(",") if n.strip()]
     doc = load_or_exit(inp)
     try:
         seq = [regs.passes.get(n) for n in names]

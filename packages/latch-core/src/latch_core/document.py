@@ -25,7 +25,7 @@ from typing import Any, Union
 
 import attrs
 
-from .ir import Graph, GraphSection, IRError
+from .ir import Graph, GraphSection, IRError, canonical_float
 from .sections import BuildSection, MemorySection, ScheduleSection
 
 SCHEMA_VERSION = (1, 0)  # (major, minor); see the module docstring for when to bump which
@@ -122,7 +122,7 @@ def _decode(tp: Any, data: Any, path: str) -> Any:
         return _decode_record(tp, data, path)
     if tp is float:
         if isinstance(data, dict) and set(data) == {"$float"}:
-            return float(data["$float"])
+            return _special_float(data["$float"], path)
         if isinstance(data, bool) or not isinstance(data, (int, float)):
             _fail(path, f"expected a number, got {_short(data)}")
         return float(data)
@@ -148,9 +148,19 @@ def _decode_any(data: Any, path: str) -> Any:
         return tuple(_decode_any(x, f"{path}[{i}]") for i, x in enumerate(data))
     if isinstance(data, dict):
         if set(data) == {"$float"}:
-            return float(data["$float"])
+            return _special_float(data["$float"], path)
         return tuple(sorted((k, _decode_any(v, f"{path}.{k}")) for k, v in data.items()))
     return data
+
+
+_SPECIAL_FLOATS = ("inf", "-inf", "nan")
+
+
+def _special_float(text: Any, path: str) -> float:
+    """``{"$float": "inf"}``: the encoding of the floats JSON cannot hold."""
+    if text not in _SPECIAL_FLOATS:
+        _fail(path, f"{{'$float': ...}} holds one of {list(_SPECIAL_FLOATS)}, got {_short(text)}")
+    return canonical_float(float(text))
 
 
 def _decode_record(cls: type, data: Any, path: str) -> Any:
@@ -175,7 +185,9 @@ def _decode_record(cls: type, data: Any, path: str) -> Any:
     try:
         return cls(**kwargs)
     except (IRError, ValueError, TypeError) as e:
-        _fail(path or cls.__name__, str(e))
+        field = getattr(e, "field", None)  # IRError names the attribute at fault
+        where = path or cls.__name__
+        _fail(f"{where}.{field}" if field else where, str(e))
 
 
 def _short(x: Any) -> str:

@@ -47,7 +47,24 @@ INPUT_ROLES = frozenset({PARAM, STATE, BATCH, HYPER, CONST})
 
 
 class IRError(ValueError):
-    """A malformed IR record; the message names the record and field at fault."""
+    """A malformed IR record; the message names the record and field at fault.
+
+    ``field`` (optional) is the attribute at fault, so the document codec can report the full JSON
+    path of a bad field (``graph.programs[0].values[2].dtype``)."""
+
+    def __init__(self, message: str, *, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+
+# The one NaN object every frozen attribute uses. NaN != NaN, but tuples compare items by identity
+# first, so records holding this object compare (and hash) equal, and ``loads(dumps(doc)) == doc``
+# holds for NaN attributes too.
+NAN = float("nan")
+
+
+def canonical_float(x: float) -> float:
+    return NAN if x != x else x
 
 
 def _freeze(v: Any) -> Any:
@@ -59,7 +76,7 @@ def _freeze(v: Any) -> Any:
     if v is None or isinstance(v, (bool, int, str)):
         return v
     if isinstance(v, float):
-        return v
+        return canonical_float(v)
     raise IRError(f"attribute value {v!r} of type {type(v).__name__} is not a JSON scalar or list")
 
 
@@ -72,7 +89,8 @@ def freeze_attrs(d: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> tup
 
 def _check_dtype(inst, attribute, value):
     if value not in DTYPES:
-        raise IRError(f"{type(inst).__name__}.{attribute.name}: unknown dtype {value!r}; known: {sorted(DTYPES)}")
+        raise IRError(f"{type(inst).__name__}.{attribute.name}: unknown dtype {value!r}; known: {sorted(DTYPES)}",
+                      field=attribute.name)
 
 
 def _check_shape(inst, attribute, value):
@@ -80,7 +98,8 @@ def _check_shape(inst, attribute, value):
         if not isinstance(d, int) or isinstance(d, bool) or d < 0:
             raise IRError(
                 f"{type(inst).__name__}.{attribute.name}: shape {value!r} has a non-static or negative "
-                f"dimension {d!r}; Latch needs static shapes"
+                f"dimension {d!r}; Latch needs static shapes",
+                field=attribute.name,
             )
 
 
@@ -114,7 +133,7 @@ class Value:
     @role.validator
     def _role(self, attribute, value):
         if value not in ROLES:
-            raise IRError(f"value {self.name!r}: unknown role {value!r}; known: {sorted(ROLES)}")
+            raise IRError(f"value {self.name!r}: unknown role {value!r}; known: {sorted(ROLES)}", field="role")
 
     @property
     def type(self) -> TensorType:
@@ -147,7 +166,8 @@ class Node:
     @op.validator
     def _op(self, attribute, value):
         if "::" not in value:
-            raise IRError(f"node {self.name!r}: op name {value!r} must be namespaced, e.g. 'latch::matmul'")
+            raise IRError(f"node {self.name!r}: op name {value!r} must be namespaced, e.g. 'latch::matmul'",
+                          field="op")
 
     def attr(self, key: str, default: Any = None) -> Any:
         for k, v in self.attrs:
