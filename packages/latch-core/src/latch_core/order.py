@@ -1,0 +1,430 @@
+"""Happens-before between the tasks of a :class:`~latch_core.sections.ProgramSchedule`.
+
+The only source of ordering on the GPU is what the SM instruction lists say:
+
+- program order: instructions of one SM run one after another (one persistent block per SM);
+- barriers: ``("barrier", b)`` is grid-wide; everything an SM did before it happens-before
+  everything any SM does after it. Every SM must execute the same barrier ids in the same order;
+- counters: ``("signal", c)`` is a release increment issued after the SM's previous instructions;
+  ``("wait", c, n)`` spins until ``c`` has received ``n`` signals in this launch (acquire).
+
+Representation: vector clocks. For a task ``t`` at index ``i`` of SM ``s``, ``clock(t)[k]`` is the
+largest instruction index on SM ``k`` known to happen-before ``t`` (``-1``: none), with
+``clock(t)[s] = i - 1``. Then ``a`` happens-before ``b`` iff ``index(a) <= clock(b)[sm(a)]``: an O(1)
+query. An SM's clock only changes at waits and barriers, so tasks between two synchronisation
+points share one clock list (memory is one list per synchronisation point, not per task).
+
+A wait on ``(c, n)`` is guaranteed to follow only the signals that *must* be among the first ``n``:
+with ``n`` equal to the counter's ``expected`` count it follows all of them (the join of their
+clocks); with ``n < expected`` each clock component takes the ``n``-th smallest value over the
+signals that may precede the wait, signals not yet delivered in the simulation counting as ``-1``
+(sound, conservative). Latch's own schedulers always wait for ``expected``.
+
+Deadlock: the clocks come from an abstract execution of the lists (any SM that can make progress
+does). Progress is monotone (a signal or a barrier release never disables another SM), so if this
+execution gets stuck, every execution does: a wait whose count can never be reached, a cycle of
+waits across SMs, a barrier some SM never reaches or reaches in another order.
+:class:`DeadlockError` names the stuck SMs, their instructions and what each waits for.
+
+API::
+
+    order = Order.from_schedule(ps)        # raises ScheduleOrderError / DeadlockError
+    order.before(a, b)                     # task a happens-before task b
+    order.ordered(a, b)                    # before(a, b) or before(b, a)
+    order.all_before(tasks_a, b)           # every task of tasks_a happens-before b
+    order.all_before_all(tasks_a, tasks_b) # every a before every b (memory reuse: readers of the
+                                           #   old value before writers of the new one)
+    f = order.frontier(tasks_a); m = order.meet(tasks_b); Order.precedes(f, m)
+                                           # the same, with both sides computed once and reused
+    order.position(t) -> (sm, index); order.clock(t) -> tuple
+    legal_order(ps, seed) -> list[int]     # the tasks in a random order the GPU could run them in
+    find_deadlock(ps) -> str | None
+
+Cost: building is O(instructions + (waits + signals + barriers) x SMs); ``all_before_all`` is
+O(SMs touched x SMs). This module is torch-free and depends only on the section records.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from typing import Iterable, Sequence
+
+from .sections import BARRIER, SIGNAL, TASK, WAIT, ProgramSchedule
+
+Frontier = dict  # sm -> largest instruction index among some tasks on that SM
+
+
+class ScheduleOrderError(ValueError):
+    """The instruction lists are malformed (unknown ids, a task listed twice or never, ...)."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        head = f"{len(problems)} problem(s) in the schedule's instruction lists:\n  " + "\n  ".join(problems[:20])
+        if len(problems) > 20:
+            head += f"\n  ... and {len(problems) - 20} more"
+        super().__init__(head)
+
+
+class DeadlockError(ScheduleOrderError):
+    """Some SM can never finish its list: the message names each stuck SM and why."""
+
+
+def _fmt(ins: tuple) -> str:
+    if ins[0] == WAIT:
+        return f"wait(c{ins[1]} >= {ins[2]})"
+    if ins[0] == SIGNAL:
+        return f"signal(c{ins[1]})"
+    if ins[0] == BARRIER:
+        return f"barrier {ins[1]}"
+    return f"task {ins[1]}"
+
+
+def _structure(ps: ProgramSchedule) -> tuple[list[str], list[str], dict[int, int]]:
+    """Check ids and shapes of instructions.
+
+    Returns (fatal, soft, counter id -> expected): ``fatal`` problems make the lists meaningless
+    (unknown ids, a task listed twice or never); ``soft`` ones (a counter whose signal count differs
+    from ``expected``) still allow the abstract execution, which then names the stuck waits."""
+    problems: list[str] = []
+    soft: list[str] = []
+    expected: dict[int, int] = {}
+    for c in ps.counters:
+        if c.id in expected:
+            problems.append(f"program {ps.program!r}: counter id {c.id} is declared twice")
+        expected[c.id] = c.expected
+    ntasks = len(ps.tasks)
+    for i, t in enumerate(ps.tasks):
+        if t.id != i:
+            problems.append(f"program {ps.program!r}: tasks[{i}] has id {t.id}; task ids must equal their index")
+    seen: dict[int, tuple[int, int]] = {}
+    signals: dict[int, int] = {c: 0 for c in expected}
+    for s, sm in enumerate(ps.sms):
+        for i, ins in enumerate(sm):
+            where = f"program {ps.program!r} SM {s} instruction {i}"
+            if not ins or ins[0] not in (TASK, BARRIER, WAIT, SIGNAL):
+                problems.append(f"{where}: unknown instruction {ins!r}")
+                continue
+            kind = ins[0]
+            want = 3 if kind == WAIT else 2
+            if len(ins) != want or not all(isinstance(x, int) and not isinstance(x, bool) for x in ins[1:]):
+                problems.append(f"{where}: malformed {kind} instruction {ins!r}")
+                continue
+            if kind == TASK:
+                t = ins[1]
+                if not 0 <= t < ntasks:
+                    problems.append(f"{where}: task {t} does not exist ({ntasks} tasks)")
+                elif t in seen:
+                    problems.append(f"{where}: task {t} is listed twice (also SM {seen[t][0]} instruction {seen[t][1]})")
+                else:
+                    seen[t] = (s, i)
+            elif kind == BARRIER:
+                if not 0 <= ins[1] < ps.num_barriers:
+                    problems.append(f"{where}: barrier id {ins[1]} outside 0..{ps.num_barriers - 1}")
+            else:
+                c = ins[1]
+                if c not in expected:
+                    problems.append(f"{where}: {_fmt(ins)} names an undeclared counter c{c}")
+                elif kind == SIGNAL:
+                    signals[c] += 1
+                elif ins[2] > expected[c]:
+                    soft.append(
+                        f"{where}: {_fmt(ins)} waits for more signals than counter c{c} expects ({expected[c]})")
+                elif ins[2] < 0:
+                    problems.append(f"{where}: {_fmt(ins)} has a negative count")
+    missing = [t for t in range(ntasks) if t not in seen]
+    if missing:
+        problems.append(f"program {ps.program!r}: {len(missing)} task(s) are on no SM's list, e.g. {missing[:8]}")
+    for c, n in signals.items():
+        if n != expected[c]:
+            soft.append(
+                f"program {ps.program!r}: counter c{c} expects {expected[c]} signals but {n} signal "
+                f"instruction(s) address it")
+    return problems, soft, expected
+
+
+class _Sim:
+    """The abstract execution shared by :class:`Order` and :func:`legal_order`."""
+
+    def __init__(self, ps: ProgramSchedule, expected: dict[int, int], rng: random.Random | None):
+        self.ps = ps
+        self.expected = expected
+        self.rng = rng
+        S = len(ps.sms)
+        self.S = S
+        self.ptr = [0] * S
+        none = [-1] * S
+        self.clock: list[list[int]] = [none] * S  # never mutated in place: a change makes a new list
+        self.count = {c: 0 for c in expected}
+        self.cclock = {c: none for c in expected}
+        self.partial = {c: [] for c in expected}  # signal clocks, kept for waits with n < expected
+        self.waiters: dict[int, list[int]] = {c: [] for c in expected}
+        self.barrier_seq: list[int] = []  # the k-th barrier id, as first reached
+        self.barrier_k = [0] * S
+        self.arrived: dict[int, list[int]] = {}
+        self.pos_sm = [-1] * len(ps.tasks)
+        self.pos_idx = [-1] * len(ps.tasks)
+        self.clk: list[list[int] | None] = [None] * len(ps.tasks)
+        self.trace: list[int] = []
+        self.problems: list[str] = []
+        self._need_partial = {ins[1] for sm in ps.sms for ins in sm
+                              if ins and ins[0] == WAIT and ins[1] in expected and ins[2] < expected[ins[1]]}
+
+    def run(self) -> None:
+        ps, S = self.ps, self.S
+        runnable = list(range(S))
+        if self.rng is not None:
+            self.rng.shuffle(runnable)
+        queue = deque(runnable)
+        while queue:
+            if self.rng is not None and len(queue) > 1:
+                k = self.rng.randrange(len(queue))
+                queue.rotate(-k)
+            s = queue.popleft()
+            self._advance(s, queue)
+
+    def _advance(self, s: int, queue: deque) -> None:
+        ps = self.ps
+        sm = ps.sms[s]
+        i = self.ptr[s]
+        rng = self.rng
+        while i < len(sm):
+            ins = sm[i]
+            kind = ins[0]
+            if kind == TASK:
+                t = ins[1]
+                self.pos_sm[t] = s
+                self.pos_idx[t] = i
+                self.clk[t] = self.clock[s]
+                self.trace.append(t)
+                i += 1
+                if rng is not None and rng.random() < 0.3:  # interleave SMs at task granularity
+                    self.ptr[s] = i
+                    queue.append(s)
+                    return
+            elif kind == SIGNAL:
+                c = ins[1]
+                self.count[c] += 1
+                new = list(map(max, self.cclock[c], self.clock[s]))
+                new[s] = max(new[s], i - 1)
+                self.cclock[c] = new
+                if c in self._need_partial:
+                    own = list(self.clock[s])
+                    own[s] = i - 1
+                    self.partial[c].append(own)
+                ws = self.waiters[c]
+                if ws:
+                    still = []
+                    for w in ws:
+                        if self.count[c] >= self.ps.sms[w][self.ptr[w]][2]:
+                            queue.append(w)
+                        else:
+                            still.append(w)
+                    self.waiters[c] = still
+                i += 1
+            elif kind == WAIT:
+                c, n = ins[1], ins[2]
+                if self.count[c] < n:
+                    self.ptr[s] = i
+                    self.waiters[c].append(s)
+                    return
+                self._acquire(s, c, n)
+                i += 1
+            else:  # barrier
+                k = self.barrier_k[s]
+                b = ins[1]
+                if k == len(self.barrier_seq):
+                    self.barrier_seq.append(b)
+                elif self.barrier_seq[k] != b:
+                    self.problems.append(
+                        f"program {ps.program!r}: SM {s} reaches barrier {b} as its barrier #{k}, but another "
+                        f"SM's barrier #{k} is {self.barrier_seq[k]}: barriers must come in the same order on every SM")
+                    self.ptr[s] = i
+                    return
+                self.ptr[s] = i
+                group = self.arrived.setdefault(k, [])
+                group.append(s)
+                if len(group) == self.S:
+                    vec = [self.ptr[x] for x in range(self.S)]
+                    for x in group:
+                        self.clock[x] = vec
+                        self.ptr[x] += 1
+                        self.barrier_k[x] += 1
+                        if x != s:
+                            queue.append(x)
+                    del self.arrived[k]
+                    i = self.ptr[s]
+                    continue
+                return
+        self.ptr[s] = i
+
+    def _acquire(self, s: int, c: int, n: int) -> None:
+        if n <= 0:
+            return
+        if n >= self.expected[c]:
+            src = self.cclock[c]
+        else:
+            # The n-th smallest per component over the delivered signals, with the undelivered
+            # ones counted as knowing nothing (-1).
+            got = self.partial[c]
+            missing = self.expected[c] - len(got)
+            if n <= missing:
+                return
+            r = n - missing - 1
+            src = [sorted(col)[r] for col in zip(*got)]
+        cur = self.clock[s]
+        new = list(map(max, cur, src))
+        if new != cur:
+            self.clock[s] = new
+
+    def stuck(self) -> list[str]:
+        """Describe every SM that did not finish (empty when all did)."""
+        ps = self.ps
+        out = []
+        remaining_signals: dict[int, list[int]] = {}
+        for s, sm in enumerate(ps.sms):
+            for ins in sm[self.ptr[s]:]:
+                if ins[0] == SIGNAL:
+                    remaining_signals.setdefault(ins[1], []).append(s)
+        for s, sm in enumerate(ps.sms):
+            i = self.ptr[s]
+            if i >= len(sm):
+                continue
+            ins = sm[i]
+            where = f"program {ps.program!r} SM {s} instruction {i}"
+            if ins[0] == WAIT:
+                c, n = ins[1], ins[2]
+                pending = sorted(set(remaining_signals.get(c, ())))
+                if self.count[c] + len(remaining_signals.get(c, ())) < n:
+                    why = (f"only {self.count[c] + len(remaining_signals.get(c, ()))} signal(s) to c{c} exist "
+                           f"in the whole program, it waits for {n}")
+                else:
+                    why = (f"c{c} has {self.count[c]} of {n} signals; the rest come from SM(s) {pending[:8]}, "
+                           f"which are themselves stuck (a cycle of waits)")
+                out.append(f"deadlock: {where}: {_fmt(ins)} can never be satisfied: {why}")
+            elif ins[0] == BARRIER:
+                k = self.barrier_k[s]
+                here = set(self.arrived.get(k, ()))
+                absent = [x for x in range(self.S) if x not in here]
+                done = [x for x in absent if self.ptr[x] >= len(ps.sms[x])]
+                why = f"{len(absent)} SM(s) never reach it (e.g. {absent[:8]})"
+                if done:
+                    why += f"; SM(s) {done[:8]} end their list without this barrier"
+                out.append(f"deadlock: {where}: {_fmt(ins)} (barrier #{k}) never completes: {why}")
+        return out
+
+
+class Order:
+    """Happens-before between tasks; see the module docstring."""
+
+    def __init__(self, ps: ProgramSchedule, sim: _Sim):
+        self.program = ps.program
+        self.num_sms = sim.S
+        self._sm = sim.pos_sm
+        self._idx = sim.pos_idx
+        self._clk = sim.clk
+
+    @classmethod
+    def from_schedule(cls, ps: ProgramSchedule) -> "Order":
+        fatal, soft, expected = _structure(ps)
+        if fatal:
+            raise ScheduleOrderError(fatal + soft)
+        sim = _Sim(ps, expected, None)
+        sim.run()
+        stuck = sim.problems + sim.stuck()
+        if stuck:
+            raise DeadlockError(soft + stuck)
+        if soft:
+            raise ScheduleOrderError(soft)
+        return cls(ps, sim)
+
+    # ---- queries -----------------------------------------------------------------------------
+    def position(self, t: int) -> tuple[int, int]:
+        return self._sm[t], self._idx[t]
+
+    def clock(self, t: int) -> tuple[int, ...]:
+        c = list(self._clk[t])
+        c[self._sm[t]] = self._idx[t] - 1
+        return tuple(c)
+
+    def before(self, a: int, b: int) -> bool:
+        sa, sb = self._sm[a], self._sm[b]
+        if sa == sb:
+            return self._idx[a] < self._idx[b]
+        return self._idx[a] <= self._clk[b][sa]
+
+    def ordered(self, a: int, b: int) -> bool:
+        return self.before(a, b) or self.before(b, a)
+
+    def frontier(self, tasks: Iterable[int]) -> Frontier:
+        f: dict[int, int] = {}
+        sm, idx = self._sm, self._idx
+        for t in tasks:
+            s = sm[t]
+            i = idx[t]
+            if f.get(s, -1) < i:
+                f[s] = i
+        return f
+
+    def meet(self, tasks: Iterable[int]) -> list[int]:
+        """Per SM, the largest instruction index known to happen-before EVERY one of ``tasks``
+        (``[inf] * S`` for no tasks). An SM's clock only grows along its list, so the earliest
+        of the tasks on each SM decides that SM's contribution."""
+        first: dict[int, int] = {}
+        sm, idx = self._sm, self._idx
+        for t in tasks:
+            s = sm[t]
+            if s not in first or idx[t] < idx[first[s]]:
+                first[s] = t
+        m: list[int] | None = None
+        for s, t in first.items():
+            c = list(self._clk[t])
+            c[s] = idx[t] - 1
+            m = c if m is None else list(map(min, m, c))
+        return m if m is not None else [1 << 62] * self.num_sms
+
+    @staticmethod
+    def precedes(frontier: Frontier, meet: Sequence[int]) -> bool:
+        """Everything summarised by ``frontier`` happens-before everything summarised by ``meet``."""
+        for s, i in frontier.items():
+            if i > meet[s]:
+                return False
+        return True
+
+    def all_before(self, tasks_a: Iterable[int], b: int) -> bool:
+        sb, ib, cb = self._sm[b], self._idx[b], self._clk[b]
+        sm, idx = self._sm, self._idx
+        for a in tasks_a:
+            sa = sm[a]
+            if sa == sb:
+                if idx[a] >= ib:
+                    return False
+            elif idx[a] > cb[sa]:
+                return False
+        return True
+
+    def all_before_all(self, tasks_a: Iterable[int], tasks_b: Iterable[int]) -> bool:
+        return self.precedes(self.frontier(tasks_a), self.meet(tasks_b))
+
+
+def find_deadlock(ps: ProgramSchedule) -> str | None:
+    """A description of why the lists cannot all finish, or None when they can."""
+    try:
+        Order.from_schedule(ps)
+    except DeadlockError as e:
+        return str(e)
+    return None
+
+
+def legal_order(ps: ProgramSchedule, seed: int = 0) -> list[int]:
+    """The task ids in an order the GPU could execute them (a random interleaving of the SM lists
+    that respects barriers and counter waits). Used by the arena simulator to shuffle execution."""
+    fatal, soft, expected = _structure(ps)
+    if fatal or soft:
+        raise ScheduleOrderError(fatal + soft)
+    sim = _Sim(ps, expected, random.Random(seed))
+    sim.run()
+    stuck = sim.problems + sim.stuck()
+    if stuck:
+        raise DeadlockError(stuck)
+    return sim.trace
