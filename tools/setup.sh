@@ -26,7 +26,10 @@ if [ ! -x "$VENV/bin/python" ]; then
     echo "setup.sh: creating $VENV"
     "$PYTHON" -m venv "$VENV"
 fi
-PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+# pip warns about index locations of this machine's global pip configuration that do not exist;
+# drop only that noise.
+quiet_pip() { "$@" 2> >(grep -v "^WARNING: Location 'file:" >&2); }
+PIP=(quiet_pip "$VENV/bin/python" -m pip --disable-pip-version-check)
 
 # setuptools >= 70 builds PEP 660 editable wheels without the separate 'wheel' package, which lets
 # us skip build isolation (no per-package download of a build environment).
