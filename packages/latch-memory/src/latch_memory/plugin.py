@@ -1,3 +1,81 @@
-"""latch-memory's registrations with Latch (entry point group latch.plugins)."""
+"""latch-memory's registrations with Latch (entry point group latch.plugins): the passes
+``memory.policy``, ``memory.remat``, ``memory.plan`` and the ``plan`` command."""
 
-from latch_core.hookspecs import hookimpl  # noqa: F401
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from latch_core.hookspecs import hookimpl
+from latch_core.passes import Pass
+
+from .plan import DEFAULT_ALIGNMENT, plan
+from .policy import policy_pass
+from .remat import remat_pass
+
+POLICY = Pass(
+    "memory.policy", policy_pass, requires={"graph"}, ensures={"graph"},
+    doc="numerical policy: operand_dtype/accum_dtype per op class (options: table, ops, nodes, master)",
+)
+REMAT = Pass(
+    "memory.remat", remat_pass, requires={"graph"}, ensures={"graph"},
+    doc="recompute cheap forward values in the backward under budget_bytes; peaks in graph metadata",
+)
+PLAN = Pass(
+    "memory.plan", plan, requires={"graph", "schedule"}, ensures={"memory"},
+    doc="liveness over the schedule, in-place updates, best-fit arena offsets (option: alignment)",
+)
+
+
+@hookimpl
+def latch_register_passes(register):
+    register(POLICY)
+    register(REMAT)
+    register(PLAN)
+
+
+def _summary(doc) -> list[str]:
+    m = doc.memory
+    lines = [f"memory plan: arena {m.arena_bytes} bytes (alignment {m.alignment}), "
+             f"constants {dict(m.stats).get('constant_bytes', 0)} bytes"]
+    per = dict(dict(m.stats).get("programs", ()))
+    for pm in m.programs:
+        st = dict(per.get(pm.program, ()))
+        ratio = pm.arena_bytes / pm.peak_live_bytes if pm.peak_live_bytes else 1.0
+        lines.append(f"  {pm.program}: arena {pm.arena_bytes} bytes vs. peak live {pm.peak_live_bytes} bytes "
+                     f"({ratio:.3f}x), {st.get('arena_values', 0)} arena values, in place {len(st.get('inplace', ()))}, "
+                     f"copy back {len(st.get('copy_back', ()))}")
+        for new, reason in st.get("copy_back_reasons", ()):
+            lines.append(f"    {new}: copied back after the launch: {reason}")
+    return lines
+
+
+@click.command("plan")
+@click.option("-i", "--input", "inp", required=True, type=click.Path(dir_okay=False), help="document with graph + schedule")
+@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False), help="document to write (adds memory)")
+@click.option("--alignment", default=DEFAULT_ALIGNMENT, show_default=True, help="arena offset alignment in bytes")
+def plan_cmd(inp, out, alignment):
+    """Plan memory: liveness over the schedule, in-place updates, arena offsets."""
+    from latch_core.cli import load_or_exit
+    from latch_core.document import save
+    from latch_core.passes import PassError, run_pass
+
+    doc = load_or_exit(inp)
+    t0 = time.perf_counter()
+    try:
+        doc = run_pass(PLAN, doc, alignment=alignment)
+    except (PassError, ValueError) as e:
+        click.echo(f"error: {inp}: {e}", err=True)
+        sys.exit(1)
+    for line in _summary(doc):
+        click.echo(line)
+    click.echo(f"  took {(time.perf_counter() - t0) * 1000:.1f} ms")
+    save(doc, out)
+    click.echo(f"wrote {out}")
+
+
+@hookimpl
+def latch_register_commands(register):
+    register(plan_cmd)

@@ -1,0 +1,186 @@
+"""Liveness of values over a program schedule.
+
+A value is written by the tasks of its producing fusion group and read by the tasks of its
+consumers (the footprints in the schedule say which). Its *interval* is measured in the linear
+execution order of :class:`~latch_memory.clocks.Clocks`: from the position of its first writer to
+the position of its last user (reader or writer). Values live on entry (program inputs, constants)
+start at -1; values live on exit (program outputs) end at ``END`` (the number of tasks).
+
+Two values whose intervals overlap in that one legal execution can never share bytes. Disjoint
+intervals are necessary but not sufficient: under the dataflow strategy the tasks of A and B may
+still be unordered, so :meth:`Liveness.compatible` asks the vector clocks whether every user of the
+earlier value happens before every writer of the later one.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from latch_core.ir import Graph
+from latch_core.sections import Box, ProgramSchedule
+
+from .clocks import Clocks
+
+
+class LivenessError(ValueError):
+    """The schedule and the graph disagree about a value; the message names value, task and group."""
+
+
+@attrs.define
+class Life:
+    """What the planner knows about one value of one program."""
+
+    value: str
+    nbytes: int
+    writers: list[int] = attrs.field(factory=list)  # task ids, in execution order
+    readers: list[int] = attrs.field(factory=list)
+    start: int = -1  # execution position of the first writer; -1: live on entry
+    end: int = -1  # execution position of the last user; END: live on exit
+    live_in: bool = False
+    live_out: bool = False
+    _done: dict | None = attrs.field(default=None, repr=False)
+    _start_vec: tuple | None = attrs.field(default=None, repr=False)
+
+    @property
+    def users(self) -> list[int]:
+        return self.readers + self.writers
+
+
+def task_accesses(ps: ProgramSchedule) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+    """value -> writer task ids, value -> reader task ids (each task listed once per value)."""
+    writers: dict[str, list[int]] = {}
+    readers: dict[str, list[int]] = {}
+    for t in ps.tasks:
+        for a in {a.value for a in t.writes}:
+            writers.setdefault(a, []).append(t.id)
+        for a in {a.value for a in t.reads}:
+            readers.setdefault(a, []).append(t.id)
+    return writers, readers
+
+
+class Liveness:
+    """Intervals and happens-before summaries of every value a program's schedule touches."""
+
+    def __init__(self, graph: Graph, ps: ProgramSchedule, clocks: Clocks | None = None):
+        self.graph = graph
+        self.schedule = ps
+        self.clocks = clocks if clocks is not None else Clocks(ps)
+        self.END = len(ps.tasks)
+        pos = self.clocks.position
+        writers, readers = task_accesses(ps)
+        inputs = set(graph.input_names())
+        outputs = set(graph.output_names())
+        groups_of_task = {t.id: t.group for t in ps.tasks}
+
+        touched = set(writers) | set(readers) | outputs | inputs
+        for g in ps.groups:
+            touched.update(g.inputs)
+            touched.update(g.outputs)
+        self.lives: dict[str, Life] = {}
+        for name in sorted(touched):
+            if not graph.has_value(name):
+                who = (writers.get(name) or readers.get(name) or [None])[0]
+                raise LivenessError(
+                    f"program {graph.name!r}: the schedule names value {name!r}"
+                    + (f" (task {who}, group {groups_of_task[who]})" if who is not None else "")
+                    + ", which the graph does not declare; reschedule the current graph")
+            v = graph.value(name)
+            w = sorted(writers.get(name, ()), key=pos.__getitem__)
+            r = sorted(readers.get(name, ()), key=pos.__getitem__)
+            live_in = name in inputs or v.role == "const"
+            if live_in and w:
+                raise LivenessError(
+                    f"program {graph.name!r}: task {w[0]} (group {groups_of_task[w[0]]}) writes {name!r}, "
+                    f"which is a program input ({v.role}); inputs are read-only, new values are separate outputs")
+            if not live_in and not w:
+                who = r[0] if r else None
+                raise LivenessError(
+                    f"program {graph.name!r}: value {name!r} is "
+                    + (f"read by task {who} (group {groups_of_task[who]})" if who is not None else "a program output")
+                    + " but no task writes it; the schedule is missing its producer's group")
+            live_out = name in outputs
+            start = -1 if live_in else pos[w[0]]
+            users = [pos[t] for t in w + r]
+            end = self.END if live_out else (max(users) if users else -1)
+            self.lives[name] = Life(name, v.nbytes, w, r, start, end, live_in, live_out)
+
+    def __getitem__(self, name: str) -> Life:
+        return self.lives[name]
+
+    def __iter__(self):
+        return iter(self.lives.values())
+
+    def first_task(self, life: Life) -> int:
+        """The task id recorded as ``Placement.first``: the first writer, -1 when live on entry."""
+        return -1 if life.live_in or not life.writers else life.writers[0]
+
+    def last_task(self, life: Life) -> int:
+        """The task id recorded as ``Placement.last``: the last user, -1 when live on exit."""
+        if life.live_out:
+            return -1
+        users = life.users
+        if not users:
+            return -1
+        return max(users, key=self.clocks.position.__getitem__)
+
+    def overlap(self, a: Life, b: Life) -> bool:
+        return a.start <= b.end and b.start <= a.end
+
+    def compatible(self, a: Life, b: Life) -> bool:
+        """A and B may share bytes: every user of one happens before every writer of the other."""
+        if self.overlap(a, b):
+            return False
+        early, late = (a, b) if a.end < b.start else (b, a)
+        if early.live_out or late.live_in:
+            return False
+        if early._done is None:
+            early._done = self.clocks.done_vector(early.users)
+        if late._start_vec is None:
+            late._start_vec = self.clocks.start_vector(late.writers)
+        return Clocks.all_before(early._done, late._start_vec)
+
+    def peak(self, names) -> tuple[int, int]:
+        """(peak of the summed bytes of ``names`` live at one execution position, that position)."""
+        events: dict[int, int] = {}
+        for n in names:
+            life = self.lives[n]
+            lo = max(life.start, -1)
+            events[lo] = events.get(lo, 0) + life.nbytes
+            events[life.end + 1] = events.get(life.end + 1, 0) - life.nbytes
+        best, at, cur = 0, -1, 0
+        for p in sorted(events):
+            cur += events[p]
+            if cur > best:
+                best, at = cur, p
+        return best, at
+
+
+def boxes_overlap(a: Box, b: Box) -> bool:
+    return all(lo1 < hi2 and lo2 < hi1 for (lo1, hi1), (lo2, hi2) in zip(a, b))
+
+
+def inplace_hazards(live: Liveness, new: str, old: str, limit: int = 5) -> list[str]:
+    """Why ``new`` may not take over ``old``'s buffer: reads of ``old`` not ordered before an
+    overlapping write of ``new`` (empty when the in-place update is safe).
+
+    A task that reads ``old[R]`` and itself writes ``new[W]`` is allowed (its body reads its
+    operands before it stores its results); any other reader must happen before every writer whose
+    box overlaps the box it reads. Boxes compare directly: in-place pairs have one type.
+    """
+    ps = live.schedule
+    clocks = live.clocks
+    old_life, new_life = live.lives.get(old), live.lives.get(new)
+    if old_life is None or new_life is None:
+        return []
+    if old_life.live_out:
+        return [f"{old!r} is itself a program output, so it must survive the program"]
+    reads = [(t, a.box) for t in old_life.readers for a in ps.tasks[t].reads if a.value == old]
+    writes = [(t, a.box) for t in new_life.writers for a in ps.tasks[t].writes if a.value == new]
+    problems = []
+    for r, rbox in reads:
+        for w, wbox in writes:
+            if r != w and not clocks.before(r, w) and boxes_overlap(rbox, wbox):
+                problems.append(f"task {r} reads {old!r}{list(rbox)} unordered with task {w} writing {new!r}{list(wbox)}")
+                if len(problems) >= limit:
+                    return problems
+    return problems

@@ -1,0 +1,151 @@
+"""The pass ``memory.plan``: Schedule -> MemorySection (placements, arena offsets, in-place updates).
+
+Placement rules (docs/CONTRACTS.md section 4):
+- program inputs (params, state, batch, hyper) live in their own external buffers (buffer = name);
+- a ``new_params``/``new_state`` output paired in place with an input takes that input's buffer
+  (offset 0) when no read of the old value can follow an overlapping write of the new one
+  (:func:`latch_memory.liveness.inplace_hazards`); otherwise it gets an arena slot, live on exit,
+  and the pair is listed in the section's ``copy_back`` stat: after the launch the runtime copies
+  ``nbytes`` from the arena at the new value's offset into the old value's buffer;
+- constants of every program share one constant area at the bottom of the arena, written once at
+  load and never reused (one arena serves every program of the layout);
+- everything else a task writes lives in the arena, offsets assigned per program by
+  :func:`latch_memory.arena.assign_offsets` above the constant area.
+
+``peak_live_bytes`` is the lower bound any plan must meet: the largest sum of the arena values
+(constants included) live at one position of the reference execution order.
+"""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+
+from latch_core.document import Document
+from latch_core.ir import CONST, Graph
+from latch_core.sections import MemorySection, Placement, ProgramMemory, ProgramSchedule
+
+from .arena import align_up, assign_offsets
+from .clocks import Clocks
+from .liveness import Liveness, inplace_hazards
+
+ARENA = "arena"
+DEFAULT_ALIGNMENT = 256
+
+
+class PlanError(ValueError):
+    pass
+
+
+def _constants(doc: Document) -> list[tuple[str, int]]:
+    """Constants of every scheduled program, by name; one name must mean one constant."""
+    seen: dict[str, tuple] = {}
+    out = []
+    for ps in doc.schedule.programs:
+        g = doc.graph.program(ps.program)
+        for v in g.values:
+            if v.role != CONST:
+                continue
+            sig = (v.shape, v.dtype, v.data)
+            if v.name in seen:
+                if seen[v.name] != sig:
+                    raise PlanError(
+                        f"constant {v.name!r} differs between programs (program {ps.program!r} has "
+                        f"{v.dtype}{list(v.shape)}); constants share one arena area, so give them distinct names")
+                continue
+            seen[v.name] = sig
+            out.append((v.name, v.nbytes))
+    return out
+
+
+def plan_program(graph: Graph, ps: ProgramSchedule, const_offsets: dict[str, int], const_end: int,
+                 alignment: int = DEFAULT_ALIGNMENT) -> tuple[ProgramMemory, dict]:
+    """The memory plan of one program (and its stats)."""
+    t0 = time.perf_counter()
+    live = Liveness(graph, ps)
+    t_live = time.perf_counter() - t0
+    inputs = set(graph.input_names())
+    inplace = dict(graph.inplace)  # new -> old
+    placements: list[Placement] = []
+    arena_items: list[tuple[str, int]] = []
+    copy_back: list[tuple[str, str]] = []
+    refused: dict[str, list[str]] = {}
+
+    for life in live:
+        name = life.value
+        v = graph.value(name)
+        first, last = live.first_task(life), live.last_task(life)
+        if v.role == CONST:
+            placements.append(Placement(name, ARENA, const_offsets[name], life.nbytes, -1, -1))
+        elif name in inputs:
+            placements.append(Placement(name, name, 0, life.nbytes, -1, last))
+        elif name in inplace:
+            old = inplace[name]
+            hazards = inplace_hazards(live, name, old)
+            if hazards:
+                refused[name] = hazards
+                copy_back.append((name, old))
+                arena_items.append((name, life.nbytes))
+            else:
+                placements.append(Placement(name, old, 0, life.nbytes, first, last))
+        else:
+            arena_items.append((name, life.nbytes))
+
+    lives = live.lives
+    t1 = time.perf_counter()
+    offsets, top = assign_offsets(
+        arena_items,
+        definite=lambda a, b: live.overlap(lives[a], lives[b]),
+        ordered=lambda a, b: live.compatible(lives[a], lives[b]),
+        alignment=alignment,
+        base=align_up(const_end, alignment),
+        order_key=lambda n: lives[n].start,
+    )
+    t_arena = time.perf_counter() - t1
+    for name, _ in arena_items:
+        life = lives[name]
+        placements.append(Placement(name, ARENA, offsets[name], life.nbytes, live.first_task(life), live.last_task(life)))
+    placements.sort(key=lambda p: p.value)
+
+    peak, _ = live.peak(n for n, _ in arena_items)
+    const_bytes = sum(live[n].nbytes for n in lives if graph.value(n).role == CONST)
+    arena_bytes = max(top, const_end) if (arena_items or const_end) else 0
+    pm = ProgramMemory(ps.program, placements, arena_bytes, peak + const_bytes)
+    stats = {
+        "arena_bytes": arena_bytes,
+        "peak_live_bytes": peak + const_bytes,
+        "arena_values": len(arena_items),
+        "inplace": sorted(n for n in inplace if n not in refused and n in lives),
+        "copy_back": sorted(copy_back),
+        "copy_back_reasons": {n: r[0] for n, r in sorted(refused.items())},
+        "seconds_liveness": round(t_live, 4),
+        "seconds_arena": round(t_arena, 4),
+    }
+    return pm, stats
+
+
+def plan(doc: Document, alignment: int = DEFAULT_ALIGNMENT) -> Document:
+    """The ``memory.plan`` pass: a :class:`MemorySection` for every scheduled program."""
+    alignment = int(alignment)
+    if alignment <= 0 or alignment & (alignment - 1):
+        raise PlanError(f"memory.plan: option alignment={alignment} must be a positive power of two")
+    consts = _constants(doc)
+    const_offsets, const_end = {}, 0
+    for name, nbytes in consts:  # the constant area: packed, aligned, never reused
+        const_offsets[name] = const_end
+        const_end = align_up(const_end + nbytes, alignment)
+    programs, per_program = [], {}
+    copy_back = []
+    for ps in doc.schedule.programs:
+        pm, stats = plan_program(doc.graph.program(ps.program), ps, const_offsets, const_end, alignment)
+        programs.append(pm)
+        per_program[ps.program] = stats
+        copy_back += [(ps.program, new, old) for new, old in stats["copy_back"]]
+    section = MemorySection(
+        alignment=alignment,
+        arena_bytes=max((p.arena_bytes for p in programs), default=0),
+        programs=programs,
+        stats={"constant_bytes": const_end, "copy_back": copy_back, "programs": per_program},
+    )
+    return attrs.evolve(doc, memory=section)

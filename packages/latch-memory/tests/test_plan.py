@@ -1,0 +1,196 @@
+"""memory.plan: placements, best-fit offsets, in-place updates, copy-back, errors."""
+
+import attrs
+import pytest
+
+from latch_core.document import dumps, loads, program_doc
+from latch_core.passes import PassError, run_pass
+from latch_core.sections import Access, ScheduleSection
+from latch_memory.arena import assign_offsets
+from latch_memory.clocks import Clocks
+from latch_memory.liveness import LivenessError
+from latch_memory.plan import plan
+from latch_memory.plugin import PLAN
+from latch_memory.testing import mlp_graph, naive_schedule, naive_schedule_section, test_registry, two_weight_graph
+
+REG = test_registry()
+
+
+def _doc(graph, **kw):
+    doc = program_doc(graph)
+    return attrs.evolve(doc, schedule=naive_schedule_section(doc, REG, **kw))
+
+
+def _brute_force_safe(doc):
+    """Every pair of arena placements sharing a byte: all users of one happen before all writers
+    of the other, checked task pair by task pair (independent of the planner's vector summaries)."""
+    for pm in doc.memory.programs:
+        ps = doc.schedule.program(pm.program)
+        c = Clocks(ps)
+        users, writers = {}, {}
+        for t in ps.tasks:
+            for a in t.reads:
+                users.setdefault(a.value, set()).add(t.id)
+            for a in t.writes:
+                users.setdefault(a.value, set()).add(t.id)
+                writers.setdefault(a.value, set()).add(t.id)
+        outs = set(doc.graph.program(pm.program).output_names())
+        arena = [p for p in pm.placements if p.buffer == "arena"]
+        for i, a in enumerate(arena):
+            for b in arena[i + 1:]:
+                if not (a.offset < b.offset + b.nbytes and b.offset < a.offset + a.nbytes):
+                    continue
+                assert a.first >= 0 and b.first >= 0, f"constant {a.value}/{b.value} shares bytes"
+
+                def ordered(x, y):
+                    return x.value not in outs and all(c.before(u, w) for u in users[x.value] for w in writers[y.value])
+
+                assert ordered(a, b) or ordered(b, a), f"{pm.program}: {a.value} and {b.value} share bytes unordered"
+
+
+@pytest.mark.parametrize("strategy", ["barrier", "dataflow"])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_plans_are_safe_and_bounded(strategy, seed):
+    for graph in (two_weight_graph(), mlp_graph(layers=3, batch=16, width=8)):
+        doc = plan(_doc(graph, strategy=strategy, num_sms=3, tiles=4, seed=seed))
+        _brute_force_safe(doc)
+        m = doc.memory
+        assert m.alignment == 256
+        for pm in m.programs:
+            assert pm.arena_bytes >= pm.peak_live_bytes > 0
+            for p in pm.placements:
+                if p.buffer == "arena":
+                    assert p.offset % 256 == 0 and p.offset + p.nbytes <= pm.arena_bytes
+        # the arena is reused: smaller than giving every value its own aligned slot
+        total = sum(-(-p.nbytes // 256) * 256 for pm in m.programs for p in pm.placements if p.buffer == "arena")
+        assert m.arena_bytes < total
+
+
+def test_placement_rules():
+    doc = plan(_doc(two_weight_graph(), strategy="barrier", num_sms=2, tiles=2))
+    pm = doc.memory.program("update")
+    where = {p.value: p for p in pm.placements}
+    assert where["w1"].buffer == "w1" and where["x"].buffer == "x" and where["lr"].buffer == "lr"
+    assert where["w1_new"].buffer == "w1" and where["w1_new"].offset == 0  # in place
+    assert where["w2_new"].buffer == "w2"
+    assert where["half"].buffer == "arena" and where["half"].offset == 0 and where["half"].first == -1
+    assert where["loss"].buffer == "arena" and where["loss"].last == -1  # live on exit
+    assert where["pre"].buffer == "arena" and where["pre"].first >= 0 and where["pre"].last >= 0
+    # every value a task touches, and every program input/output, has exactly one placement
+    ps = doc.schedule.program("update")
+    touched = {a.value for t in ps.tasks for a in t.reads + t.writes}
+    names = [p.value for p in pm.placements]
+    assert len(names) == len(set(names))
+    assert touched <= set(names)
+    st = dict(dict(doc.memory.stats)["programs"])["update"]
+    assert dict(st)["inplace"] == ("w1_new", "w2_new") and dict(st)["copy_back"] == ()
+
+
+def _widen_sgd_reads(ps, old):
+    """Make every task of the update of ``old`` read the whole of ``old`` (a legal superset)."""
+    full = None
+    tasks = []
+    for t in ps.tasks:
+        reads = []
+        for a in t.reads:
+            if a.value == old and ps.groups[t.group].nodes[0].startswith(f"n_{old}_new"):
+                full = full or tuple((0, hi) for _, hi in t.writes[0].box[:1]) + t.writes[0].box[1:]
+                reads.append(Access(old, tuple((0, d) for d in _shape_of(ps, old))))
+            else:
+                reads.append(a)
+        tasks.append(attrs.evolve(t, reads=reads))
+    return attrs.evolve(ps, tasks=tasks)
+
+
+def _shape_of(ps, value):
+    for t in ps.tasks:
+        for a in t.reads:
+            if a.value == value and a.box[0][0] == 0:
+                return [hi for _, hi in a.box]
+    raise AssertionError(value)
+
+
+def test_unsafe_inplace_gets_an_arena_slot_and_copy_back():
+    graph = two_weight_graph()
+    doc = _doc(graph, strategy="barrier", num_sms=2, tiles=2)
+    ps = doc.schedule.program("update")
+    # w1 is read whole by the matmul (full box), so the shape is known; now the update's two tiles
+    # each read all of w1 while the other tile writes w1_new: no in-place update possible
+    ps = _widen_sgd_reads(ps, "w1")
+    doc = attrs.evolve(doc, schedule=attrs.evolve(doc.schedule, programs=[ps]))
+    out = plan(doc)
+    pm = out.memory.program("update")
+    where = {p.value: p for p in pm.placements}
+    assert where["w1_new"].buffer == "arena" and where["w1_new"].last == -1
+    assert where["w2_new"].buffer == "w2"
+    stats = dict(out.memory.stats)
+    assert stats["copy_back"] == (("update", "w1_new", "w1"),)
+    reasons = dict(dict(dict(stats["programs"])["update"])["copy_back_reasons"])
+    assert "unordered with task" in reasons["w1_new"]
+    _brute_force_safe(out)
+
+
+def test_dataflow_reuse_needs_happens_before():
+    # Two independent chains on two SMs, no sync between them: disjoint in the linear order,
+    # but unordered, so their values must not share bytes.
+    from latch_core.ir import Graph, Group, Node, Value
+    from latch_core.sections import Counter, FusionGroup, ProgramSchedule, Task
+
+    vals = [Value("x", (64,), "f32", "batch")] + [Value(n, (64,), "f32") for n in ("a", "b", "c", "d")]
+    nodes = [Node("na", "test::relu", ("x",), ("a",)), Node("nb", "test::relu", ("a",), ("b",)),
+             Node("nc", "test::relu", ("x",), ("c",)), Node("nd", "test::relu", ("c",), ("d",))]
+    g = Graph("p", vals, nodes, [Group("batch", ("x",))], [Group("out", ("b", "d"))])
+    full = ((0, 64),)
+    groups = [FusionGroup(i, (n.name,), n.inputs, n.outputs, n.outputs[0], n.op) for i, n in enumerate(nodes)]
+    tasks = [Task(i, i, full, [Access(n.inputs[0], full)], [Access(n.outputs[0], full)]) for i, n in enumerate(nodes)]
+    sms = [[("task", 0), ("task", 1)], [("task", 2), ("task", 3)]]
+    ps = ProgramSchedule("p", groups, tasks, sms, [Counter(0, 0)])
+    doc = attrs.evolve(program_doc(g), schedule=ScheduleSection("dataflow", 2, [ps]))
+    pm = plan(doc).memory.program("p")
+    where = {p.value: p for p in pm.placements}
+    spans = [(where[n].offset, where[n].offset + 256) for n in "abcd"]
+    # a and c are each read by an unordered task of the other chain's era: all four distinct
+    assert len({s for s in spans}) == 4
+    _brute_force_safe(plan(doc))
+
+
+def test_best_fit_picks_the_smallest_gap():
+    # 'a', 'sep1', 'sep2' live throughout; 'x' (512) and 'y' (256) die before 'z' (256) starts:
+    # z fits both freed gaps and takes the smaller one, y's
+    items = [("a", 2048), ("x", 512), ("sep1", 256), ("y", 256), ("sep2", 256), ("z", 256)]
+    life = {"a": (0, 9), "x": (0, 1), "sep1": (0, 9), "y": (0, 1), "sep2": (0, 9), "z": (2, 3)}
+
+    def definite(a, b):
+        (s1, e1), (s2, e2) = life[a], life[b]
+        return s1 <= e2 and s2 <= e1
+
+    offs, top = assign_offsets(items, definite, alignment=256, order_key=lambda n: life[n][0])
+    assert offs == {"a": 0, "x": 2048, "sep1": 2560, "y": 2816, "sep2": 3072, "z": 2816}
+    assert top == 3328
+    # alignment: a 100-byte item still starts on a 256 boundary
+    offs, top = assign_offsets([("p", 100), ("q", 100)], lambda a, b: True, alignment=256)
+    assert sorted(offs.values()) == [0, 256] and top == 356
+
+
+def test_errors_name_the_culprit():
+    doc = _doc(two_weight_graph(), strategy="barrier")
+    ps = doc.schedule.program("update")
+    bad = attrs.evolve(ps.tasks[0], writes=[Access("nope", ((0, 1),))])
+    ps2 = attrs.evolve(ps, tasks=(bad,) + ps.tasks[1:])
+    with pytest.raises(LivenessError, match="names value 'nope'.*task 0"):
+        plan(attrs.evolve(doc, schedule=attrs.evolve(doc.schedule, programs=[ps2])))
+    # drop the producer of 'h': its readers now read a value nobody writes
+    groups_h = {g.id for g in ps.groups if "h" in g.outputs}
+    ps3 = attrs.evolve(ps, tasks=[attrs.evolve(t, writes=[]) if t.group in groups_h else t for t in ps.tasks])
+    with pytest.raises(LivenessError, match="value 'h' is read by task .* but no task writes it"):
+        plan(attrs.evolve(doc, schedule=attrs.evolve(doc.schedule, programs=[ps3])))
+    with pytest.raises(PassError, match="requires section.*schedule"):
+        run_pass(PLAN, program_doc(two_weight_graph()))
+
+
+def test_pass_round_trips_through_the_document():
+    doc = run_pass(PLAN, _doc(mlp_graph(), strategy="dataflow"), alignment=512)
+    assert doc.memory.alignment == 512
+    assert doc.provenance[-1].name == "memory.plan"
+    again = loads(dumps(doc))
+    assert again.memory == doc.memory
