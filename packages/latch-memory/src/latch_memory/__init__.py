@@ -6,13 +6,12 @@ torch.
 """
 
 from .arena import assign_offsets
-from .clocks import Clocks, ScheduleError
 from .liveness import Liveness, LivenessError
 from .plan import PlanError, plan, plan_program
 from .policy import DEFAULT_TABLE, PolicyError, apply_policy
 from .remat import RematError, estimate, remat_program
 
 __all__ = [
-    "assign_offsets", "Clocks", "ScheduleError", "Liveness", "LivenessError", "PlanError", "plan",
+    "assign_offsets", "Liveness", "LivenessError", "PlanError", "plan",
     "plan_program", "DEFAULT_TABLE", "PolicyError", "apply_policy", "RematError", "estimate", "remat_program",
 ]

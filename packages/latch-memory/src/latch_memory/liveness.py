@@ -1,15 +1,16 @@
 """Liveness of values over a program schedule.
 
 A value is written by the tasks of its producing fusion group and read by the tasks of its
-consumers (the footprints in the schedule say which). Its *interval* is measured in the linear
-execution order of :class:`~latch_memory.clocks.Clocks`: from the position of its first writer to
-the position of its last user (reader or writer). Values live on entry (program inputs, constants)
+consumers (the footprints in the schedule say which). Its *interval* is measured in one legal
+execution order of the tasks (``latch_core.order.legal_order``, fixed seed): from the position of
+its first writer to the position of its last user (reader or writer). Values live on entry (program inputs, constants)
 start at -1; values live on exit (program outputs) end at ``END`` (the number of tasks).
 
 Two values whose intervals overlap in that one legal execution can never share bytes. Disjoint
 intervals are necessary but not sufficient: under the dataflow strategy the tasks of A and B may
-still be unordered, so :meth:`Liveness.compatible` asks the vector clocks whether every user of the
-earlier value happens before every writer of the later one.
+still be unordered, so :meth:`Liveness.compatible` asks the happens-before order whether every user of the
+earlier value happens before every writer of the later one (``latch_core.order``: the users'
+frontier must precede the writers' meet; both are computed once per value and cached).
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from __future__ import annotations
 import attrs
 
 from latch_core.ir import Graph
+from latch_core.order import Order, legal_order
 from latch_core.sections import Box, ProgramSchedule
-
-from .clocks import Clocks
 
 
 class LivenessError(ValueError):
@@ -38,8 +38,8 @@ class Life:
     end: int = -1  # execution position of the last user; END: live on exit
     live_in: bool = False
     live_out: bool = False
-    _done: dict | None = attrs.field(default=None, repr=False)
-    _start_vec: tuple | None = attrs.field(default=None, repr=False)
+    _frontier: dict | None = attrs.field(default=None, repr=False)  # cached order.frontier(users)
+    _meet: list | None = attrs.field(default=None, repr=False)  # cached order.meet(writers)
 
     @property
     def users(self) -> list[int]:
@@ -61,12 +61,14 @@ def task_accesses(ps: ProgramSchedule) -> tuple[dict[str, list[int]], dict[str, 
 class Liveness:
     """Intervals and happens-before summaries of every value a program's schedule touches."""
 
-    def __init__(self, graph: Graph, ps: ProgramSchedule, clocks: Clocks | None = None):
+    def __init__(self, graph: Graph, ps: ProgramSchedule, order: Order | None = None):
         self.graph = graph
         self.schedule = ps
-        self.clocks = clocks if clocks is not None else Clocks(ps)
+        self.order = order if order is not None else Order.from_schedule(ps)
         self.END = len(ps.tasks)
-        pos = self.clocks.position
+        self.position = pos = [0] * len(ps.tasks)
+        for p, t in enumerate(legal_order(ps, seed=0)):
+            pos[t] = p
         writers, readers = task_accesses(ps)
         inputs = set(graph.input_names())
         outputs = set(graph.output_names())
@@ -121,7 +123,7 @@ class Liveness:
         users = life.users
         if not users:
             return -1
-        return max(users, key=self.clocks.position.__getitem__)
+        return max(users, key=self.position.__getitem__)
 
     def overlap(self, a: Life, b: Life) -> bool:
         return a.start <= b.end and b.start <= a.end
@@ -133,11 +135,11 @@ class Liveness:
         early, late = (a, b) if a.end < b.start else (b, a)
         if early.live_out or late.live_in:
             return False
-        if early._done is None:
-            early._done = self.clocks.done_vector(early.users)
-        if late._start_vec is None:
-            late._start_vec = self.clocks.start_vector(late.writers)
-        return Clocks.all_before(early._done, late._start_vec)
+        if early._frontier is None:
+            early._frontier = self.order.frontier(early.users)
+        if late._meet is None:
+            late._meet = self.order.meet(late.writers)
+        return Order.precedes(early._frontier, late._meet)
 
     def peak(self, names) -> tuple[int, int]:
         """(peak of the summed bytes of ``names`` live at one execution position, that position)."""
@@ -168,7 +170,7 @@ def inplace_hazards(live: Liveness, new: str, old: str, limit: int = 5) -> list[
     box overlaps the box it reads. Boxes compare directly: in-place pairs have one type.
     """
     ps = live.schedule
-    clocks = live.clocks
+    order = live.order
     old_life, new_life = live.lives.get(old), live.lives.get(new)
     if old_life is None or new_life is None:
         return []
@@ -179,7 +181,7 @@ def inplace_hazards(live: Liveness, new: str, old: str, limit: int = 5) -> list[
     problems = []
     for r, rbox in reads:
         for w, wbox in writes:
-            if r != w and not clocks.before(r, w) and boxes_overlap(rbox, wbox):
+            if r != w and not order.before(r, w) and boxes_overlap(rbox, wbox):
                 problems.append(f"task {r} reads {old!r}{list(rbox)} unordered with task {w} writing {new!r}{list(wbox)}")
                 if len(problems) >= limit:
                     return problems

@@ -27,7 +27,6 @@ from latch_core.ir import CONST, Graph
 from latch_core.sections import MemorySection, Placement, ProgramMemory, ProgramSchedule
 
 from .arena import align_up, assign_offsets
-from .clocks import Clocks
 from .liveness import Liveness, inplace_hazards
 
 ARENA = "arena"
