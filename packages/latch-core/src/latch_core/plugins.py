@@ -95,7 +95,12 @@ def make_manager(extra_plugins: Iterable[tuple[str, Any]] = (), *, entry_points:
     try:
         pm.check_pending()
     except pluggy.PluginValidationError as e:
-        raise PluginError(f"plugin {e.plugin_name!r} implements a hook Latch does not define: {e}") from None
+        # pluggy's error carries the plugin object; name it as it was registered (the entry point).
+        name = pm.get_name(e.plugin) if e.plugin is not None else "?"
+        raise PluginError(
+            f"plugin {name!r} implements a hook Latch does not define: {e}; "
+            f"Latch's hooks: {', '.join(sorted(h for h in dir(pm.hook) if not h.startswith('_')))}"
+        ) from None
     return pm
 
 
@@ -115,7 +120,9 @@ def collect(pm: pluggy.PluginManager) -> Registries:
 
     for hook_name, registry in regs.by_hook().items():
         hook = getattr(pm.hook, hook_name)
-        for impl in reversed(hook.get_hookimpls()):  # registration order
+        # get_hookimpls() lists implementations in registration order (pluggy CALLS them in reverse);
+        # registering in that order makes "registered by A and again by B" name the first one as A.
+        for impl in hook.get_hookimpls():
             registrant = impl.plugin_name
 
             def register(*args, _registry=registry, _registrant=registrant, _hook=hook_name):
