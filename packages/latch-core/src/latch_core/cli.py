@@ -27,12 +27,7 @@ class LatchGroup(click.Group):
     """Adds the commands plugins register, lazily, so ``--help`` lists them."""
 
     def _plugin_commands(self) -> dict[str, click.Command]:
-        try:
-            regs = _plugins.registries()
-        except Exception as e:  # a broken plugin must not take the whole CLI down silently
-            click.echo(f"latch-pipeline: error loading plugins: {e}", err=True)
-            sys.exit(2)
-        return {name: cmd for name, cmd in regs.commands.items()}
+        return {name: cmd for name, cmd in registries_or_exit().commands.items()}
 
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | set(self._plugin_commands()))
@@ -42,6 +37,15 @@ class LatchGroup(click.Group):
         if cmd is not None:
             return cmd
         return self._plugin_commands().get(name)
+
+
+def registries_or_exit() -> _plugins.Registries:
+    """The plugin registries; a broken plugin ends the command with its own message, not a traceback."""
+    try:
+        return _plugins.registries()
+    except Exception as e:  # a broken plugin must not take the whole CLI down silently
+        click.echo(f"latch-pipeline: error loading plugins: {e}", err=True)
+        sys.exit(2)
 
 
 @click.group(cls=LatchGroup, chain=True)
@@ -60,7 +64,7 @@ def load_or_exit(path: str) -> _document.Document:
 @main.command("plugins")
 def plugins_cmd():
     """List installed plugins and what each registers."""
-    regs = _plugins.registries()
+    regs = registries_or_exit()
     owners: dict[str, dict[str, list[str]]] = {}
     for hook, registry in regs.by_hook().items():
         kind = hook.removeprefix("latch_register_")
@@ -88,7 +92,7 @@ def show_cmd(file):
 def validate_cmd(file):
     """Check a document: schema, graph lint, and every registered validator pass."""
     doc = load_or_exit(file)
-    regs = _plugins.registries()
+    regs = registries_or_exit()
     problems: list[str] = []
     if doc.graph is not None:
         problems += lint_section(doc.graph, regs.ops)
@@ -117,7 +121,7 @@ def passes_cmd(inp, out, list_only, sequence):
     The sequence is one argument (not one per pass) so that further chained commands can follow:
     ``latch-pipeline passes -i a.latch.json -o b.latch.json core.lint show b.latch.json``.
     """
-    regs = _plugins.registries()
+    regs = registries_or_exit()
     if list_only:
         for name, p in regs.passes.items():
             click.echo(f"{name}: requires {sorted(p.requires)} ensures {sorted(p.ensures)}  [{regs.passes.owner(name)}]")
