@@ -1,0 +1,342 @@
+"""The arena simulator: run the exact schedule and memory plan of a program on the CPU.
+
+What it executes (docs/CONTRACTS.md section 5):
+- one arena and one external buffer per named buffer, each a flat array indexed by the plan's byte
+  offsets; every value is read and written at its planned offset, so two values the plan puts on
+  the same bytes really share them here;
+- the tasks in a random legal order (``latch_core.order.legal_order``: the SM lists interleaved at
+  random, respecting barriers and counter waits; a schedule that cannot finish raises its
+  DeadlockError, which names every stuck SM and its instruction);
+- each task computes its whole fusion group with the ops' ``extra["reference"]`` functions, on
+  copies of its inputs in which everything outside the task's read boxes is poisoned (NaN for
+  floats, the dtype's minimum for integers), then stores ONLY its write boxes: a footprint smaller
+  than what the body needs shows up as NaN in the result;
+- when the last reader of a value has run, the value's bytes are poisoned (NaN) and marked free.
+
+Storage width: every element is stored as float64, whatever its dtype, at ``esize`` consecutive
+slots of a float64 array with one slot per planned byte (element ``i`` of a value at ``offset``
+occupies slots ``offset + i*esize ... + esize - 1``, each holding the element). The layout is the
+plan's, byte for byte, and arithmetic stays exact, so the result matches the FP64 reference
+interpreter to rounding. A read takes the first slot and treats the element as NaN unless all its
+slots agree: a partial overwrite by a misaligned value is caught too. Integers (< 2**53) and
+booleans round-trip exactly. Cost: 8 bytes of host memory per planned byte.
+
+Checks (``checks=True``, the default), besides the numbers: every byte carries the id of the value
+that last wrote it and every element of a value the number of reads still to come (including one
+for the program's exit when the value is an output). A write over bytes of another value with
+reads still pending, and a read of bytes that no longer (or never) held the value, raise
+:class:`SimulationError` naming the task, both values, their placements and the readers still
+waiting: a lifetime bug in the plan, a missing dependency in the schedule. With ``checks=False``
+the same bugs show up only as NaN or wrong numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from latch_core.document import Document
+from latch_core.ir import DTYPES, FLOAT_DTYPES
+from latch_core.order import legal_order
+
+FREED = -1
+UNWRITTEN = -2
+ARENA = "arena"
+
+_TORCH = {
+    "f64": torch.float64, "f32": torch.float64, "bf16": torch.float64, "f16": torch.float64,
+    "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8, "u8": torch.uint8,
+    "bool": torch.bool,
+}
+
+
+class SimulationError(RuntimeError):
+    """The schedule or memory plan does something the program's semantics forbid."""
+
+
+def _fmt_box(box) -> str:
+    return "[" + ", ".join(f"{lo}:{hi}" for lo, hi in box) + "]"
+
+
+class _Buffer:
+    def __init__(self, name: str, nbytes: int):
+        self.name = name
+        self.data = torch.full((nbytes,), float("nan"), dtype=torch.float64)
+        self.owner = torch.full((nbytes,), UNWRITTEN, dtype=torch.int32)
+
+
+class ArenaSimulator:
+    """One program's schedule + memory plan, ready to run; see the module docstring."""
+
+    def __init__(self, doc: Document, program: str, *, ops=None, checks: bool = True):
+        if doc.graph is None or doc.schedule is None or doc.memory is None:
+            raise SimulationError(
+                f"simulate: the document lacks section(s) {sorted({'graph', 'schedule', 'memory'} - doc.sections())}; "
+                "run capture, schedule and memory.plan first")
+        if ops is None:
+            from latch_core.plugins import registries
+
+            ops = registries().ops
+        self.ops = ops
+        self.checks = checks
+        self.graph = g = doc.graph.program(program)
+        self.ps = doc.schedule.program(program)
+        self.pm = doc.memory.program(program)
+        self.nodes = {n.name: n for n in g.nodes}
+        self.copy_back = [(new, old) for prog, new, old in dict(doc.memory.stats).get("copy_back", ()) if prog == program]
+
+        self.place = {}
+        sizes: dict[str, int] = {}
+        for p in self.pm.placements:
+            if not g.has_value(p.value):
+                raise SimulationError(f"memory plan of {program!r}: placement of {p.value!r}, which the program does not declare")
+            if p.nbytes != g.value(p.value).nbytes:
+                raise SimulationError(f"memory plan of {program!r}: placement of {p.value!r} has {p.nbytes} bytes, "
+                                      f"the value has {g.value(p.value).nbytes}")
+            if p.value in self.place:
+                raise SimulationError(f"memory plan of {program!r}: {p.value!r} is placed twice")
+            self.place[p.value] = p
+            sizes[p.buffer] = max(sizes.get(p.buffer, 0), p.offset + p.nbytes)
+        if sizes.get(ARENA, 0) > self.pm.arena_bytes:
+            worst = max((p for p in self.pm.placements if p.buffer == ARENA), key=lambda p: p.offset + p.nbytes)
+            raise SimulationError(f"memory plan of {program!r}: {worst.value!r} at arena offset {worst.offset} "
+                                  f"+ {worst.nbytes} bytes ends past the arena ({self.pm.arena_bytes} bytes)")
+        sizes[ARENA] = max(sizes.get(ARENA, 0), self.pm.arena_bytes)
+        self.buffers = {name: _Buffer(name, n) for name, n in sizes.items()}
+        self.ids = {name: i for i, name in enumerate(sorted(self.place))}
+        self.names = sorted(self.place)
+
+        needed = set(g.input_names()) | set(g.output_names())
+        for t in self.ps.tasks:
+            needed.update(a.value for a in t.reads + t.writes)
+        missing = sorted(v for v in needed if v not in self.place)
+        if missing:
+            raise SimulationError(f"memory plan of {program!r}: no placement for {missing[:10]}; "
+                                  "re-run memory.plan on the current schedule")
+        self._index: dict[str, torch.Tensor] = {}
+        self.outputs = set(g.output_names()) | {new for new, _ in self.copy_back}
+
+    # ---- byte addressing ----------------------------------------------------------------------
+    def _elements(self, v: str, box) -> torch.Tensor:
+        val = self.graph.value(v)
+        if v not in self._index:
+            self._index[v] = torch.arange(val.numel, dtype=torch.int64).reshape(val.shape)
+        idx = self._index[v]
+        if len(box) != len(val.shape):
+            raise SimulationError(f"box {_fmt_box(box)} of {v!r} has {len(box)} dimensions, the value has {len(val.shape)}")
+        return idx[tuple(slice(lo, hi) for lo, hi in box)].reshape(-1)
+
+    def _bytes(self, v: str, elems: torch.Tensor) -> torch.Tensor:
+        """[n, esize] planned byte positions of the given elements of ``v``."""
+        e = DTYPES[self.graph.value(v).dtype]
+        return self.place[v].offset + elems[:, None] * e + torch.arange(e, dtype=torch.int64)[None, :]
+
+    def _where(self, v: str) -> str:
+        p = self.place[v]
+        return f"{p.buffer}[{p.offset}:{p.offset + p.nbytes}]"
+
+    # ---- state ---------------------------------------------------------------------------------
+    def _reset(self, inputs: Mapping[str, torch.Tensor]) -> None:
+        g = self.graph
+        for b in self.buffers.values():
+            b.data.fill_(float("nan"))
+            b.owner.fill_(UNWRITTEN)
+        given = set(inputs)
+        missing = [n for n in g.input_names() if n not in given]
+        if missing:
+            raise SimulationError(f"simulate {g.name!r}: inputs {missing} not given")
+        for name in g.input_names():
+            t = inputs[name]
+            if tuple(t.shape) != tuple(g.value(name).shape):
+                raise SimulationError(f"simulate {g.name!r}: input {name!r} has shape {tuple(t.shape)}, "
+                                      f"the program declares {g.value(name).shape}")
+            self._write(name, tuple((0, d) for d in t.shape), t)
+        for v in g.values:
+            if v.role == "const" and v.name in self.place:
+                data = torch.tensor(v.data, dtype=torch.float64).reshape(v.shape)
+                self._write(v.name, tuple((0, d) for d in v.shape), data)
+        # reads still to come, per element: one per reading task (union of its boxes), one for the exit
+        self.read_mask: dict[tuple[int, str], torch.Tensor] = {}
+        self.pending = {v: torch.zeros(g.value(v).shape, dtype=torch.int32) for v in self.place}
+        self.readers: dict[str, set[int]] = {}
+        for t in self.ps.tasks:
+            for v in {a.value for a in t.reads}:
+                m = torch.zeros(g.value(v).shape, dtype=torch.bool)
+                for a in t.reads:
+                    if a.value == v:
+                        m[tuple(slice(lo, hi) for lo, hi in a.box)] = True
+                self.read_mask[(t.id, v)] = m
+                self.pending[v] += m.to(torch.int32)
+                self.readers.setdefault(v, set()).add(t.id)
+        for v in self.outputs:
+            self.pending[v] += 1
+        self.done: set[int] = set()
+        self.last_writer: dict[str, int] = {}
+
+    def _write(self, v: str, box, data: torch.Tensor, task: int | None = None) -> None:
+        elems = self._elements(v, box)
+        byts = self._bytes(v, elems)
+        buf = self.buffers[self.place[v].buffer]
+        vid = self.ids[v]
+        if self.checks and task is not None:
+            self._check_clobber(v, box, buf, byts.reshape(-1), vid, task)
+        flat = data.reshape(-1).to(torch.float64)
+        if flat.numel() != self.graph.value(v).numel:
+            raise SimulationError(f"value {v!r}: computed {flat.numel()} elements, declared {self.graph.value(v).numel}")
+        vals = flat[elems]
+        buf.data[byts] = vals[:, None].expand(-1, byts.shape[1])
+        buf.owner[byts] = vid
+        if task is not None:
+            self.last_writer[v] = task
+
+    def _check_clobber(self, v, box, buf, byts, vid, task) -> None:
+        own = buf.owner[byts]
+        for x in torch.unique(own).tolist():
+            if x < 0 or x == vid:
+                continue
+            xname = self.names[x]
+            xp = self.place[xname]
+            sel = byts[own == x]
+            xe = DTYPES[self.graph.value(xname).dtype]
+            elems = torch.unique((sel - xp.offset) // xe)
+            if bool((self.pending[xname].reshape(-1)[elems] > 0).any()):
+                waiting = sorted(self.readers.get(xname, set()) - self.done)
+                who = f"tasks {waiting[:8]} still have to read it" if waiting else "it is a program output"
+                raise SimulationError(
+                    f"task {task} (group {self.ps.tasks[task].group}) writes {v!r}{_fmt_box(box)} at "
+                    f"{self._where(v)} over live bytes of {xname!r} ({self._where(xname)}, last written by task "
+                    f"{self.last_writer.get(xname, 'input')}); {who}: the memory plan ends {xname!r}'s lifetime "
+                    "too early, or the schedule does not order those reads before this write")
+
+    def _read(self, v: str, boxes, task: int) -> torch.Tensor:
+        val = self.graph.value(v)
+        floating = val.dtype in FLOAT_DTYPES
+        if floating:
+            fill = float("nan")
+        elif val.dtype == "bool":
+            fill = 1.0
+        else:
+            fill = float(torch.iinfo(_TORCH[val.dtype]).min)
+        out = torch.full((val.numel,), fill, dtype=torch.float64)
+        buf = self.buffers[self.place[v].buffer]
+        vid = self.ids[v]
+        for box in boxes:
+            elems = self._elements(v, box)
+            byts = self._bytes(v, elems)
+            if self.checks:
+                own = buf.owner[byts]
+                bad = own != vid
+                if bool(bad.any()):
+                    x = int(own[bad][0])
+                    if x == UNWRITTEN:
+                        why = "no task has written those bytes yet (the read is not ordered after its producer)"
+                    elif x == FREED:
+                        why = "those bytes were freed after what the plan thinks is the value's last read"
+                    else:
+                        why = (f"they now hold {self.names[x]!r} (written by task {self.last_writer.get(self.names[x], 'input')}): "
+                               "the write was not ordered after this read")
+                    raise SimulationError(
+                        f"task {task} (group {self.ps.tasks[task].group}) reads {v!r}{_fmt_box(box)} at {self._where(v)}, "
+                        f"but {why}")
+            raw = buf.data[byts]
+            same = (raw == raw[:, :1]).all(dim=1)
+            vals = torch.where(same, raw[:, 0], torch.full_like(raw[:, 0], float("nan")))
+            if not floating and bool(torch.isnan(vals).any()):
+                raise SimulationError(f"task {task} reads poisoned integer data of {v!r}{_fmt_box(box)} at {self._where(v)}")
+            out[elems] = vals
+        return out.reshape(val.shape).to(_TORCH[val.dtype])
+
+    def _free_if_dead(self, v: str) -> None:
+        if v in self.outputs or bool(self.pending[v].any()):
+            return
+        buf = self.buffers[self.place[v].buffer]
+        p = self.place[v]
+        region = slice(p.offset, p.offset + p.nbytes)
+        mine = buf.owner[region] == self.ids[v]
+        buf.data[region][mine] = float("nan")
+        buf.owner[region][mine] = FREED
+
+    # ---- execution -------------------------------------------------------------------------------
+    def _run_task(self, tid: int) -> None:
+        t = self.ps.tasks[tid]
+        grp = self.ps.groups[t.group]
+        boxes: dict[str, list] = {}
+        for a in t.reads:
+            if a.value not in grp.inputs:
+                raise SimulationError(f"task {tid} reads {a.value!r}, which is not an input of its group {grp.id} "
+                                      f"(inputs {list(grp.inputs)})")
+            boxes.setdefault(a.value, []).append(a.box)
+        env: dict[str, Any] = {v: self._read(v, boxes.get(v, ()), tid) for v in grp.inputs}
+        for name in grp.nodes:
+            node = self.nodes.get(name)
+            if node is None:
+                raise SimulationError(f"group {grp.id} names node {name!r}, which program {self.graph.name!r} lacks")
+            spec = self.ops.get(node.op)
+            ref = spec.extra.get("reference")
+            if ref is None:
+                raise SimulationError(f"node {name!r}: op {node.op!r} has no reference function (OpSpec.extra['reference'])")
+            args = []
+            for i in node.inputs:
+                if i is not None and i not in env:
+                    raise SimulationError(f"group {grp.id}: node {name!r} reads {i!r}, which is neither a group input "
+                                          "nor computed earlier in the group")
+                args.append(None if i is None else env[i])
+            try:
+                outs = ref(args, node.attr_dict)
+            except Exception as e:
+                raise SimulationError(
+                    f"task {tid}: node {name!r} ({node.op}) failed on its inputs (elements outside the task's read "
+                    f"boxes are poisoned; is a read footprint too small?): {type(e).__name__}: {e}") from e
+            if len(outs) != len(node.outputs):
+                raise SimulationError(f"node {name!r}: reference of {node.op} returned {len(outs)} outputs, "
+                                      f"the node declares {len(node.outputs)}")
+            for o, val in zip(node.outputs, outs):
+                if tuple(val.shape) != tuple(self.graph.value(o).shape):
+                    raise SimulationError(f"node {name!r}: reference of {node.op} gave {o!r} shape {tuple(val.shape)}, "
+                                          f"declared {self.graph.value(o).shape}")
+                env[o] = val
+        # this task's reads are over before its stores (a body loads before it stores), so a task
+        # may overwrite in place what it alone still had to read
+        for v in boxes:
+            self.pending[v] -= self.read_mask[(tid, v)].to(torch.int32)
+        self.done.add(tid)
+        for a in t.writes:
+            if a.value not in grp.outputs:
+                raise SimulationError(f"task {tid} writes {a.value!r}, which is not an output of its group {grp.id} "
+                                      f"(outputs {list(grp.outputs)})")
+            self._write(a.value, a.box, env[a.value], tid)
+        for v in boxes:
+            self._free_if_dead(v)
+
+    def run(self, inputs: Mapping[str, torch.Tensor], seed: int = 0) -> dict[str, torch.Tensor]:
+        self._reset(inputs)
+        for tid in legal_order(self.ps, seed):
+            self._run_task(tid)
+        for new, old in self.copy_back:  # what the runtime does after the launch
+            full = tuple((0, d) for d in self.graph.value(new).shape)
+            data = self._read(new, [full], -1)
+            p = self.place[new]
+            dst = self.buffers.get(old)
+            if dst is None:
+                raise SimulationError(f"copy back {new!r} -> {old!r}: no buffer named {old!r} in the plan")
+            byts = self._bytes(new, self._elements(new, full)) - p.offset
+            dst.data[byts] = data.reshape(-1).to(torch.float64)[:, None].expand(-1, byts.shape[1])
+        out = {}
+        for name in self.graph.output_names():
+            full = tuple((0, d) for d in self.graph.value(name).shape)
+            try:
+                out[name] = self._read(name, [full], -1)
+            except SimulationError as e:
+                raise SimulationError(f"program output {name!r}: {e}") from None
+        return out
+
+
+def simulate(doc: Document, program: str, inputs: Mapping[str, torch.Tensor], seed: int = 0, *,
+             ops=None, checks: bool = True) -> dict[str, torch.Tensor]:
+    """Run ``program`` of ``doc`` (graph + schedule + memory) on the CPU; see the module docstring.
+
+    Returns every program output (float values as float64, integers and booleans in their dtype).
+    ``ops``: an op registry (default: the installed plugins'). ``seed`` picks the interleaving.
+    """
+    return ArenaSimulator(doc, program, ops=ops, checks=checks).run(inputs, seed)
