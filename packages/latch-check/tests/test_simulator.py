@@ -9,12 +9,16 @@ from latch_core.document import program_doc
 from latch_core.order import DeadlockError, Order
 from latch_core.sections import Access
 from latch_check.simulator import ArenaSimulator, SimulationError, simulate
-from latch_memory.plan import plan
+from latch_memory.plan import plan as _plan
 from latch_memory.testing import (
     evaluate, mlp_graph, naive_schedule_section, random_inputs, test_registry, two_weight_graph,
 )
 
 REG = test_registry()
+
+
+def plan(doc, **kw):
+    return _plan(doc, registry=REG, **kw)
 
 
 def _planned(graph, **kw):

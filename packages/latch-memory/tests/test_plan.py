@@ -9,11 +9,15 @@ from latch_core.sections import Access, ScheduleSection
 from latch_memory.arena import assign_offsets
 from latch_core.order import Order
 from latch_memory.liveness import LivenessError
-from latch_memory.plan import plan
+from latch_memory.plan import plan as _plan
 from latch_memory.plugin import PLAN
 from latch_memory.testing import mlp_graph, naive_schedule, naive_schedule_section, test_registry, two_weight_graph
 
 REG = test_registry()
+
+
+def plan(doc, **kw):
+    return _plan(doc, registry=REG, **kw)
 
 
 def _doc(graph, **kw):
@@ -130,6 +134,22 @@ def test_unsafe_inplace_gets_an_arena_slot_and_copy_back():
     _brute_force_safe(out)
 
 
+def test_inplace_needs_a_pointwise_body_for_a_self_read():
+    # the same schedule, but the update op is not known to be elementwise: its task reads w1 and
+    # writes w1_new over the same elements, which only a pointwise body may do
+    from latch_core.registry import Registry
+
+    reg = Registry("op")
+    for name, spec in REG.items():
+        reg.add(name, attrs.evolve(spec, tags=frozenset()) if name == "test::sgd" else spec, "memtest")
+    out = _plan(_doc(two_weight_graph(), strategy="barrier", num_sms=2, tiles=2), registry=reg)
+    stats = dict(out.memory.stats)
+    assert stats["copy_back"] == (("update", "w1_new", "w1"), ("update", "w2_new", "w2"))
+    reasons = dict(dict(dict(stats["programs"])["update"])["copy_back_reasons"])
+    assert "is not pointwise" in reasons["w1_new"]
+    _brute_force_safe(out)
+
+
 def test_dataflow_reuse_needs_happens_before():
     # Two independent chains on two SMs, no sync between them: disjoint in the linear order,
     # but unordered, so their values must not share bytes.
@@ -189,7 +209,7 @@ def test_errors_name_the_culprit():
 
 
 def test_pass_round_trips_through_the_document():
-    doc = run_pass(PLAN, _doc(mlp_graph(), strategy="dataflow"), alignment=512)
+    doc = run_pass(PLAN, _doc(mlp_graph(), strategy="dataflow"), alignment=512, registry=REG)
     assert doc.memory.alignment == 512
     assert doc.provenance[-1].name == "memory.plan"
     again = loads(dumps(doc))

@@ -19,6 +19,7 @@ import attrs
 
 from latch_core.ir import Graph
 from latch_core.order import Order, legal_order
+from latch_core.registry import COPY, ELEMENTWISE, Registry
 from latch_core.sections import Box, ProgramSchedule
 
 
@@ -161,13 +162,32 @@ def boxes_overlap(a: Box, b: Box) -> bool:
     return all(lo1 < hi2 and lo2 < hi1 for (lo1, hi1), (lo2, hi2) in zip(a, b))
 
 
-def inplace_hazards(live: Liveness, new: str, old: str, limit: int = 5) -> list[str]:
+POINTWISE_TAGS = frozenset({ELEMENTWISE, COPY})  # output element i needs operand elements at i only
+
+
+def pointwise_groups(ps: ProgramSchedule, graph: Graph, ops: Registry) -> set[int]:
+    """Ids of the groups whose every node is elementwise or a copy (ops unknown to ``ops``: not)."""
+    op_of = {n.name: n.op for n in graph.nodes}
+    out = set()
+    for grp in ps.groups:
+        for name in grp.nodes:
+            if name not in op_of:
+                raise LivenessError(f"program {graph.name!r}: group {grp.id} of the schedule names node {name!r}, "
+                                    "which the graph lacks; reschedule the current graph")
+        if all(op_of[n] in ops and ops.get(op_of[n]).tags & POINTWISE_TAGS for n in grp.nodes):
+            out.add(grp.id)
+    return out
+
+
+def inplace_hazards(live: Liveness, new: str, old: str, pointwise: set[int], limit: int = 5) -> list[str]:
     """Why ``new`` may not take over ``old``'s buffer: reads of ``old`` not ordered before an
     overlapping write of ``new`` (empty when the in-place update is safe).
 
-    A task that reads ``old[R]`` and itself writes ``new[W]`` is allowed (its body reads its
-    operands before it stores its results); any other reader must happen before every writer whose
-    box overlaps the box it reads. Boxes compare directly: in-place pairs have one type.
+    Every reader of ``old[R]`` must happen before every writer of ``new[W]`` with ``R`` and ``W``
+    overlapping, except the writer itself when its group is pointwise (its body reads element i
+    before it writes element i, and touches nothing else). Boxes compare directly: in-place pairs
+    have one type. The schedulers enforce the same rule (latch_schedule.tasks); this is the
+    planner's own check, so a schedule from elsewhere cannot make it unsafe.
     """
     ps = live.schedule
     order = live.order
@@ -181,8 +201,17 @@ def inplace_hazards(live: Liveness, new: str, old: str, limit: int = 5) -> list[
     problems = []
     for r, rbox in reads:
         for w, wbox in writes:
-            if r != w and not order.before(r, w) and boxes_overlap(rbox, wbox):
+            if not boxes_overlap(rbox, wbox):
+                continue
+            if r == w:
+                if ps.tasks[r].group in pointwise:
+                    continue
+                problems.append(f"task {r} reads {old!r}{list(rbox)} and writes {new!r}{list(wbox)}, and its group "
+                                f"{ps.tasks[r].group} is not pointwise (it may store before it has read everything)")
+            elif not order.before(r, w):
                 problems.append(f"task {r} reads {old!r}{list(rbox)} unordered with task {w} writing {new!r}{list(wbox)}")
-                if len(problems) >= limit:
-                    return problems
+            else:
+                continue
+            if len(problems) >= limit:
+                return problems
     return problems

@@ -24,10 +24,11 @@ import attrs
 
 from latch_core.document import Document
 from latch_core.ir import CONST, Graph
+from latch_core.registry import Registry
 from latch_core.sections import MemorySection, Placement, ProgramMemory, ProgramSchedule
 
 from .arena import align_up, assign_offsets
-from .liveness import Liveness, inplace_hazards
+from .liveness import Liveness, inplace_hazards, pointwise_groups
 
 ARENA = "arena"
 DEFAULT_ALIGNMENT = 256
@@ -58,11 +59,12 @@ def _constants(doc: Document) -> list[tuple[str, int]]:
     return out
 
 
-def plan_program(graph: Graph, ps: ProgramSchedule, const_offsets: dict[str, int], const_end: int,
+def plan_program(graph: Graph, ps: ProgramSchedule, ops: Registry, const_offsets: dict[str, int], const_end: int,
                  alignment: int = DEFAULT_ALIGNMENT) -> tuple[ProgramMemory, dict]:
-    """The memory plan of one program (and its stats)."""
+    """The memory plan of one program (and its stats). ``ops`` tells which groups are pointwise."""
     t0 = time.perf_counter()
     live = Liveness(graph, ps)
+    pointwise = pointwise_groups(ps, graph, ops) if graph.inplace else set()
     t_live = time.perf_counter() - t0
     inputs = set(graph.input_names())
     inplace = dict(graph.inplace)  # new -> old
@@ -81,7 +83,7 @@ def plan_program(graph: Graph, ps: ProgramSchedule, const_offsets: dict[str, int
             placements.append(Placement(name, name, 0, life.nbytes, -1, last))
         elif name in inplace:
             old = inplace[name]
-            hazards = inplace_hazards(live, name, old)
+            hazards = inplace_hazards(live, name, old, pointwise)
             if hazards:
                 refused[name] = hazards
                 copy_back.append((name, old))
@@ -124,8 +126,13 @@ def plan_program(graph: Graph, ps: ProgramSchedule, const_offsets: dict[str, int
     return pm, stats
 
 
-def plan(doc: Document, alignment: int = DEFAULT_ALIGNMENT) -> Document:
-    """The ``memory.plan`` pass: a :class:`MemorySection` for every scheduled program."""
+def plan(doc: Document, alignment: int = DEFAULT_ALIGNMENT, registry: Registry | None = None) -> Document:
+    """The ``memory.plan`` pass: a :class:`MemorySection` for every scheduled program.
+    ``registry``: the op registry (default: the installed plugins')."""
+    if registry is None:
+        from latch_core.plugins import registries
+
+        registry = registries().ops
     alignment = int(alignment)
     if alignment <= 0 or alignment & (alignment - 1):
         raise PlanError(f"memory.plan: option alignment={alignment} must be a positive power of two")
@@ -137,7 +144,7 @@ def plan(doc: Document, alignment: int = DEFAULT_ALIGNMENT) -> Document:
     programs, per_program = [], {}
     copy_back = []
     for ps in doc.schedule.programs:
-        pm, stats = plan_program(doc.graph.program(ps.program), ps, const_offsets, const_end, alignment)
+        pm, stats = plan_program(doc.graph.program(ps.program), ps, registry, const_offsets, const_end, alignment)
         programs.append(pm)
         per_program[ps.program] = stats
         copy_back += [(ps.program, new, old) for new, old in stats["copy_back"]]
