@@ -1,3 +1,96 @@
-"""latch-codegen-h100's registrations with Latch (entry point group latch.plugins)."""
+"""latch-codegen-h100's registrations with Latch (entry point group latch.plugins): the H100
+lowerings of the core vocabulary, and the ``build`` and ``run`` commands of ``latch-pipeline``."""
 
-from latch_core.hookspecs import hookimpl  # noqa: F401
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from latch_core.hookspecs import hookimpl
+
+from . import lower_elementwise, lower_indexing, lower_matmul, lower_nn, lower_reduce, lower_views
+
+
+def all_lowerings():
+    return (lower_elementwise.lowerings() + lower_reduce.lowerings() + lower_matmul.lowerings()
+            + lower_views.lowerings() + lower_indexing.lowerings() + lower_nn.lowerings())
+
+
+@hookimpl
+def latch_register_lowerings(register):
+    for low in all_lowerings():
+        register(low.op, low)
+
+
+@click.command("build")
+@click.option("-i", "--input", "inp", required=True, type=click.Path(dir_okay=False),
+              help="planned document (graph + schedule + memory)")
+@click.option("-d", "--dir", "out_dir", required=True, type=click.Path(file_okay=False), help="build directory")
+@click.option("-o", "--output", "out", type=click.Path(dir_okay=False),
+              help="also write the document with its build section here")
+@click.option("-j", "--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
+@click.option("--no-cache", is_flag=True, help="compile even when a cached library matches")
+def build_cmd(inp, out_dir, out, jobs, no_cache):
+    """Generate CUDA for a planned document and compile it into DIR/program.so."""
+    from latch_core.cli import load_or_exit
+    from latch_core.document import save
+
+    from .bodies import CodegenError
+    from .builder import BuildError, build
+
+    doc = load_or_exit(inp)
+    t0 = time.perf_counter()
+    try:
+        doc = build(doc, out_dir, jobs=jobs, use_cache=not no_cache)
+    except (CodegenError, BuildError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    b = doc.build
+    stats = dict(b.stats)
+    click.echo(f"built {out_dir}/program.so in {time.perf_counter() - t0:.2f} s (cached: {stats.get('cached')}; "
+               f"{stats.get('bodies')} bodies in {len(b.units) - 1} units; key {b.key[:12]})")
+    if out:
+        save(doc, out)
+        click.echo(f"wrote {out}")
+
+
+@click.command("run")
+@click.argument("build_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--inputs", type=click.Path(dir_okay=False, exists=True),
+              help="torch.save'd dict {'params':{}, 'state':{}, 'batch':{} or [..], 'hyper':{}} (default: random)")
+@click.option("--steps", type=int, default=1, show_default=True, help="updates to run")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--save", "save_path", type=click.Path(dir_okay=False), help="torch.save the tensors after the run")
+def run_cmd(build_dir, inputs, steps, seed, save_path):
+    """Load BUILD_DIR/program.so and run updates on the GPU, printing the loss and time of each."""
+    import torch
+
+    from .runtime import LaunchError, Program, ProgramError, random_inputs
+
+    try:
+        prog = Program.load(build_dir)
+        if inputs:
+            data = torch.load(inputs, map_location=prog.device)
+        else:
+            data = random_inputs(prog, seed=seed)
+        for step in range(steps):
+            t0 = time.perf_counter()
+            loss = prog(data["params"], data["state"], data["batch"], data.get("hyper"))
+            torch.cuda.synchronize(prog.device)
+            dt = time.perf_counter() - t0
+            shown = f"{loss.item():.6g}" if loss is not None and loss.numel() == 1 else "-"
+            click.echo(f"step {step}: loss {shown}  ({dt * 1e3:.3f} ms, {prog.launches} launches so far)")
+    except (ProgramError, LaunchError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    if save_path:
+        torch.save(data, save_path)
+        click.echo(f"wrote {save_path}")
+
+
+@hookimpl
+def latch_register_commands(register):
+    register(build_cmd)
+    register(run_cmd)

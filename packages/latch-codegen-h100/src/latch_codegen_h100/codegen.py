@@ -1,0 +1,495 @@
+"""Document (graph + schedule + memory) -> generated CUDA units, binary tables and a manifest.
+
+What is generated:
+- ``kernel.cu``: the persistent kernel (``cuda/latch_kernel_main.cuh``), the dispatch switch from
+  body id to body function, and the C ABI;
+- ``unit_<k>.cu``: the body functions, one per distinct :class:`~.bodies.BodySpec`, grouped into
+  units of at most ``bodies_per_unit`` (units are compiled in parallel and cached by ninja);
+- per program, binary tables (instruction lists, tasks, operands, counter targets: ``tables.py``);
+- ``consts.bin``: constant data, written into the arena once at load;
+- ``manifest.json``: everything the runtime needs (buffers, programs, outputs, error context).
+
+Rendering bodies (calling the lowerings) runs in parallel across units in worker processes.
+Sources depend only on the set of body signatures, so a schedule or memory change that keeps the
+signatures leaves the sources, and the compiled library, unchanged.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as _cf
+import multiprocessing as _mp
+import os
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from latch_core.document import Document
+from latch_core.ir import BATCH, CONST, HYPER, Graph
+from latch_core.registry import VIEW
+from latch_core.sections import BARRIER, SIGNAL, TASK, WAIT, ProgramMemory, ProgramSchedule
+
+from . import tables as T
+from .bodies import BodySpec, CodegenError, GroupSite, group_spec, render_body
+from .lowering import Lowering, LoweringError
+
+CUDA_DIR = Path(__file__).parent / "cuda"
+THREADS = 256
+ARENA = "arena"
+
+
+def ops_cuda_dir() -> Path:
+    import latch_ops
+
+    return Path(latch_ops.__file__).parent / "cuda"
+
+
+@attrs.frozen
+class Unit:
+    name: str  # file name, e.g. "unit_0.cu"
+    source: str
+    bodies: tuple[str, ...] = ()  # body keys defined in this unit
+    lines: tuple[tuple[int, int, str], ...] = ()  # (first line, last line, body key), 1-based
+
+
+@attrs.frozen
+class Generated:
+    units: tuple[Unit, ...]  # kernel.cu first
+    tables: dict = attrs.field(eq=False)  # program -> ProgramTables
+    consts: bytes
+    manifest: dict = attrs.field(eq=False)
+    include_dirs: tuple[str, ...]
+    headers: tuple[str, ...]  # absolute paths of every header the sources include
+
+
+def _lowerings(regs=None) -> dict[str, Lowering]:
+    if regs is None:
+        from latch_core.plugins import registries
+
+        regs = registries()
+    return dict(regs.lowerings.items())
+
+
+def _op_specs(regs=None):
+    if regs is None:
+        from latch_core.plugins import registries
+
+        regs = registries()
+    return regs.ops
+
+
+def g_nodes_op(nodes: dict, grp) -> str:
+    return nodes[grp.nodes[0]].op
+
+
+def _where(graph: Graph, node_name: str) -> str:
+    for n in graph.nodes:
+        if n.name == node_name:
+            src = f", from {n.source}" if n.source else ""
+            return f"node {n.name!r} ({n.op}{src})"
+    return f"node {node_name!r}"
+
+
+# --------------------------------------------------------------------------------------------
+# External buffers: everything bound at run time, indexed from 1 (0 is the arena)
+
+
+def external_buffers(doc: Document) -> list[dict]:
+    out: list[dict] = []
+    seen: dict[str, dict] = {}
+
+    def add(v, role):
+        if v.name in seen:
+            b = seen[v.name]
+            if (tuple(b["shape"]), b["dtype"]) != (tuple(v.shape), v.dtype):
+                raise CodegenError(f"buffer {v.name!r} is {v.dtype}{list(v.shape)} in one program and "
+                                   f"{b['dtype']}{b['shape']} in another; one name must mean one buffer")
+            return
+        b = {"name": v.name, "role": role, "shape": list(v.shape), "dtype": v.dtype}
+        seen[v.name] = b
+        out.append(b)
+
+    for v in doc.graph.layout:
+        add(v, v.role)
+    for ps in doc.schedule.programs:
+        g = doc.graph.program(ps.program)
+        for grp in g.inputs:
+            for name in grp.values:
+                v = g.value(name)
+                if v.role in (BATCH, HYPER) or (v.role in ("param", "state") and name not in seen):
+                    add(v, v.role)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Per-program lowering to tables
+
+
+@attrs.frozen
+class _ProgramPlan:
+    name: str
+    tables: T.ProgramTables
+    info: dict
+
+
+def _check_sync(ps: ProgramSchedule) -> dict[int, int]:
+    """Validate the instruction lists against the sync contract; returns counter id -> dense index."""
+    counters = {c.id: i for i, c in enumerate(ps.counters)}
+    expected = {c.id: c.expected for c in ps.counters}
+    ntasks = len(ps.tasks)
+    signals: dict[int, int] = {}
+    for s, sm in enumerate(ps.sms):
+        next_barrier = 0
+        for k, ins in enumerate(sm):
+            kind = ins[0]
+            where = f"program {ps.program!r} SM {s} instruction {k} {ins!r}"
+            if kind == TASK:
+                if not 0 <= ins[1] < ntasks:
+                    raise CodegenError(f"{where}: no task {ins[1]} (the schedule has {ntasks})")
+            elif kind == BARRIER:
+                if ins[1] != next_barrier:
+                    raise CodegenError(f"{where}: barriers must run in order 0..{ps.num_barriers - 1} on every SM; "
+                                       f"expected barrier {next_barrier}")
+                next_barrier += 1
+            elif kind == WAIT:
+                if ins[1] not in counters:
+                    raise CodegenError(f"{where}: waits on undeclared counter {ins[1]}")
+                if ins[2] > expected[ins[1]]:
+                    raise CodegenError(f"{where}: waits for {ins[2]} signals; counter {ins[1]} expects {expected[ins[1]]}")
+            elif kind == SIGNAL:
+                if ins[1] not in counters:
+                    raise CodegenError(f"{where}: signals undeclared counter {ins[1]}")
+                signals[ins[1]] = signals.get(ins[1], 0) + 1
+            else:
+                raise CodegenError(f"{where}: unknown instruction kind {kind!r}")
+        if ps.num_barriers and next_barrier != ps.num_barriers:
+            raise CodegenError(f"program {ps.program!r} SM {s}: runs {next_barrier} of {ps.num_barriers} barriers; "
+                               "every SM must run every barrier (a grid barrier needs all blocks)")
+    for c in ps.counters:
+        if signals.get(c.id, 0) != c.expected:
+            raise CodegenError(f"program {ps.program!r} counter {c.id}: expects {c.expected} signals per launch, "
+                               f"the SM lists send {signals.get(c.id, 0)}")
+    return counters
+
+
+def _plan_program(doc: Document, ps: ProgramSchedule, pm: ProgramMemory, ext: dict[str, int],
+                  lowerings: dict[str, Lowering], ops, specs: dict[str, BodySpec], sites: dict[str, GroupSite],
+                  body_ids: dict[str, int]) -> _ProgramPlan:
+    g = doc.graph.program(ps.program)
+    place = {p.value: p for p in pm.placements}
+    nodes = {n.name: n for n in g.nodes}
+
+    def locate(value: str, group_id: int) -> tuple[int, int]:
+        p = place.get(value)
+        if p is None:
+            raise CodegenError(f"program {ps.program!r} group {group_id}: value {value!r} crosses the group boundary "
+                               "but the memory plan has no placement for it; re-run the memory stage")
+        if p.buffer == ARENA:
+            return 0, p.offset
+        if p.buffer not in ext:
+            raise CodegenError(f"program {ps.program!r}: value {value!r} is placed in buffer {p.buffer!r}, which is "
+                               "not a layout value, batch input or hyper-parameter")
+        return ext[p.buffer], p.offset
+
+    operands: list[tuple[int, int]] = []
+    group_rec: dict[int, tuple[int, int, int]] = {}  # group id -> (body id, op_begin, op_count)
+    groups_info = {}
+    for grp in ps.groups:
+        for nn in grp.nodes:
+            n = nodes.get(nn)
+            if n is None:
+                raise CodegenError(f"program {ps.program!r} group {grp.id}: no node {nn!r} in the graph")
+            if n.op not in lowerings:
+                src = f" (from {n.source})" if n.source else ""
+                raise CodegenError(
+                    f"program {ps.program!r}: node {n.name!r}{src} uses op {n.op}, which has no H100 lowering; "
+                    "install the plugin that provides its body (`latch-pipeline plugins` lists lowerings)")
+        locs = [locate(v, grp.id) for v in (*grp.inputs, *grp.outputs)]
+        aliased = False
+        if len(grp.nodes) == 1:
+            n = nodes[grp.nodes[0]]
+            is_view = n.op in ops and VIEW in ops.get(n.op).tags
+            first_in = next((i for i in n.inputs if i is not None), None)
+            if is_view and first_in is not None and len(grp.outputs) == 1:
+                aliased = locate(first_in, grp.id) == locate(grp.outputs[0], grp.id)
+        try:
+            spec = group_spec(g, grp, aliased)
+        except LoweringError as e:
+            raise CodegenError(f"program {ps.program!r} group {grp.id}: {e}") from None
+        key = spec.key
+        if key not in specs:
+            specs[key] = spec
+            sites[key] = GroupSite(ps.program, grp.id, tuple(grp.nodes), tuple(nodes[x].source for x in grp.nodes))
+            body_ids[key] = len(body_ids)
+        group_rec[grp.id] = (body_ids[key], len(operands), len(locs))
+        operands.extend(locs)
+        groups_info[str(grp.id)] = {
+            "nodes": list(grp.nodes),
+            "ops": [nodes[x].op for x in grp.nodes],
+            "source": next((nodes[x].source for x in grp.nodes if nodes[x].source), None),
+            "body": key,
+        }
+
+    counters = _check_sync(ps)
+    records = []
+    for k, t in enumerate(ps.tasks):
+        if t.id != k:
+            raise CodegenError(f"program {ps.program!r}: task ids must be 0..{len(ps.tasks) - 1} in order; "
+                               f"position {k} holds task {t.id}")
+        if t.group not in group_rec:
+            raise CodegenError(f"program {ps.program!r} task {t.id}: no group {t.group}")
+        body, ob, oc = group_rec[t.group]
+        grp = next(x for x in ps.groups if x.id == t.group)
+        prim = g.value(grp.primary)
+        if len(t.tile) != len(prim.shape):
+            raise CodegenError(f"program {ps.program!r} task {t.id}: tile {t.tile} has rank {len(t.tile)}; the "
+                               f"group's primary {grp.primary!r} has shape {list(prim.shape)}")
+        for d, ((lo, hi), n) in enumerate(zip(t.tile, prim.shape)):
+            if not 0 <= lo <= hi <= n:
+                raise CodegenError(f"program {ps.program!r} task {t.id}: tile {t.tile} leaves the primary "
+                                   f"{grp.primary!r} of shape {list(prim.shape)} in dimension {d}")
+        if len(grp.nodes) == 1 and lowerings[g_nodes_op(nodes, grp)].whole:
+            full = tuple((0, n) for n in prim.shape)
+            if tuple(t.tile) != full:
+                raise CodegenError(
+                    f"program {ps.program!r} task {t.id}: {_where(g, grp.nodes[0])} has a body that computes its "
+                    f"whole output in one task, but the schedule gives it the tile {t.tile} of {list(prim.shape)}; "
+                    "schedule this op as one task")
+        if len(t.tile) > T.MAX_DIMS:
+            raise CodegenError(f"program {ps.program!r} task {t.id}: rank {len(t.tile)} exceeds {T.MAX_DIMS}")
+        records.append(T.TaskRecord(body, t.id, t.group, ob, oc, tuple(a for a, _ in t.tile), tuple(b for _, b in t.tile)))
+
+    sms = [[(ins[0], counters[ins[1]], *ins[2:]) if ins[0] in (WAIT, SIGNAL) else ins for ins in sm] for sm in ps.sms]
+    instrs, sm_begin = T.pack_instrs(sms)
+    tabs = T.ProgramTables(
+        instrs=instrs, sm_begin=sm_begin, tasks=b"".join(r.pack() for r in records),
+        operands=T.pack_operands(operands), expected=T.pack_u32(c.expected for c in ps.counters),
+    )
+
+    outputs = []
+    inplace_new = {new for new, _ in g.inplace}
+    for grp in g.outputs:
+        for name in grp.values:
+            v = g.value(name)
+            p = place.get(name)
+            if p is None:
+                raise CodegenError(f"program {ps.program!r}: output {name!r} has no placement")
+            buf = 0 if p.buffer == ARENA else ext.get(p.buffer)
+            outputs.append({"group": grp.name, "value": name, "buffer": buf, "offset": p.offset,
+                            "shape": list(v.shape), "dtype": v.dtype, "inplace": name in inplace_new})
+    copy_back = []
+    for item in dict(doc.memory.stats).get("copy_back", ()) or ():
+        prog, new, old = item
+        if prog == ps.program:
+            p = place[new]
+            copy_back.append({"new": new, "old": old, "offset": p.offset, "nbytes": p.nbytes, "buffer": ext[old]})
+    for new, old in g.inplace:
+        p = place.get(new)
+        if p is None:
+            raise CodegenError(f"program {ps.program!r}: in-place output {new!r} has no placement")
+        if p.buffer != old and not any(c["new"] == new for c in copy_back):
+            raise CodegenError(f"program {ps.program!r}: in-place output {new!r} is placed in {p.buffer!r}, neither in "
+                               f"the buffer of {old!r} nor listed for copy-back; the update would be lost")
+
+    inputs = {grp.name: list(grp.values) for grp in g.inputs}
+    info = {
+        "num_lists": len(ps.sms),
+        "num_tasks": len(ps.tasks),
+        "num_barriers": ps.num_barriers,
+        "num_counters": len(ps.counters),
+        "arena_bytes": pm.arena_bytes,
+        "inputs": inputs,
+        "outputs": outputs,
+        "copy_back": copy_back,
+        "groups": groups_info,
+        "tables": {k: f"tables/{ps.program}.{k}.bin" for k in tabs.files()},
+    }
+    return _ProgramPlan(ps.program, tabs, info)
+
+
+def _constants(doc: Document) -> tuple[bytes, list[dict]]:
+    data, recs, seen = bytearray(), [], {}
+    for ps in doc.schedule.programs:
+        g = doc.graph.program(ps.program)
+        place = {p.value: p for p in doc.memory.program(ps.program).placements}
+        for v in g.values:
+            if v.role != CONST or v.name not in place:
+                continue
+            p = place[v.name]
+            if p.buffer != ARENA:
+                raise CodegenError(f"program {ps.program!r}: constant {v.name!r} is placed in {p.buffer!r}; "
+                                   "constants live in the arena")
+            if v.data is None:
+                raise CodegenError(f"program {ps.program!r}: constant {v.name!r} has no data")
+            if (v.name, p.offset) in seen:
+                continue
+            try:
+                b = T.const_bytes(v.data, v.dtype, v.numel, v.name)
+            except (ValueError, OverflowError) as e:
+                raise CodegenError(f"program {ps.program!r}: {e}") from None
+            seen[(v.name, p.offset)] = True
+            recs.append({"value": v.name, "offset": p.offset, "file_offset": len(data), "nbytes": len(b),
+                         "program": ps.program})
+            data += b
+    return bytes(data), recs
+
+
+# --------------------------------------------------------------------------------------------
+# Rendering units (parallel)
+
+_WORKER_LOWERINGS: dict[str, Lowering] | None = None
+
+
+def _render_unit(name: str, specs: list[BodySpec], lowerings: dict[str, Lowering] | None = None):
+    lowerings = lowerings if lowerings is not None else _WORKER_LOWERINGS
+    headers: list[str] = []
+    for s in specs:
+        for n in s.nodes:
+            for h in lowerings[n.op].headers:
+                if h not in headers:
+                    headers.append(h)
+    lines = [f"// {name}: generated by latch-codegen-h100; do not edit", '#include "latch_kernel.cuh"']
+    lines += [f'#include "{h}"' for h in headers]
+    lines.append("")
+    ranges, smem = [], {}
+    for s in specs:
+        try:
+            src, nbytes = render_body(s, lowerings)
+        except LoweringError as e:
+            return ("error", s.key, str(e))
+        except Exception as e:  # a lowering that crashes is a bug in that plugin: say which op
+            return ("error", s.key, f"lowering crashed: {type(e).__name__}: {e}")
+        first = len(lines) + 1
+        lines.extend(src.splitlines())
+        ranges.append((first, len(lines), s.key))
+        smem[s.key] = nbytes
+    return ("ok", "\n".join(lines) + "\n", tuple(ranges), smem, tuple(headers))
+
+
+def _assign_units(specs: dict[str, BodySpec], per_unit: int) -> list[list[BodySpec]]:
+    # Stable: order by (ops, key) so adding a body disturbs few units.
+    ordered = sorted(specs.values(), key=lambda s: (s.ops, s.key))
+    return [ordered[i:i + per_unit] for i in range(0, len(ordered), per_unit)]
+
+
+def _render_all(chunks, lowerings, jobs: int):
+    global _WORKER_LOWERINGS
+    names = [f"unit_{i}.cu" for i in range(len(chunks))]
+    if jobs > 1 and len(chunks) > 1 and "fork" in _mp.get_all_start_methods():
+        _WORKER_LOWERINGS = lowerings
+        try:
+            ctx = _mp.get_context("fork")
+            with _cf.ProcessPoolExecutor(max_workers=min(jobs, len(chunks)), mp_context=ctx) as ex:
+                return list(ex.map(_render_unit, names, chunks))
+        finally:
+            _WORKER_LOWERINGS = None
+    return [_render_unit(n, c, lowerings) for n, c in zip(names, chunks)]
+
+
+def _kernel_source(body_keys: list[str], specs: dict[str, BodySpec], max_ops: int) -> str:
+    lines = [
+        "// kernel.cu: generated by latch-codegen-h100; do not edit",
+        f"#define LATCH_MAX_OPERANDS {max(1, max_ops)}",
+        f"#define LATCH_NUM_BODIES {len(body_keys)}",
+        '#include "latch_kernel.cuh"',
+        "",
+    ]
+    lines += [f"__device__ void {specs[k].func}(const latch::Ctx& c);" for k in body_keys]
+    lines += ["", "__device__ __forceinline__ void latch_dispatch(int body, const latch::Ctx& c) {", "  switch (body) {"]
+    for i, k in enumerate(body_keys):
+        lines.append(f"    case {i}: {specs[k].func}(c); break;  // {specs[k].describe()[:100]}")
+    lines += ["    default: latch_report(latch::ERR_BAD_BODY, body, LATCH_NUM_BODIES);", "  }", "}", "",
+              '#include "latch_kernel_main.cuh"', ""]
+    return "\n".join(lines)
+
+
+def generate(doc: Document, *, bodies_per_unit: int = 8, jobs: int | None = None, regs=None) -> Generated:
+    """Lower a planned document. Raises CodegenError naming the program/group/node/op at fault."""
+    missing = {"graph", "schedule", "memory"} - doc.sections()
+    if missing:
+        raise CodegenError(f"code generation needs the sections graph, schedule and memory; the document lacks "
+                           f"{sorted(missing)}: run the stages that produce them first")
+    lowerings = _lowerings(regs)
+    ops = _op_specs(regs)
+    ext_list = external_buffers(doc)
+    ext = {b["name"]: i + 1 for i, b in enumerate(ext_list)}
+    specs: dict[str, BodySpec] = {}
+    sites: dict[str, GroupSite] = {}
+    body_ids: dict[str, int] = {}
+    plans = []
+    for ps in doc.schedule.programs:
+        try:
+            pm = doc.memory.program(ps.program)
+        except KeyError:
+            raise CodegenError(f"program {ps.program!r} is scheduled but has no memory plan; re-run the memory stage")
+        plans.append(_plan_program(doc, ps, pm, ext, lowerings, ops, specs, sites, body_ids))
+
+    body_keys = sorted(body_ids, key=body_ids.get)
+    chunks = _assign_units(specs, max(1, bodies_per_unit))
+    results = _render_all(chunks, lowerings, jobs if jobs is not None else (os.cpu_count() or 1))
+    units, smem, headers = [], {}, []
+    for i, r in enumerate(results):
+        if r[0] == "error":
+            _, key, msg = r
+            site = sites[key]
+            g = doc.graph.program(site.program)
+            where = ", ".join(_where(g, n) for n in site.nodes[:4])
+            raise CodegenError(f"{site.describe()}: cannot lower {where}: {msg}")
+        _, src, ranges, sm, hdrs = r
+        units.append(Unit(f"unit_{i}.cu", src, tuple(k for _, _, k in ranges), ranges))
+        smem.update(sm)
+        headers += [h for h in hdrs if h not in headers]
+    max_ops = max((len(s.of_kind("in")) + len(s.of_kind("out")) for s in specs.values()), default=1)
+    kernel = Unit("kernel.cu", _kernel_source(body_keys, specs, max_ops))
+    kernel_smem = max([1024] + list(smem.values()))
+    kernel_smem = (kernel_smem + 127) // 128 * 128
+
+    include_dirs = [str(CUDA_DIR), str(ops_cuda_dir())]
+    for low in lowerings.values():
+        for d in low.include_dirs:
+            if d not in include_dirs:
+                include_dirs.append(str(d))
+    header_paths = [str(CUDA_DIR / "latch_kernel.cuh"), str(CUDA_DIR / "latch_kernel_main.cuh"),
+                    str(ops_cuda_dir() / "latch_common.cuh")]
+    for h in headers:
+        for d in include_dirs:
+            p = Path(d) / h
+            if p.exists():
+                header_paths.append(str(p))
+                break
+        else:
+            raise CodegenError(f"header {h!r} of a lowering is in none of the include dirs {include_dirs}")
+
+    consts, const_recs = _constants(doc)
+    manifest = {
+        "abi": T.ABI_VERSION,
+        "threads": THREADS,
+        "smem": kernel_smem,
+        "max_operands": max(1, max_ops),
+        "num_sms": doc.schedule.num_sms,
+        "strategy": doc.schedule.strategy,
+        "arena_bytes": doc.memory.arena_bytes,
+        "buffers": ext_list,
+        "consts": const_recs,
+        "programs": {p.name: p.info for p in plans},
+        "program_order": [p.name for p in plans],
+        "metadata": {k: v for k, v in _plain(doc.graph.metadata)},
+        "bodies": [{"id": body_ids[k], "key": k, "ops": list(specs[k].ops), "describe": specs[k].describe(),
+                    "smem": smem.get(k, 0)} for k in body_keys],
+        "units": [{"name": u.name, "bodies": list(u.bodies), "lines": [list(x) for x in u.lines]} for u in units],
+    }
+    return Generated(
+        units=(kernel, *units), tables={p.name: p.tables for p in plans}, consts=consts, manifest=manifest,
+        include_dirs=tuple(include_dirs), headers=tuple(sorted(set(header_paths))),
+    )
+
+
+def _plain(pairs) -> list[tuple[str, Any]]:
+    """Frozen attribute pairs -> JSON-friendly (nested pair tuples become dicts)."""
+    def conv(v):
+        if isinstance(v, tuple) and v and all(isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) for x in v):
+            return {k: conv(x) for k, x in v}
+        if isinstance(v, tuple):
+            return [conv(x) for x in v]
+        return v
+    return [(k, conv(v)) for k, v in pairs]

@@ -1,0 +1,108 @@
+// The megakernel's run-time interface: the binary table records, the kernel arguments, and the
+// synchronisation primitives (grid barrier, dataflow counters) with spin timeouts.
+//
+// These records are mirrored byte for byte by latch_codegen_h100.tables (Python, struct module)
+// and latch_codegen_h100.runtime (ctypes). Change all three together and bump LATCH_ABI_VERSION.
+#pragma once
+
+#include <stdint.h>
+
+#include "latch_common.cuh"
+
+#define LATCH_ABI_VERSION 1
+#define LATCH_MAX_DIMS 8
+
+namespace latch {
+
+enum InstrKind : int { I_TASK = 1, I_BARRIER = 2, I_WAIT = 3, I_SIGNAL = 4 };
+
+enum KernelError : int {
+  ERR_WAIT_TIMEOUT = 1,     // a counter wait did not see enough signals in time
+  ERR_BARRIER_TIMEOUT = 2,  // not every block arrived at a grid barrier in time
+  ERR_BAD_BODY = 3,         // a task names a body id this build does not have
+  // ERR_INDEX_RANGE = 4 (latch_common.cuh)
+};
+
+// One task: 24 x int32 = 96 bytes.
+struct Task {
+  int32_t body;      // body id (index into the dispatch switch)
+  int32_t task;      // task id in the schedule
+  int32_t group;     // fusion group id
+  int32_t ndim;      // rank of the tile
+  int32_t op_begin;  // first operand record of the task's group
+  int32_t op_count;
+  int32_t pad0, pad1;
+  int32_t lo[LATCH_MAX_DIMS];
+  int32_t hi[LATCH_MAX_DIMS];
+};
+
+// One operand: where the bytes are (buffer index into Args::buffers, byte offset). 16 bytes.
+struct Operand {
+  int32_t buffer;
+  int32_t pad;
+  int64_t offset;
+};
+
+// One instruction of an SM's list. 16 bytes.
+struct Instr {
+  int32_t kind, a, b, c;
+};
+
+// The launch's error record (first error wins; ``abort`` makes every spinning block stop).
+struct Error {
+  int32_t code;
+  int32_t block;
+  int32_t pc;        // instruction index (within the block's list) being executed
+  int32_t task;      // current task id (-1 when not inside a task)
+  int32_t counter;   // counter or barrier id waited on
+  uint32_t value;    // value observed (relative to the launch's base)
+  uint32_t target;   // value waited for (relative to the launch's base)
+  int32_t abort;
+  int32_t program;   // Args::program of the launch that failed
+  int32_t pad;
+  long long a, b;    // body error details (e.g. index and bound)
+};
+
+struct Args {
+  const Instr* instrs;      // every SM list, back to back
+  const int32_t* sm_begin;  // [num_lists + 1] start of each list in instrs
+  const Task* tasks;
+  const Operand* operands;
+  char* const* buffers;     // [0] arena, then external buffers in manifest order
+  uint32_t* counters;       // this program's dataflow counters
+  const uint32_t* expected; // signals per launch, per counter
+  uint32_t* barrier;        // this program's barrier counter (one word)
+  Error* error;
+  int32_t num_lists;
+  uint32_t epoch;           // launches of this program completed since the counters were zeroed
+  uint32_t num_barriers;
+  int32_t program;          // index of the program in the manifest (for error reports)
+  unsigned long long timeout_ns;
+};
+
+// What a body function receives.
+struct Ctx {
+  const Task* t;
+  char* const* ops;
+  char* smem;
+};
+
+__device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void red_release(uint32_t* p, uint32_t v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ int ld_volatile(const int32_t* p) { return *(volatile const int32_t*)p; }
+
+__device__ __forceinline__ unsigned long long globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+}  // namespace latch

@@ -1,0 +1,170 @@
+"""Lowerings of the indexing ops (latch_ops/indexing.py).
+
+Gathers (embedding, gather, index_select) compute each output element of the tile from one input
+element chosen by an index. Scatters (embedding_backward, scatter, scatter_add, index_add) fill
+the task's tile of the output (zeros or a copy of x), then walk every source element and apply the
+ones whose target falls inside the tile (atomically for the accumulating forms), so tiles of one
+scatter never write each other's bytes. An index outside its dimension is reported through the
+kernel's error record (``latch_report``), naming the task, instead of reading wild memory.
+"""
+
+from __future__ import annotations
+
+from . import cgen
+from .lowering import BodyContext, Lowering, compute_type
+
+HEADER = "latch_common.cuh"
+
+
+def _tile_loop(rank: int, prefix: str = "y") -> list[str]:
+    lines = [f"const long long n_tile = {cgen.tile_count(rank)};",
+             "for (long long i = threadIdx.x; i < n_tile; i += blockDim.x) {"]
+    lines += cgen.tile_decode("i", rank, prefix, "  ")
+    return lines
+
+
+def _check(var: str, bound: int, indent: str = "  ", on_fail: str = "continue;") -> str:
+    return (f"{indent}if ({var} < 0 || {var} >= {bound}LL) {{ latch_report(latch::ERR_INDEX_RANGE, {var}, "
+            f"{bound}LL); {on_fail} }}")
+
+
+def _in_tile(coords: list[str]) -> str:
+    return " && ".join(f"{c} >= c.t->lo[{d}] && {c} < c.t->hi[{d}]" for d, c in enumerate(coords)) or "true"
+
+
+def _embedding(ctx: BodyContext) -> str:
+    w, idx = ctx.inputs
+    out = ctx.outputs[0]
+    r = out.rank
+    V, D = w.shape
+    ys = [f"y{d}" for d in range(r)]
+    lines = _tile_loop(r)
+    lines.append(f"  long long t = (long long)latch::ld<{idx.ctype}>({idx.ptr}, "
+                 f"{cgen.dot(ys[:-1], cgen.strides(idx.shape))});")
+    lines.append(_check("t", V, on_fail="t = 0;"))
+    lines.append(f"  latch::st<{out.ctype}>({out.ptr}, {cgen.dot(ys, cgen.strides(out.shape))}, "
+                 f"latch::ld<{w.ctype}>({w.ptr}, t * {D}LL + y{r - 1}));")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _fill_tile(out, value: str, src=None) -> list[str]:
+    """Statements writing the tile of ``out``: a constant, or a copy of ``src`` (same shape)."""
+    ys = [f"y{d}" for d in range(out.rank)]
+    off = cgen.dot(ys, cgen.strides(out.shape))
+    lines = _tile_loop(out.rank)
+    v = f"latch::ld<{src.ctype}>({src.ptr}, {off})" if src is not None else value
+    lines.append(f"  latch::st<{out.ctype}>({out.ptr}, {off}, {v});")
+    lines.append("}")
+    lines.append("__syncthreads();  // the tile is filled before any thread accumulates into it")
+    return lines
+
+
+def _embedding_backward(ctx: BodyContext) -> str:
+    g, idx = ctx.inputs
+    dw = ctx.outputs[0]
+    n, D = dw.shape
+    N = idx.numel
+    pad = int(ctx.attr("padding_idx", -1) if ctx.attr("padding_idx") is not None else -1)
+    lines = _fill_tile(dw, f"({compute_type(dw.dtype)})0")
+    lines += [
+        "const int lane_ = threadIdx.x & 31, warp_ = threadIdx.x >> 5, nwarps_ = blockDim.x >> 5;",
+        f"for (long long k = warp_; k < {N}LL; k += nwarps_) {{",
+        f"  const long long t = (long long)latch::ld<{idx.ctype}>({idx.ptr}, k);",
+        _check("t", n),
+        f"  if (t < c.t->lo[0] || t >= c.t->hi[0] || t == {pad}LL) continue;",
+        "  for (long long d = c.t->lo[1] + lane_; d < c.t->hi[1]; d += 32)",
+        f"    latch::atomic_add({dw.ptr} + t * {D}LL + d, (double)latch::ld<{g.ctype}>({g.ptr}, k * {D}LL + d));",
+        "}",
+    ]
+    return "\n".join(lines)
+
+
+def _gather(ctx: BodyContext) -> str:
+    x, idx = ctx.inputs
+    out = ctx.outputs[0]
+    dim = ctx.attr("dim")
+    ys = [f"y{d}" for d in range(out.rank)]
+    xs = list(ys)
+    xs[dim] = "t"
+    lines = _tile_loop(out.rank)
+    lines.append(f"  long long t = (long long)latch::ld<{idx.ctype}>({idx.ptr}, {cgen.dot(ys, cgen.strides(idx.shape))});")
+    lines.append(_check("t", x.shape[dim], on_fail="t = 0;"))
+    lines.append(f"  latch::st<{out.ctype}>({out.ptr}, {cgen.dot(ys, cgen.strides(out.shape))}, "
+                 f"latch::ld<{x.ctype}>({x.ptr}, {cgen.dot(xs, cgen.strides(x.shape))}));")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _index_select(ctx: BodyContext) -> str:
+    x, idx = ctx.inputs
+    out = ctx.outputs[0]
+    dim = ctx.attr("dim")
+    ys = [f"y{d}" for d in range(out.rank)]
+    xs = list(ys)
+    xs[dim] = "t"
+    lines = _tile_loop(out.rank)
+    lines.append(f"  long long t = (long long)latch::ld<{idx.ctype}>({idx.ptr}, y{dim});")
+    lines.append(_check("t", x.shape[dim], on_fail="t = 0;"))
+    lines.append(f"  latch::st<{out.ctype}>({out.ptr}, {cgen.dot(ys, cgen.strides(out.shape))}, "
+                 f"latch::ld<{x.ctype}>({x.ptr}, {cgen.dot(xs, cgen.strides(x.shape))}));")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _scatter(accumulate: bool):
+    def body(ctx: BodyContext) -> str:
+        x, idx, src = ctx.inputs
+        out = ctx.outputs[0]
+        dim = ctx.attr("dim")
+        js = [f"j{d}" for d in range(idx.rank)]
+        ts = list(js)
+        ts[dim] = "t"
+        lines = _fill_tile(out, "", src=x)
+        lines.append(f"for (long long k = threadIdx.x; k < {idx.numel}LL; k += blockDim.x) {{")
+        lines += cgen.const_decode("k", idx.shape, "j", "  ")
+        lines.append(f"  const long long t = (long long)latch::ld<{idx.ctype}>({idx.ptr}, k);")
+        lines.append(_check("t", x.shape[dim]))
+        lines.append(f"  if (!({_in_tile(ts)})) continue;")
+        val = f"latch::ld<{src.ctype}>({src.ptr}, {cgen.dot(js, cgen.strides(src.shape))})"
+        dst = f"{out.ptr} + {cgen.dot(ts, cgen.strides(out.shape))}"
+        if accumulate:
+            lines.append(f"  latch::atomic_add({dst}, {val});")
+        else:
+            lines.append(f"  latch::st<{out.ctype}>({out.ptr}, {cgen.dot(ts, cgen.strides(out.shape))}, {val});")
+        lines.append("}")
+        return "\n".join(lines)
+    return body
+
+
+def _index_add(ctx: BodyContext) -> str:
+    x, idx, src = ctx.inputs
+    out = ctx.outputs[0]
+    dim = ctx.attr("dim")
+    js = [f"j{d}" for d in range(src.rank)]
+    ts = list(js)
+    ts[dim] = "t"
+    lines = _fill_tile(out, "", src=x)
+    lines.append(f"for (long long k = threadIdx.x; k < {src.numel}LL; k += blockDim.x) {{")
+    lines += cgen.const_decode("k", src.shape, "j", "  ")
+    lines.append(f"  const long long t = (long long)latch::ld<{idx.ctype}>({idx.ptr}, j{dim});")
+    lines.append(_check("t", x.shape[dim]))
+    lines.append(f"  if (!({_in_tile(ts)})) continue;")
+    lines.append(f"  latch::atomic_add({out.ptr} + {cgen.dot(ts, cgen.strides(out.shape))}, "
+                 f"latch::ld<{src.ctype}>({src.ptr}, k));")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def lowerings() -> list[Lowering]:
+    h = (HEADER,)
+    return [
+        Lowering("latch::embedding", body=_embedding, headers=h, doc="row gather"),
+        Lowering("latch::embedding_backward", body=_embedding_backward, headers=h,
+                 doc="zero the tile, then atomically add the grad rows whose index falls in it"),
+        Lowering("latch::gather", body=_gather, headers=h),
+        Lowering("latch::index_select", body=_index_select, headers=h),
+        Lowering("latch::scatter", body=_scatter(False), headers=h),
+        Lowering("latch::scatter_add", body=_scatter(True), headers=h),
+        Lowering("latch::index_add", body=_index_add, headers=h),
+    ]

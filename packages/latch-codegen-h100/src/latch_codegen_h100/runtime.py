@@ -1,0 +1,418 @@
+"""The runtime: load a build directory and run its programs on CUDA tensors, through ctypes.
+
+No compiled torch extension: the library has a small C ABI (``cuda/latch_kernel_main.cuh``) and
+torch only provides memory (the arena and the tables, allocated once through its caching allocator)
+and the current stream. So a build works with whatever torch the GPU machine has.
+
+One update = one cooperative launch per program run (``update``; or ``accumulate`` K-1 times then
+``accumulate_and_update``), plus, where the memory plan asks for it, copy-backs of in-place values.
+Counters and the barrier word are never reset between launches (per-launch epochs, see the
+kernel); after a launch that reported an error they are zeroed and the epochs restart.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from . import tables as T
+
+DTYPES = {
+    "f64": torch.float64, "f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16,
+    "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8, "u8": torch.uint8,
+    "bool": torch.bool,
+}
+ERR_WAIT_TIMEOUT, ERR_BARRIER_TIMEOUT, ERR_BAD_BODY, ERR_INDEX_RANGE = 1, 2, 3, 4
+DEFAULT_TIMEOUT_S = 10.0
+
+
+class ProgramError(RuntimeError):
+    """A program cannot run with what it was given (a tensor's shape, dtype, device, ...)."""
+
+
+class LaunchError(RuntimeError):
+    """The kernel reported an error (spin timeout, bad index, ...) or CUDA refused the launch."""
+
+
+class _Args(ctypes.Structure):
+    _fields_ = [
+        ("instrs", ctypes.c_void_p), ("sm_begin", ctypes.c_void_p), ("tasks", ctypes.c_void_p),
+        ("operands", ctypes.c_void_p), ("buffers", ctypes.c_void_p), ("counters", ctypes.c_void_p),
+        ("expected", ctypes.c_void_p), ("barrier", ctypes.c_void_p), ("error", ctypes.c_void_p),
+        ("num_lists", ctypes.c_int32), ("epoch", ctypes.c_uint32), ("num_barriers", ctypes.c_uint32),
+        ("program", ctypes.c_int32), ("timeout_ns", ctypes.c_uint64),
+    ]
+
+
+assert ctypes.sizeof(_Args) == 96
+
+# Error record: int32 code, block, pc, task, counter; uint32 value, target; int32 abort, program,
+# pad; int64 a, b.
+_ERROR_WORDS = 14  # 56 bytes as int32 words
+
+
+def _as_mapping(x, names: Sequence[str], what: str) -> dict[str, Any]:
+    if x is None:
+        return {}
+    if isinstance(x, Mapping):
+        return dict(x)
+    if isinstance(x, (list, tuple)):
+        if len(x) != len(names):
+            raise ProgramError(f"{what}: got {len(x)} tensors, the program takes {len(names)} ({', '.join(names)}); "
+                               "pass a dict by name to be explicit")
+        return dict(zip(names, x))
+    raise ProgramError(f"{what}: expected a dict of tensors by name (or a list in program order), got {type(x).__name__}")
+
+
+class _ProgramTables:
+    def __init__(self, name: str, info: dict, root: Path, device: torch.device):
+        self.name = name
+        self.info = info
+        self.raw = {k: (root / p).read_bytes() for k, p in info["tables"].items()}
+        self.dev = {}
+        for k, data in self.raw.items():
+            t = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(16, dtype=torch.uint8)
+            self.dev[k] = t.to(device)
+        n = max(1, info["num_counters"])
+        self.sync = torch.zeros(n + 1, dtype=torch.int32, device=device)  # counters..., barrier word
+        self.epoch = 0
+
+
+class Program:
+    """A loaded build. ``program(params, state, batch, hyper=None)`` runs one update in place and
+    returns the loss; :meth:`run` returns every output that is not written in place."""
+
+    def __init__(self, build_dir: str | Path, *, device: torch.device | str | int | None = None,
+                 timeout_s: float | None = None):
+        root = Path(build_dir)
+        try:
+            self.manifest = json.loads((root / "manifest.json").read_text())
+        except OSError as e:
+            raise ProgramError(f"{root}: no readable manifest.json ({e.strerror}); build it with "
+                               "`latch-pipeline build` or latch_codegen_h100.build") from None
+        lib_path = root / self.manifest.get("library", "program.so")
+        if not lib_path.exists():
+            raise ProgramError(f"{lib_path}: the library is missing; the build in {root} did not finish")
+        self.root = root
+        self.lib = ctypes.CDLL(str(lib_path.resolve()))
+        self.lib.latch_error_string.restype = ctypes.c_char_p
+        abi = self.lib.latch_abi_version()
+        if abi != T.ABI_VERSION or self.manifest.get("abi") != T.ABI_VERSION:
+            raise ProgramError(f"{lib_path}: ABI version {abi} (manifest {self.manifest.get('abi')}), this runtime "
+                               f"speaks {T.ABI_VERSION}; rebuild with this latch-codegen-h100")
+        if not torch.cuda.is_available():
+            raise ProgramError("no CUDA device: torch.cuda.is_available() is False")
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        device = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+        if device.type != "cuda":
+            raise ProgramError(f"device {device} is not a CUDA device")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
+        self.timeout_ns = int(1e9 * (timeout_s if timeout_s is not None
+                                     else float(os.environ.get("LATCH_SPIN_TIMEOUT_S", DEFAULT_TIMEOUT_S))))
+        with torch.cuda.device(device):
+            torch.cuda.init()
+            sms, smem_max, major, minor = (ctypes.c_int() for _ in range(4))
+            self._check(self.lib.latch_device_info(device.index, ctypes.byref(sms), ctypes.byref(smem_max),
+                                                   ctypes.byref(major), ctypes.byref(minor)), "reading the device")
+            if (major.value, minor.value) != (9, 0):
+                raise ProgramError(f"{torch.cuda.get_device_name(device)} is compute capability "
+                                   f"{major.value}.{minor.value}; this build is for sm_90a (H100/H200)")
+            self.num_sms = sms.value
+            self.smem = int(self.manifest["smem"])
+            if self.smem > smem_max.value:
+                raise ProgramError(f"the kernel needs {self.smem} bytes of shared memory per block; the device "
+                                   f"allows {smem_max.value}")
+            blocks, regs = ctypes.c_int(), ctypes.c_int()
+            self._check(self.lib.latch_prepare(device.index, ctypes.c_longlong(self.smem), ctypes.byref(blocks),
+                                               ctypes.byref(regs)), "preparing the kernel")
+            if blocks.value < 1:
+                raise ProgramError(f"the kernel cannot be resident on an SM ({regs.value} registers/thread, "
+                                   f"{self.smem} bytes shared memory): a cooperative launch is impossible")
+            self.registers = regs.value
+            for name, info in self.manifest["programs"].items():
+                if info["num_lists"] > self.num_sms:
+                    raise ProgramError(f"program {name!r} was scheduled for {info['num_lists']} SMs; this device has "
+                                       f"{self.num_sms}: re-run the schedule stage with num_sms={self.num_sms}")
+            self.programs = {name: _ProgramTables(name, info, root, device)
+                             for name, info in self.manifest["programs"].items()}
+            arena_bytes = max(256, int(self.manifest["arena_bytes"]))
+            self.arena = torch.empty(arena_bytes, dtype=torch.uint8, device=device)
+            self.error = torch.zeros(_ERROR_WORDS, dtype=torch.int32, device=device)
+            self._error_host = torch.zeros(_ERROR_WORDS, dtype=torch.int32).pin_memory()
+            self._consts = (root / "consts.bin").read_bytes() if (root / "consts.bin").exists() else b""
+            self._write_consts()
+        self.buffers = self.manifest["buffers"]
+        self._buffer_index = {b["name"]: i + 1 for i, b in enumerate(self.buffers)}
+        self._program_index = {name: i for i, name in enumerate(self.manifest["programs"])}
+        self._ptr_cache: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+        self._hyper_cache: dict[str, tuple[float, torch.Tensor]] = {}
+        self.launches = 0
+        meta = self.manifest.get("metadata", {})
+        self.microbatches = int(meta.get("microbatches", 1) or 1)
+        self.hyper_defaults = dict(meta.get("hyper", meta.get("hyper_defaults", {})) or {})
+
+    @classmethod
+    def load(cls, build_dir: str | Path, **kw) -> "Program":
+        return cls(build_dir, **kw)
+
+    # ------------------------------------------------------------------------------------------
+    def _check(self, code: int, what: str) -> None:
+        if code != 0:
+            msg = self.lib.latch_error_string(code).decode()
+            raise LaunchError(f"CUDA error {code} ({msg}) while {what}")
+
+    def _write_consts(self) -> None:
+        if not self._consts:
+            return
+        data = torch.frombuffer(bytearray(self._consts), dtype=torch.uint8).to(self.device)
+        for c in self.manifest["consts"]:
+            self.arena[c["offset"]:c["offset"] + c["nbytes"]].copy_(data[c["file_offset"]:c["file_offset"] + c["nbytes"]])
+
+    def _sequence(self) -> list[str]:
+        progs = self.manifest["programs"]
+        if "accumulate_and_update" in progs:
+            k = self.microbatches
+            return ["accumulate"] * (k - 1) + ["accumulate_and_update"]
+        if "update" in progs:
+            return ["update"]
+        if len(progs) == 1:
+            return list(progs)
+        raise ProgramError(f"the build has programs {sorted(progs)}; run one by name with run_program()")
+
+    def _check_tensor(self, name: str, t: Any, spec: dict) -> torch.Tensor:
+        want = f"{spec['dtype']}{spec['shape']}"
+        if not isinstance(t, torch.Tensor):
+            raise ProgramError(f"{spec['role']} {name!r}: expected a torch.Tensor ({want}), got {type(t).__name__}")
+        if tuple(t.shape) != tuple(spec["shape"]):
+            raise ProgramError(f"{spec['role']} {name!r}: shape {list(t.shape)}, the program was built for {want}")
+        if t.dtype != DTYPES[spec["dtype"]]:
+            raise ProgramError(f"{spec['role']} {name!r}: dtype {t.dtype}, the program was built for {want} "
+                               f"({DTYPES[spec['dtype']]})")
+        if t.device != self.device:
+            raise ProgramError(f"{spec['role']} {name!r}: on {t.device}, the program runs on {self.device}; "
+                               "move it with .to(device)")
+        if not t.is_contiguous():
+            raise ProgramError(f"{spec['role']} {name!r}: not contiguous (strides {t.stride()}); pass .contiguous()")
+        return t
+
+    def _hyper_tensor(self, name: str, value: Any, spec: dict) -> torch.Tensor:
+        if isinstance(value, torch.Tensor):
+            if value.device == self.device:
+                return self._check_tensor(name, value, spec)
+            value = value.item()
+        if not isinstance(value, (int, float, bool)):
+            raise ProgramError(f"hyper-parameter {name!r}: expected a number or a tensor, got {type(value).__name__}")
+        cached = self._hyper_cache.get(name)
+        if cached is not None and cached[0] == value:
+            return cached[1]
+        t = torch.tensor(value, dtype=DTYPES[spec["dtype"]]).reshape(spec["shape"]).to(self.device)
+        self._hyper_cache[name] = (value, t)
+        return t
+
+    def _bind(self, prog: str, params, state, batch, hyper) -> dict[str, torch.Tensor]:
+        info = self.manifest["programs"][prog]
+        groups = info["inputs"]
+        given = {}
+        for gname, x in (("params", params), ("state", state), ("batch", batch)):
+            given.update(_as_mapping(x, groups.get(gname, []), gname))
+        hyper_given = _as_mapping(hyper, groups.get("hyper", []), "hyper")
+        bound = {}
+        needed = {v for gname in ("params", "state", "batch", "hyper") for v in groups.get(gname, [])}
+        for b in self.buffers:
+            name = b["name"]
+            if b["role"] == "hyper":
+                if name not in needed:
+                    continue
+                if name in hyper_given:
+                    bound[name] = self._hyper_tensor(name, hyper_given[name], b)
+                elif name in self.hyper_defaults:
+                    bound[name] = self._hyper_tensor(name, self.hyper_defaults[name], b)
+                else:
+                    raise ProgramError(f"hyper-parameter {name!r} not given and the document records no default")
+                continue
+            if name not in given:
+                if name in needed:
+                    raise ProgramError(f"{b['role']} {name!r} ({b['dtype']}{b['shape']}) is missing; program "
+                                       f"{prog!r} needs it")
+                continue
+            bound[name] = self._check_tensor(name, given[name], b)
+        return bound
+
+    def _pointer_table(self, bound: dict[str, torch.Tensor]) -> torch.Tensor:
+        ptrs = (self.arena.data_ptr(),) + tuple(bound[b["name"]].data_ptr() if b["name"] in bound else 0
+                                                for b in self.buffers)
+        t = self._ptr_cache.get(ptrs)
+        if t is None:
+            t = torch.tensor(ptrs, dtype=torch.int64).to(self.device)
+            self._ptr_cache[ptrs] = t
+            if len(self._ptr_cache) > 8:
+                self._ptr_cache.popitem(last=False)
+        else:
+            self._ptr_cache.move_to_end(ptrs)
+        return t
+
+    def _launch(self, prog: str, ptrs: torch.Tensor, bound: dict[str, torch.Tensor]) -> None:
+        p = self.programs[prog]
+        info = p.info
+        a = _Args()
+        a.instrs = p.dev["instrs"].data_ptr()
+        a.sm_begin = p.dev["sm_begin"].data_ptr()
+        a.tasks = p.dev["tasks"].data_ptr()
+        a.operands = p.dev["operands"].data_ptr()
+        a.buffers = ptrs.data_ptr()
+        a.counters = p.sync.data_ptr()
+        a.expected = p.dev["expected"].data_ptr()
+        a.barrier = p.sync.data_ptr() + 4 * max(1, info["num_counters"])
+        a.error = self.error.data_ptr()
+        a.num_lists = info["num_lists"]
+        a.epoch = p.epoch & 0xFFFFFFFF
+        a.num_barriers = info["num_barriers"]
+        a.program = self._program_index[prog]
+        a.timeout_ns = self.timeout_ns
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        code = self.lib.latch_launch(ctypes.byref(a), self.device.index, self.num_sms,
+                                     ctypes.c_longlong(self.smem), ctypes.c_void_p(stream))
+        self._check(code, f"launching program {prog!r} ({self.num_sms} blocks x 256 threads, {self.smem} B smem)")
+        p.epoch += 1
+        self.launches += 1
+        for cb in info["copy_back"]:
+            dst = bound[cb["old"]].view(-1).view(torch.uint8)
+            dst.copy_(self.arena[cb["offset"]:cb["offset"] + cb["nbytes"]])
+
+    def _read_outputs(self, prog: str, bound: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        out = {}
+        for o in self.manifest["programs"][prog]["outputs"]:
+            if o["inplace"]:
+                continue
+            nbytes = DTYPES[o["dtype"]].itemsize * max(1, _numel(o["shape"]))
+            if o["buffer"] == 0:
+                raw = self.arena[o["offset"]:o["offset"] + nbytes]
+                t = raw.view(DTYPES[o["dtype"]]).reshape(o["shape"]).clone()
+            else:
+                t = bound[self.buffers[o["buffer"] - 1]["name"]].clone()
+            out[o["value"]] = t
+        return out
+
+    # ------------------------------------------------------------------------------------------
+    def run_program(self, prog: str, params=None, state=None, batch=None, hyper=None, *, check: bool = True):
+        """Launch one program once; returns its outputs that are not written in place."""
+        if prog not in self.programs:
+            raise ProgramError(f"no program {prog!r} in this build; it has {sorted(self.programs)}")
+        with torch.cuda.device(self.device):
+            bound = self._bind(prog, params, state, batch, hyper)
+            self._launch(prog, self._pointer_table(bound), bound)
+            out = self._read_outputs(prog, bound)
+            if check:
+                self.check()
+        return out
+
+    def run(self, params, state, batch, hyper=None, *, check: bool = True) -> dict[str, torch.Tensor]:
+        """One complete update (K microbatches where the build has them). ``batch`` is one mapping,
+        or, for K microbatches, a list of K mappings. Returns the last program's outputs that are
+        not written in place (loss, gradients where captured, metrics); with microbatches, ``loss``
+        is the mean of the microbatches' losses."""
+        seq = self._sequence()
+        if len(seq) > 1:
+            if not isinstance(batch, (list, tuple)) or len(batch) != len(seq):
+                raise ProgramError(f"the build runs {len(seq)} microbatches: pass batch as a list of "
+                                   f"{len(seq)} dicts (one per microbatch)")
+            batches = list(batch)
+        else:
+            batches = [batch]
+        losses, out = [], {}
+        with torch.cuda.device(self.device):
+            for prog, b in zip(seq, batches):
+                bound = self._bind(prog, params, state, b, hyper)
+                self._launch(prog, self._pointer_table(bound), bound)
+                out = self._read_outputs(prog, bound)
+                loss_names = self.manifest["programs"][prog]["inputs"].get("loss") or [
+                    o["value"] for o in self.manifest["programs"][prog]["outputs"] if o["group"] == "loss"]
+                if loss_names and loss_names[0] in out:
+                    losses.append(out[loss_names[0]])
+            if check:
+                self.check()
+        if len(losses) > 1:
+            out["loss"] = torch.stack(losses).mean()
+        elif losses and "loss" not in out:
+            out["loss"] = losses[0]
+        return out
+
+    def __call__(self, params, state, batch, hyper=None, *, check: bool = True):
+        return self.run(params, state, batch, hyper, check=check).get("loss")
+
+    # ------------------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Wait for the launches so far and raise LaunchError if the kernel reported an error."""
+        self._error_host.copy_(self.error)  # synchronous: waits for the stream
+        e = self._error_host.tolist()
+        if e[0] == 0:
+            return
+        self.error.zero_()
+        for p in self.programs.values():  # counters are inconsistent after an aborted launch
+            p.sync.zero_()
+            p.epoch = 0
+        raise LaunchError(self.describe_error(e))
+
+    def describe_error(self, e: list[int]) -> str:
+        code, block, pc, task, counter, value, target, _abort, prog_index = e[:9]
+        a = e[10] & 0xFFFFFFFF | (e[11] << 32)
+        b = e[12] & 0xFFFFFFFF | (e[13] << 32)
+        value &= 0xFFFFFFFF
+        target &= 0xFFFFFFFF
+        names = list(self.manifest["programs"])
+        prog = names[prog_index] if 0 <= prog_index < len(names) else names[0]
+        if code == ERR_WAIT_TIMEOUT:
+            t = self._next_task(prog, block, pc)
+            return (f"spin timeout in program {prog!r}: SM {block}, task {t} ({self._task_desc(prog, t)}) waited on "
+                    f"counter {counter}: value {value} of target {target} after {self.timeout_ns / 1e9:g} s")
+        if code == ERR_BARRIER_TIMEOUT:
+            return (f"spin timeout in program {prog!r}: SM {block} waited at barrier {counter}: {value} of {target} "
+                    f"blocks arrived after {self.timeout_ns / 1e9:g} s")
+        if code == ERR_BAD_BODY:
+            return f"program {prog!r}: task {task} names body {a}; the build has {b} bodies (tables and library disagree)"
+        if code == ERR_INDEX_RANGE:
+            return (f"program {prog!r}: task {task} ({self._task_desc(prog, task)}) read index {a}, outside [0, {b}); "
+                    "check the batch's index tensors")
+        return f"program {prog!r}: kernel error code {code} (SM {block}, task {task})"
+
+    def _next_task(self, prog: str, block: int, pc: int) -> int:
+        p = self.programs[prog]
+        instrs = T.unpack_instrs(p.raw["instrs"])
+        begins = [int.from_bytes(p.raw["sm_begin"][i:i + 4], "little", signed=True)
+                  for i in range(0, len(p.raw["sm_begin"]), 4)]
+        if block + 1 >= len(begins):
+            return -1
+        for ins in instrs[begins[block] + max(pc, 0):begins[block + 1]]:
+            if ins[0] == T.I_TASK:
+                return ins[1]
+        return -1
+
+    def _task_desc(self, prog: str, task: int) -> str:
+        if task < 0:
+            return "no task"
+        p = self.programs[prog]
+        recs = T.unpack_tasks(p.raw["tasks"])
+        if task >= len(recs):
+            return "unknown task"
+        group = str(recs[task][2])
+        g = p.info["groups"].get(group, {})
+        nodes = ", ".join(g.get("nodes", [])[:3])
+        ops = ", ".join(sorted(set(g.get("ops", []))))
+        src = f", from {g['source']}" if g.get("source") else ""
+        return f"node {nodes}, op {ops}{src}"
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

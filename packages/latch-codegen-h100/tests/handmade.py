@@ -1,0 +1,139 @@
+"""Hand-built planned documents for codegen tests: a graph, a simple schedule, a simple memory plan.
+
+The schedule puts each node in its own group, splits each group's primary output into row tiles
+(``tiles`` per group), and orders groups either by grid barriers (one phase per group) or by
+dataflow counters (a task waits for every task of the groups it reads from). The memory plan puts
+every intermediate in the arena at distinct offsets, and in-place outputs in their old buffers.
+This is deliberately simple and independent of latch-schedule/latch-memory.
+"""
+
+from __future__ import annotations
+
+from latch_core.document import Document
+from latch_core.ir import Graph, GraphSection, Group, Node, Value
+from latch_core.sections import (
+    Access, Counter, FusionGroup, MemorySection, Placement, ProgramMemory, ProgramSchedule, ScheduleSection, Task,
+)
+
+
+def graph(name, values, nodes, inputs, outputs, inplace=()):
+    vals = [Value(*v) if isinstance(v, tuple) else v for v in values]
+    return Graph(name, vals, [Node(*n) if isinstance(n, tuple) else n for n in nodes],
+                 [Group(k, v) for k, v in inputs], [Group(k, v) for k, v in outputs], inplace)
+
+
+def _tiles(shape, n):
+    if not shape:
+        return [()]
+    rows = shape[0]
+    n = max(1, min(n, rows)) if rows else 1
+    out = []
+    step = -(-rows // n) if rows else 1
+    for lo in range(0, max(rows, 1), step):
+        hi = min(rows, lo + step)
+        out.append(((lo, hi),) + tuple((0, d) for d in shape[1:]))
+    return out
+
+
+def _full(shape):
+    return tuple((0, d) for d in shape)
+
+
+def _whole_ops() -> set[str]:
+    from latch_core.plugins import registries
+
+    return {name for name, low in registries().lowerings.items() if getattr(low, "whole", False)}
+
+
+def schedule_program(g: Graph, *, strategy="barrier", num_sms=4, tiles=2, groups=None) -> ProgramSchedule:
+    """``groups``: optional list of node-name lists to fuse (default: one group per node)."""
+    node_groups = groups or [[n.name] for n in g.nodes]
+    by_name = {n.name: n for n in g.nodes}
+    fgroups, tasks = [], []
+    produced_by: dict[str, int] = {}
+    group_tasks: dict[int, list[int]] = {}
+    for gid, names in enumerate(node_groups):
+        inside = {o for nn in names for o in by_name[nn].outputs}
+        ins, outs = [], []
+        for nn in names:
+            for i in by_name[nn].inputs:
+                if i is not None and i not in inside and i not in ins:
+                    ins.append(i)
+        consumers_outside = {i for n in g.nodes if n.name not in names for i in n.inputs if i}
+        program_outs = set(g.output_names())
+        for nn in names:
+            for o in by_name[nn].outputs:
+                if o in consumers_outside or o in program_outs:
+                    outs.append(o)
+        primary = outs[-1]
+        fgroups.append(FusionGroup(gid, names, ins, outs, primary, body=f"g{gid}"))
+        for o in outs:
+            produced_by[o] = gid
+        shape = g.value(primary).shape
+        group_tasks[gid] = []
+        whole = any(by_name[nn].op in _whole_ops() for nn in names)
+        for tile in _tiles(shape, 1 if whole else tiles):
+            tid = len(tasks)
+            reads = [Access(i, _full(g.value(i).shape)) for i in ins]
+            writes = [Access(o, _full(g.value(o).shape)) for o in outs]
+            tasks.append(Task(tid, gid, tile, reads, writes, phase=gid if strategy == "barrier" else -1))
+            group_tasks[gid].append(tid)
+    sms = [[] for _ in range(num_sms)]
+    counters = []
+    if strategy == "barrier":
+        for gid in range(len(fgroups)):
+            for k, tid in enumerate(group_tasks[gid]):
+                sms[k % num_sms].append(("task", tid))
+            if gid != len(fgroups) - 1:
+                for sm in sms:
+                    sm.append(("barrier", gid))
+        nb = max(0, len(fgroups) - 1)
+    else:
+        # one counter per group, signalled once per task; consumers wait for all of them
+        rr = 0
+        for gid, fg in enumerate(fgroups):
+            counters.append(Counter(gid, len(group_tasks[gid])))
+        for gid, fg in enumerate(fgroups):
+            deps = sorted({produced_by[i] for i in fg.inputs if i in produced_by})
+            for tid in group_tasks[gid]:
+                sm = sms[rr % num_sms]
+                rr += 1
+                for d in deps:
+                    sm.append(("wait", d, len(group_tasks[d])))
+                sm.append(("task", tid))
+                sm.append(("signal", gid))
+        nb = 0
+    return ProgramSchedule(g.name, fgroups, tasks, sms, counters, nb)
+
+
+def memory_program(g: Graph, ps: ProgramSchedule, *, align=256, base=0) -> ProgramMemory:
+    placements, off = [], base
+    inplace = dict(g.inplace)
+    inputs = set(g.input_names())
+    seen = set()
+    touched = [v for fg in ps.groups for v in (*fg.inputs, *fg.outputs)] + g.output_names()
+    for name in touched:
+        if name in seen:
+            continue
+        seen.add(name)
+        v = g.value(name)
+        if name in inputs and v.role != "const":
+            placements.append(Placement(name, name, 0, v.nbytes))
+        elif name in inplace:
+            placements.append(Placement(name, inplace[name], 0, v.nbytes))
+        else:
+            placements.append(Placement(name, "arena", off, v.nbytes, first=-1 if v.role == "const" else 0))
+            off += -(-max(v.nbytes, 1) // align) * align
+    return ProgramMemory(g.name, placements, off, off)
+
+
+def planned(graphs, layout=(), *, strategy="barrier", num_sms=4, tiles=2, metadata=None, groups=None) -> Document:
+    graphs = list(graphs)
+    scheds = [schedule_program(g, strategy=strategy, num_sms=num_sms, tiles=tiles,
+                               groups=(groups or {}).get(g.name)) for g in graphs]
+    mems = [memory_program(g, s) for g, s in zip(graphs, scheds)]
+    return Document(
+        graph=GraphSection(graphs, layout, metadata or {}),
+        schedule=ScheduleSection(strategy, num_sms, scheds),
+        memory=MemorySection(256, max(m.arena_bytes for m in mems), mems),
+    )

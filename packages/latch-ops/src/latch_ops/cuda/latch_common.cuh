@@ -1,0 +1,126 @@
+// Latch op bodies: common device helpers (dtype loads/stores, block reductions, error reports).
+//
+// Every op body runs inside the persistent megakernel: one block of LATCH_THREADS threads per SM,
+// called by every thread of the block, with a tile of its primary output given at run time. A body
+// must therefore (1) be correct for any tile inside its output, (2) leave the block converged
+// (every thread returns; the kernel places a __syncthreads() after each body), and (3) never
+// assume its dynamic shared memory survives past its return.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#ifndef LATCH_THREADS
+#define LATCH_THREADS 256
+#endif
+
+namespace latch {
+
+typedef long long i64;
+
+// Error codes a body may report (the runtime turns them into exceptions naming the task's node).
+enum BodyError : int {
+  ERR_INDEX_RANGE = 4,  // an index operand is outside [0, bound)
+};
+
+}  // namespace latch
+
+// Defined by the generated kernel unit: records the first error of a launch, with the reporting
+// block's current task, and asks every block to stop.
+extern "C" __device__ void latch_report(int code, long long a, long long b);
+
+namespace latch {
+
+__device__ __forceinline__ float inf() { return __int_as_float(0x7f800000); }
+__device__ __forceinline__ float qnan() { return __int_as_float(0x7fc00000); }
+
+// ---- loads and stores in compute type (float for 16-bit floats, long long for integers) -------
+template <class S> struct Compute { typedef S type; };
+template <> struct Compute<__nv_bfloat16> { typedef float type; };
+template <> struct Compute<__half> { typedef float type; };
+template <> struct Compute<int> { typedef long long type; };
+template <> struct Compute<short> { typedef long long type; };
+template <> struct Compute<signed char> { typedef long long type; };
+template <> struct Compute<unsigned char> { typedef long long type; };
+
+template <class S> __device__ __forceinline__ typename Compute<S>::type ld(const S* p, i64 i) {
+  return (typename Compute<S>::type)p[i];
+}
+template <> __device__ __forceinline__ float ld<__nv_bfloat16>(const __nv_bfloat16* p, i64 i) {
+  return __bfloat162float(p[i]);
+}
+template <> __device__ __forceinline__ float ld<__half>(const __half* p, i64 i) { return __half2float(p[i]); }
+
+template <class S, class V> __device__ __forceinline__ void st(S* p, i64 i, V v) { p[i] = (S)v; }
+template <> __device__ __forceinline__ void st<__nv_bfloat16, float>(__nv_bfloat16* p, i64 i, float v) {
+  p[i] = __float2bfloat16_rn(v);
+}
+template <> __device__ __forceinline__ void st<__nv_bfloat16, double>(__nv_bfloat16* p, i64 i, double v) {
+  p[i] = __float2bfloat16_rn((float)v);
+}
+template <> __device__ __forceinline__ void st<__half, float>(__half* p, i64 i, float v) { p[i] = __float2half_rn(v); }
+template <> __device__ __forceinline__ void st<__half, double>(__half* p, i64 i, double v) {
+  p[i] = __float2half_rn((float)v);
+}
+
+// Round a float to bf16 and back (what a BF16 operand of a matrix product sees).
+__device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+__device__ __forceinline__ float round_f16(float x) { return __half2float(__float2half_rn(x)); }
+
+// ---- reductions over the block ----------------------------------------------------------------
+template <class T> __device__ __forceinline__ T lowest() { return -T(inf()); }
+template <class T> __device__ __forceinline__ T highest() { return T(inf()); }
+template <> __device__ __forceinline__ long long lowest<long long>() { return (long long)(-9223372036854775807LL - 1); }
+template <> __device__ __forceinline__ long long highest<long long>() { return 9223372036854775807LL; }
+
+struct SumOp {
+  template <class T> __device__ __forceinline__ static T init() { return T(0); }
+  template <class T> __device__ __forceinline__ static T apply(T a, T b) { return a + b; }
+};
+struct MaxOp {  // NaN-propagating, like torch.amax
+  template <class T> __device__ __forceinline__ static T init() { return lowest<T>(); }
+  template <class T> __device__ __forceinline__ static T apply(T a, T b) { return (a != a || a > b) ? a : b; }
+};
+struct MinOp {
+  template <class T> __device__ __forceinline__ static T init() { return highest<T>(); }
+  template <class T> __device__ __forceinline__ static T apply(T a, T b) { return (a != a || a < b) ? a : b; }
+};
+
+template <class Op, class T> __device__ __forceinline__ T warp_reduce(T v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = Op::apply(v, (T)__shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Reduce one value per thread over the whole block; every thread gets the result.
+// ``scratch`` holds at least 33 values of T; the call ends with the scratch free again.
+template <class Op, class T> __device__ __forceinline__ T block_reduce(T v, T* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+  v = warp_reduce<Op>(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    T w = lane < nwarps ? scratch[lane] : Op::template init<T>();
+    w = warp_reduce<Op>(w);
+    if (lane == 0) scratch[32] = w;
+  }
+  __syncthreads();
+  return scratch[32];
+}
+
+// ---- atomic accumulation into a value of any stored type (scatter_add, index_add, embedding bwd)
+__device__ __forceinline__ void atomic_add(float* p, double v) { atomicAdd(p, (float)v); }
+__device__ __forceinline__ void atomic_add(double* p, double v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_add(__nv_bfloat16* p, double v) { atomicAdd(p, __float2bfloat16_rn((float)v)); }
+__device__ __forceinline__ void atomic_add(__half* p, double v) { atomicAdd(p, __float2half_rn((float)v)); }
+__device__ __forceinline__ void atomic_add(long long* p, long long v) {
+  atomicAdd((unsigned long long*)p, (unsigned long long)v);
+}
+__device__ __forceinline__ void atomic_add(int* p, long long v) { atomicAdd(p, (int)v); }
+
+// Bytes of scratch a body must reserve at the start of its shared memory for block_reduce.
+constexpr int REDUCE_SCRATCH_BYTES = 33 * 8;
+
+}  // namespace latch

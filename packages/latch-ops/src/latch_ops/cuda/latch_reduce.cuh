@@ -1,0 +1,84 @@
+// Reductions over arbitrary dims, for a tile of the output.
+//
+// The generated body supplies index functors (constants baked in per signature):
+//   base(o)  -> input element offset of output element o of the tile (o in [0, n_out))
+//   off(r)   -> input offset of reduced element r (r in [0, R)) relative to base
+//   load(i)  -> the input element at offset i, in the accumulator type
+//   store(o, acc) writes output element o
+// One warp reduces one output element (short reductions), or the whole block does (long ones).
+#pragma once
+
+#include "latch_common.cuh"
+
+namespace latch {
+
+template <class Acc, class Op, class Base, class Off, class Load, class Store>
+__device__ __forceinline__ void reduce_warp_per_output(long long n_out, long long R, Base base, Off off, Load load,
+                                                       Store store) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (long long o = warp; o < n_out; o += nw) {
+    const long long b = base(o);
+    Acc acc = Op::template init<Acc>();
+    for (long long r = lane; r < R; r += 32) acc = Op::apply(acc, load(b + off(r)));
+    acc = warp_reduce<Op>(acc);
+    if (lane == 0) store(o, acc);
+  }
+}
+
+template <class Acc, class Op, class Base, class Off, class Load, class Store>
+__device__ __forceinline__ void reduce_block_per_output(long long n_out, long long R, Base base, Off off, Load load,
+                                                        Store store, Acc* scratch) {
+  for (long long o = 0; o < n_out; ++o) {
+    const long long b = base(o);
+    Acc acc = Op::template init<Acc>();
+    for (long long r = threadIdx.x; r < R; r += blockDim.x) acc = Op::apply(acc, load(b + off(r)));
+    acc = block_reduce<Op>(acc, scratch);
+    if (threadIdx.x == 0) store(o, acc);
+  }
+}
+
+struct ProdOp {
+  template <class T> __device__ __forceinline__ static T init() { return T(1); }
+  template <class T> __device__ __forceinline__ static T apply(T a, T b) { return a * b; }
+};
+
+// (value, index) pairs for argmax / argmin: NaN counts as the extreme (as in torch), ties keep the
+// first index.
+template <bool IsMax> struct ArgBetter {
+  __device__ __forceinline__ static bool better(double v, long long i, double w, long long j) {
+    const bool vn = v != v, wn = w != w;
+    if (vn || wn) return vn && (!wn || i < j);
+    if (v == w) return i < j;
+    return IsMax ? v > w : v < w;
+  }
+};
+
+template <bool IsMax, class Base, class Off, class Load, class Store>
+__device__ __forceinline__ void argreduce_warp_per_output(long long n_out, long long R, Base base, Off off, Load load,
+                                                          Store store) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  for (long long o = warp; o < n_out; o += nw) {
+    const long long b = base(o);
+    double best = 0;
+    long long bi = -1;
+    for (long long r = lane; r < R; r += 32) {
+      const double v = load(b + off(r));
+      if (bi < 0 || ArgBetter<IsMax>::better(v, r, best, bi)) {
+        best = v;
+        bi = r;
+      }
+    }
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) {
+      const double w = __shfl_xor_sync(0xffffffffu, best, s);
+      const long long wi = __shfl_xor_sync(0xffffffffu, bi, s);
+      if (wi >= 0 && (bi < 0 || ArgBetter<IsMax>::better(w, wi, best, bi))) {
+        best = w;
+        bi = wi;
+      }
+    }
+    if (lane == 0) store(o, bi);
+  }
+}
+
+}  // namespace latch
