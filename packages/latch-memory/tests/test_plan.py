@@ -8,7 +8,7 @@ from latch_core.passes import PassError, run_pass
 from latch_core.sections import Access, ScheduleSection
 from latch_memory.arena import assign_offsets
 from latch_core.order import Order
-from latch_memory.liveness import LivenessError
+from latch_memory.liveness import LivenessError, linear_order
 from latch_memory.plan import plan as _plan
 from latch_memory.plugin import PLAN
 from latch_memory.testing import mlp_graph, naive_schedule, naive_schedule_section, test_registry, two_weight_graph
@@ -229,3 +229,8 @@ def test_naive_schedules_order_every_read_after_its_writers(strategy):
         for t in ps.tasks:
             for a in t.reads:
                 assert all(order.before(w, t.id) for w in writers.get(a.value, ())), (a.value, t.id)
+        # and the planner's linear order is an extension of happens-before
+        pos = {t: i for i, t in enumerate(linear_order(order, len(ps.tasks)))}
+        n = len(ps.tasks)
+        assert sorted(pos) == list(range(n))
+        assert all(pos[a] < pos[b] for a in range(n) for b in range(n) if order.before(a, b))

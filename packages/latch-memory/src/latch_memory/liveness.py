@@ -1,9 +1,9 @@
 """Liveness of values over a program schedule.
 
 A value is written by the tasks of its producing fusion group and read by the tasks of its
-consumers (the footprints in the schedule say which). Its *interval* is measured in one legal
-execution order of the tasks (``latch_core.order.legal_order``, fixed seed): from the position of
-its first writer to the position of its last user (reader or writer). Values live on entry (program inputs, constants)
+consumers (the footprints in the schedule say which). Its *interval* is measured in one linear
+order of the tasks that respects happens-before (:func:`linear_order`): from the position of its
+first writer to the position of its last user (reader or writer). Values live on entry (program inputs, constants)
 start at -1; values live on exit (program outputs) end at ``END`` (the number of tasks).
 
 Two values whose intervals overlap in that one legal execution can never share bytes. Disjoint
@@ -15,10 +15,12 @@ frontier must precede the writers' meet; both are computed once per value and ca
 
 from __future__ import annotations
 
+import bisect
+
 import attrs
 
 from latch_core.ir import Graph
-from latch_core.order import Order, legal_order
+from latch_core.order import Order
 from latch_core.registry import COPY, ELEMENTWISE, Registry
 from latch_core.sections import Box, ProgramSchedule
 
@@ -59,6 +61,15 @@ def task_accesses(ps: ProgramSchedule) -> tuple[dict[str, list[int]], dict[str, 
     return writers, readers
 
 
+def linear_order(order: Order, n_tasks: int) -> list[int]:
+    """The tasks sorted by the sum of their vector clock: if ``a`` happens before ``b``, ``b``'s
+    clock is at least ``a``'s in every component and larger in ``a``'s SM, so the sum strictly
+    grows along happens-before and the sort is a linear extension of it. (Cheaper than running
+    the abstract execution a second time for ``legal_order``.)"""
+    key = [(sum(order.clock(t)), order.position(t)) for t in range(n_tasks)]
+    return sorted(range(n_tasks), key=key.__getitem__)
+
+
 class Liveness:
     """Intervals and happens-before summaries of every value a program's schedule touches."""
 
@@ -68,7 +79,7 @@ class Liveness:
         self.order = order if order is not None else Order.from_schedule(ps)
         self.END = len(ps.tasks)
         self.position = pos = [0] * len(ps.tasks)
-        for p, t in enumerate(legal_order(ps, seed=0)):
+        for p, t in enumerate(linear_order(self.order, len(ps.tasks))):
             pos[t] = p
         writers, readers = task_accesses(ps)
         inputs = set(graph.input_names())
@@ -179,6 +190,32 @@ def pointwise_groups(ps: ProgramSchedule, graph: Graph, ops: Registry) -> set[in
     return out
 
 
+class _WriteIndex:
+    """The write boxes of one value, for "which boxes overlap this one" queries: sorted by the
+    start of dimension 0 with a running maximum of its end, so a query scans back only over boxes
+    that can reach it (disjoint row tiles: one or two)."""
+
+    def __init__(self, writes: list[tuple[int, Box]]):
+        self.items = sorted(writes, key=lambda tw: tw[1][0][0] if tw[1] else 0)
+        self.lo = [b[0][0] if b else 0 for _, b in self.items]
+        self.reach = []
+        m = -1
+        for _, b in self.items:
+            m = max(m, b[0][1] if b else 1)
+            self.reach.append(m)
+
+    def overlapping(self, box: Box):
+        if not box:  # a scalar: every write overlaps
+            yield from self.items
+            return
+        j = bisect.bisect_left(self.lo, box[0][1]) - 1
+        while j >= 0 and self.reach[j] > box[0][0]:
+            t, b = self.items[j]
+            if boxes_overlap(box, b):
+                yield t, b
+            j -= 1
+
+
 def inplace_hazards(live: Liveness, new: str, old: str, pointwise: set[int], limit: int = 5) -> list[str]:
     """Why ``new`` may not take over ``old``'s buffer: reads of ``old`` not ordered before an
     overlapping write of ``new`` (empty when the in-place update is safe).
@@ -196,22 +233,27 @@ def inplace_hazards(live: Liveness, new: str, old: str, pointwise: set[int], lim
         return []
     if old_life.live_out:
         return [f"{old!r} is itself a program output, so it must survive the program"]
-    reads = [(t, a.box) for t in old_life.readers for a in ps.tasks[t].reads if a.value == old]
-    writes = [(t, a.box) for t in new_life.writers for a in ps.tasks[t].writes if a.value == new]
+    writer_set = set(new_life.writers)
+    # readers that do not also write new: one summary test usually settles them all
+    others = [t for t in old_life.readers if t not in writer_set]
+    meet = order.meet(new_life.writers)
+    candidates = [] if Order.precedes(order.frontier(others), meet) else others
+    candidates += [t for t in old_life.readers if t in writer_set]
+    index = _WriteIndex([(t, a.box) for t in new_life.writers for a in ps.tasks[t].writes if a.value == new])
     problems = []
-    for r, rbox in reads:
-        for w, wbox in writes:
-            if not boxes_overlap(rbox, wbox):
-                continue
-            if r == w:
-                if ps.tasks[r].group in pointwise:
+    for r in candidates:
+        for rbox in (a.box for a in ps.tasks[r].reads if a.value == old):
+            for w, wbox in index.overlapping(rbox):
+                if r == w:
+                    if ps.tasks[r].group in pointwise:
+                        continue
+                    problems.append(f"task {r} reads {old!r}{list(rbox)} and writes {new!r}{list(wbox)}, and its "
+                                    f"group {ps.tasks[r].group} is not pointwise (it may store before it has read "
+                                    "everything)")
+                elif not order.before(r, w):
+                    problems.append(f"task {r} reads {old!r}{list(rbox)} unordered with task {w} writing {new!r}{list(wbox)}")
+                else:
                     continue
-                problems.append(f"task {r} reads {old!r}{list(rbox)} and writes {new!r}{list(wbox)}, and its group "
-                                f"{ps.tasks[r].group} is not pointwise (it may store before it has read everything)")
-            elif not order.before(r, w):
-                problems.append(f"task {r} reads {old!r}{list(rbox)} unordered with task {w} writing {new!r}{list(wbox)}")
-            else:
-                continue
-            if len(problems) >= limit:
-                return problems
+                if len(problems) >= limit:
+                    return problems
     return problems
