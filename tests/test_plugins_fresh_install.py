@@ -35,12 +35,14 @@ def test_installing_the_demo_wheel_is_all_it_takes(tmp_path):
     sh(*pip, "install", core_whl, env=env)
     exe = venv / "bin/latch-pipeline"
 
-    assert sh(exe, "plugins", env=env).stdout.splitlines() == ["core  (latch-core 0.1.0)", "    passes [1]: core.lint"]
+    core_block = sh(exe, "plugins", env=env).stdout.splitlines()
+    assert core_block[0].startswith("core  (latch-core ")
+    assert all(ln.startswith("    ") for ln in core_block[1:])  # only core's own registrations
 
     sh(*pip, "install", "--no-deps", demo_whl, env=env)
-    assert sh(exe, "plugins", env=env).stdout.splitlines() == [
-        "core  (latch-core 0.1.0)", "    passes [1]: core.lint",
-        "demo  (latch-demo-plugin 0.1.0)", "    ops [1]: demo::swish",
+    demo_version = demo_whl.name.split("-")[1]
+    assert sh(exe, "plugins", env=env).stdout.splitlines() == core_block + [
+        f"demo  (latch-demo-plugin {demo_version})", "    ops [1]: demo::swish",
     ]
     assert "demo" not in sh(exe, "plugins", env=env | {"LATCH_PLUGINS": "core"}).stdout
 
