@@ -4,6 +4,7 @@ plugin alone; `pip install` of the demo plugin's wheel makes `demo::swish` appea
 """
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,10 +22,13 @@ def sh(*cmd, env=None, check=True):
 
 def test_installing_the_demo_wheel_is_all_it_takes(tmp_path):
     wheels = tmp_path / "wheels"
-    # Wheels of latch-core and the demo plugin, built from this checkout (no build isolation: the
-    # development venv has setuptools).
-    sh(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", wheels,
-       ROOT / "packages/latch-core", ROOT / "tests/demo_plugin")
+    # Wheels of latch-core and the demo plugin, built from copies of this checkout's sources (pip
+    # builds in the source tree, and a build/ left in the checkout can leak stale files into later
+    # wheels); no build isolation: the development venv has setuptools.
+    junk = shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
+    srcs = [shutil.copytree(ROOT / rel, tmp_path / "src" / Path(rel).name, ignore=junk)
+            for rel in ("packages/latch-core", "tests/demo_plugin")]
+    sh(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", wheels, *srcs)
     (core_whl,) = wheels.glob("latch_core-*.whl")
     (demo_whl,) = wheels.glob("latch_demo_plugin-*.whl")
 

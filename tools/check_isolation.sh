@@ -50,7 +50,14 @@ BUILDER="$WORK/builder"
 BPIP=(quiet_pip "$BUILDER/bin/python" -m pip --disable-pip-version-check -q)
 "${BPIP[@]}" install --find-links "$WHEELS" "setuptools>=70"
 log "building wheels of the Latch packages"
-"${BPIP[@]}" wheel --no-deps --no-build-isolation -w "$WORK/latch-wheels" "$ROOT"/packages/*/
+# From copies: pip builds in the source tree, and a build/ directory left in the checkout would
+# leak stale modules into later wheels.
+mkdir -p "$WORK/src"
+for d in "$ROOT"/packages/*/; do
+    cp -r "$d" "$WORK/src/"
+done
+rm -rf "$WORK"/src/*/build "$WORK"/src/*/src/*.egg-info
+"${BPIP[@]}" wheel --no-deps --no-build-isolation -w "$WORK/latch-wheels" "$WORK"/src/*/
 "${BPIP[@]}" wheel --find-links "$WHEELS" -w "$WHEELS" "setuptools>=70" pytest hypothesis attrs pluggy click ninja
 
 # plan.py prints, per package: its local (latch-*) dependency closure and whether it needs torch.
