@@ -1,0 +1,88 @@
+"""Loading an example file by path: ``build(**overrides)`` -> :class:`~latch_capture.api.Example`.
+
+The example's folder is put on ``sys.path`` while it loads, so examples can import shared helpers
+next to them (``examples/_optim.py``). ``build`` may return an ``Example`` or a dict of its fields.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+from .api import Example
+from .errors import CaptureError
+
+
+def load_module(path: str | Path):
+    p = Path(path)
+    if not p.is_file():
+        raise CaptureError(f"example file {str(p)!r} does not exist", hint="give the path of a Python file defining build()")
+    folder = str(p.resolve().parent)
+    name = f"latch_example_{p.stem}_{abs(hash(str(p.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, p)
+    module = importlib.util.module_from_spec(spec)
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if added:
+            sys.path.remove(folder)
+    return module
+
+
+def load_example(path: str | Path, **overrides: Any) -> Example:
+    module = load_module(path)
+    build = getattr(module, "build", None)
+    if not callable(build):
+        raise CaptureError(f"example {str(path)!r} has no build() function",
+                           hint="define build(**overrides) returning a latch_capture.Example or a dict of its fields")
+    folder = str(Path(path).resolve().parent)
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    try:
+        ex = build(**overrides)
+    finally:
+        if added:
+            sys.path.remove(folder)
+    if isinstance(ex, Mapping):
+        try:
+            ex = Example(**ex)
+        except TypeError as e:
+            raise CaptureError(f"example {str(path)!r}: build() returned a dict Example does not accept",
+                               hint=str(e)) from None
+    if not isinstance(ex, Example):
+        raise CaptureError(f"example {str(path)!r}: build() returned a {type(ex).__name__}",
+                           hint="return a latch_capture.Example or a dict of its fields")
+    if not ex.name:
+        ex.name = Path(path).stem
+    return ex
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["d=64", "lr=0.1", "device=meta"]`` -> {"d": 64, "lr": 0.1, "device": "meta"}."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise CaptureError(f"override {item!r} is not KEY=VALUE", hint="write e.g. --set d_model=64")
+        k, v = item.split("=", 1)
+        out[k.strip()] = _value(v.strip())
+    return out
+
+
+def _value(v: str) -> Any:
+    low = v.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low == "none":
+        return None
+    for conv in (int, float):
+        try:
+            return conv(v)
+        except ValueError:
+            pass
+    return v

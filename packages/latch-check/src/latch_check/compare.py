@@ -1,0 +1,215 @@
+"""Captured program (run by the FP64 reference interpreter) against PyTorch's own eager update in FP64.
+
+Both start from the same weights, state and batches and then each follows its own trajectory for
+``steps`` updates (so errors that compound over steps are seen). Each step is gated per group
+(loss, each gradient, new params, param update, new state, metrics; see ``gates``).
+
+The eager update is plain PyTorch on float64 copies of everything: ``functional_call`` of the
+model, the objective, ``torch.autograd.grad``, and the user's optimizer function, run with float64
+as the default dtype (tensors the model creates match the interpreter's float64). With K
+microbatches it accumulates the K gradients and losses in order and divides by K, the meaning of
+the ``accumulate``/``accumulate_and_update`` programs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Mapping
+
+import attrs
+import torch
+
+from latch_capture import Example, advance, batch_inputs, bind_inputs, program_inputs
+from latch_capture import tree as _tree
+from latch_capture.errors import CaptureError
+
+from . import reference
+from .gates import FP64_THRESHOLD, GateTable, program_gates
+
+
+@contextlib.contextmanager
+def _default_dtype(dt: torch.dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dt)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def _f64(x: Any) -> Any:
+    """Float tensors -> float64 copies, recursively; everything else unchanged."""
+    if isinstance(x, torch.Tensor):
+        if x.device.type == "meta":
+            raise CaptureError("the example's tensors are on the meta device",
+                               hint="build the example with real (CPU) tensors to check it, e.g. --set device=cpu")
+        return x.detach().to(torch.float64).clone() if x.is_floating_point() else x.detach().clone()
+    if isinstance(x, Mapping):
+        return {k: _f64(v) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(_f64(v) for v in x)
+    return x
+
+
+def _call(model, params: dict, buffers: dict, inputs: Any):
+    if isinstance(inputs, torch.Tensor):
+        return torch.func.functional_call(model, {**params, **buffers}, (inputs,))
+    if isinstance(inputs, Mapping):
+        return torch.func.functional_call(model, {**params, **buffers}, (), dict(inputs))
+    return torch.func.functional_call(model, {**params, **buffers}, tuple(inputs))
+
+
+def _split(res):
+    if isinstance(res, torch.Tensor):
+        return res, {}
+    return res[0], dict(res[1])
+
+
+def eager_update(example: Example, params: dict, state: Any, batches: list[tuple[Any, Any]],
+                 hyper: Mapping[str, float]) -> tuple[dict, dict, Any]:
+    """One eager FP64 update over the given microbatches.
+
+    Returns ``(outputs by value name, new params, new state)``; outputs use the captured names:
+    ``loss``, ``grad.<p>``, ``new.<p>``, ``new.<state entry>``, ``metric.<m>``.
+    """
+    model, opt = example.model, example.optimizer
+    buffers = {n: _f64(b) for n, b in model.named_buffers()}
+    hyper_t = {n: torch.tensor(float(v), dtype=torch.float64) for n, v in hyper.items()}
+    K = len(batches)
+    acc: dict[str, torch.Tensor] = {}
+    loss_acc = None
+    metrics: dict = {}
+    with _default_dtype(torch.float64):
+        for inputs, targets in batches:
+            fs = dict(opt.forward_state(dict(params), state, dict(hyper_t))) if opt.forward_state else {}
+            leaves = {n: fs.get(n, p).detach().requires_grad_() for n, p in params.items()}
+            bufs = {n: fs.get(n, b) for n, b in buffers.items()}
+            with torch.enable_grad():
+                loss, metrics = _split(example.objective(_call(model, leaves, bufs, _f64(inputs)), _f64(targets)))
+                grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
+            for (n, p), g in zip(params.items(), grads):
+                g = torch.zeros_like(p) if g is None else g
+                acc[n] = g if n not in acc else acc[n] + g
+            loss = loss.detach()
+            loss_acc = loss if loss_acc is None else loss_acc + loss
+        if K > 1:
+            acc = {n: g / K for n, g in acc.items()}
+            loss_acc = loss_acc / K
+        res = opt.update(dict(params), dict(acc), state, dict(hyper_t))
+    new_params, new_state = res[0], res[1]
+    opt_metrics = dict(res[2]) if len(res) == 3 else {}
+    out: dict[str, torch.Tensor] = {"loss": loss_acc}
+    out.update({f"grad.{n}": g for n, g in acc.items()})
+    out.update({f"new.{n}": p for n, p in new_params.items()})
+    flat_state, _ = _tree.flatten(dict(new_state), "", "new_state")
+    out.update({f"new.{n}": t for n, t in flat_state})
+    out.update({f"metric.{k}": v.detach() for k, v in {**metrics, **opt_metrics}.items()})
+    for n, p in params.items():  # microbatch accumulators are zero after an update
+        out[f"new.grad_acc.{n}"] = torch.zeros_like(p)
+    out["new.loss_acc"] = torch.zeros_like(loss_acc)
+    return out, {n: p.detach() for n, p in new_params.items()}, _detach(new_state)
+
+
+def _detach(x):
+    if isinstance(x, torch.Tensor):
+        return x.detach()
+    if isinstance(x, Mapping):
+        return {k: _detach(v) for k, v in x.items()}
+    return x
+
+
+@attrs.frozen
+class CompareResult:
+    tables: tuple[GateTable, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(t.passed for t in self.tables)
+
+    def format(self) -> str:
+        return "\n\n".join(t.format() for t in self.tables)
+
+
+def compare(example: Example, doc=None, *, steps: int = 3, thresholds: float | Mapping[str, float] = FP64_THRESHOLD,
+            hyper: Mapping[str, float] | None = None, progress: Callable[[str], None] | None = None,
+            ops=None) -> CompareResult:
+    """Gate the captured update against eager PyTorch in FP64 for ``steps`` updates.
+
+    ``doc`` defaults to a fresh capture of the example with gradients as outputs.
+    """
+    say = progress or (lambda m: None)
+    if doc is None:
+        say(f"check: capturing {example.name or 'the example'}")
+        doc = example.capture(grads=True, progress=progress, ops=ops)
+    section = doc.graph
+    K = int(section.meta("microbatches", 1))
+    last = section.program("update" if K == 1 else "accumulate_and_update")
+    acc_prog = section.program("accumulate") if K > 1 else None
+    hyper_v = {**dict(section.meta("hyper", ()) or ()), **dict(hyper or {})}
+    params = {n: _f64(p) for n, p in example.params().items()}
+    state = _f64(example.initial_state())
+    flat = bind_inputs(doc, params=params, state=state, inputs=example.inputs, targets=example.targets, hyper=hyper_v)
+    e_params, e_state = dict(params), state
+    tables = []
+    for step in range(steps):
+        batches = [example.microbatch(step * K + k) for k in range(K)]
+        for k in range(K - 1):
+            flat.update(batch_inputs(*batches[k]))
+            out = reference.run(doc, acc_prog.name, program_inputs(acc_prog, flat), ops=ops)
+            flat = advance(acc_prog, flat, out)
+        flat.update(batch_inputs(*batches[-1]))
+        ins = program_inputs(last, flat)
+        out = reference.run(doc, last.name, ins, ops=ops)
+        ref, e_params, e_state = eager_update(example, e_params, e_state, batches, hyper_v)
+        gates = program_gates(last, out, ref, thresholds=thresholds, step=step, previous=ins)
+        title = f"{example.name or 'example'}: step {step} ({last.name}, K={K}) FP64 interpreter vs eager FP64"
+        tables.append(GateTable(title, gates))
+        say(f"check: step {step}: {'ok' if tables[-1].passed else 'FAILED'}")
+        flat = advance(last, flat, out)
+    return CompareResult(tuple(tables))
+
+
+# ------------------------------------------------------------------------------------------
+# CLI: latch-pipeline check EXAMPLE.py [-d DOC]
+
+import click  # noqa: E402
+
+from latch_capture.cli import InterspersedCommand  # noqa: E402
+
+
+@click.command("check", cls=InterspersedCommand)
+@click.argument("example", type=click.Path(dir_okay=False))
+@click.option("-d", "--doc", "doc_path", type=click.Path(dir_okay=False), default=None,
+              help="captured document to check (default: capture the example now)")
+@click.option("--steps", type=int, default=3, show_default=True, help="updates to compare")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="argument for the example's build()")
+@click.option("--microbatches", type=int, default=None, help="override the example's microbatch count")
+@click.option("--threshold", type=float, default=FP64_THRESHOLD, show_default=True, help="relative-L2 gate")
+def check_command(example, doc_path, steps, overrides, microbatches, threshold):
+    """Compare EXAMPLE.py's captured update (FP64 interpreter) with eager PyTorch in FP64."""
+    import sys
+
+    from latch_capture.examples import load_example, parse_overrides
+    from latch_core.document import DocumentError, load
+
+    try:
+        kw = parse_overrides(list(overrides))
+        if microbatches is not None:
+            kw["microbatches"] = microbatches
+        ex = load_example(example, **kw)
+        doc = load(doc_path) if doc_path else None
+        if doc is not None and doc.graph is not None:
+            k_doc = int(doc.graph.meta("microbatches", 1))
+            if k_doc != ex.microbatches:
+                raise CaptureError(f"{doc_path} was captured with {k_doc} microbatches, the example has {ex.microbatches}",
+                                   hint="pass --microbatches or re-capture")
+        result = compare(ex, doc, steps=steps, thresholds=threshold,
+                         progress=lambda m: click.echo(m, err=True))
+    except (CaptureError, DocumentError, reference.ReferenceError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    click.echo(result.format())
+    if not result.passed:
+        click.echo("check: FAILED", err=True)
+        sys.exit(1)
+    click.echo(f"check: {steps} step(s) passed")
