@@ -213,7 +213,7 @@ def programs_regions() -> Document:
 
 BUILDERS = {"small_graph": small_graph, "scheduled": scheduled, "programs_regions": programs_regions}
 # Text-form goldens: what `latch-pipeline show` prints (source shown as "<golden>").
-SHOWN = ("small_graph", "scheduled")
+SHOWN = ("small_graph", "scheduled", "programs_regions")
 
 
 def encoded(name: str) -> str:
