@@ -216,6 +216,67 @@ BUILDERS = {"small_graph": small_graph, "scheduled": scheduled, "programs_region
 SHOWN = ("small_graph", "scheduled", "programs_regions")
 
 
+def schema() -> dict[str, list[list]]:
+    """The document's schema as data: every record reachable from Document, each field as
+    ``[name, type, required]``. Stored per version as ``golden/schema.vMAJOR_MINOR.json``."""
+    import typing
+
+    import attrs
+
+    out: dict[str, list[list]] = {}
+    todo = [Document]
+    while todo:
+        cls = todo.pop()
+        if cls.__name__ in out:
+            continue
+        hints = typing.get_type_hints(cls)
+        fields = []
+        for f in attrs.fields(cls):
+            if not f.init:
+                continue
+            tp = hints[f.name]
+            fields.append([f.name, _type_name(tp), f.default is attrs.NOTHING])
+            todo.extend(t for t in _records_in(tp) if t.__name__ not in out)
+        out[cls.__name__] = fields
+    return dict(sorted(out.items()))
+
+
+def _records_in(tp):
+    import typing
+
+    import attrs
+
+    if isinstance(tp, type) and attrs.has(tp):
+        yield tp
+    for a in typing.get_args(tp):
+        yield from _records_in(a)
+
+
+def _type_name(tp) -> str:
+    import typing
+
+    args = typing.get_args(tp)
+    if tp is type(None):
+        return "None"
+    if not args:
+        return getattr(tp, "__name__", repr(tp))
+    origin = typing.get_origin(tp)
+    name = "Union" if origin is not tuple and origin is not dict else origin.__name__
+    return f"{name}[{', '.join('...' if a is Ellipsis else _type_name(a) for a in args)}]"
+
+
+def format_schema(sch: dict[str, list[list]]) -> str:
+    """One record per line: reviewable in a diff."""
+    import json
+
+    rows = [f" {json.dumps(k)}: [{', '.join(json.dumps(f) for f in v)}]" for k, v in sch.items()]
+    return "{\n" + ",\n".join(rows) + "\n}\n"
+
+
+def schema_path(version: tuple[int, int] = SCHEMA_VERSION) -> Path:
+    return GOLDEN / f"schema.{version_tag(version)}.json"
+
+
 def encoded(name: str) -> str:
     return dumps(BUILDERS[name](), indent=1) + "\n"
 
@@ -234,6 +295,14 @@ def _write(argv: list[str]) -> None:
         else:
             p.write_text(encoded(name))
             print(f"wrote  {p.name}")
+    p = schema_path()
+    if p.exists():
+        print(f"keep   {p.name} (exists; golden files are never rewritten)")
+    else:
+        import json
+
+        p.write_text(format_schema(schema()))
+        print(f"wrote  {p.name}")
     for name in SHOWN:
         p = GOLDEN / f"{name}.show.txt"
         p.write_text(shown(name))

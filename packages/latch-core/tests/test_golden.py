@@ -76,3 +76,50 @@ def test_corrupt_golden_files_fail_naming_file_and_field(path, field):
     msg = str(e.value)
     assert msg.startswith(str(GOLDEN / path) + ": ")
     assert field in msg
+
+
+# ------------------------------------------------------------------------------------------------
+# The schema itself, as data (torch.export's habit: a checker classifies schema changes).
+
+SCHEMAS = sorted(GOLDEN.glob("schema.v*_*.json"))
+
+
+def _schema_version(path):
+    m = re.match(r"^schema\.v(\d+)_(\d+)\.json$", path.name)
+    assert m, f"{path.name}: schema files are named schema.vMAJOR_MINOR.json"
+    return int(m[1]), int(m[2])
+
+
+def test_schema_of_the_current_version_is_frozen():
+    path = core_golden.schema_path()
+    assert path.exists(), f"{path.name} missing: run `python {core_golden.__file__} --write` after a version bump"
+    stored = json.loads(path.read_text())
+    current = core_golden.schema()
+    changed = sorted(k for k in set(stored) | set(current) if stored.get(k) != current.get(k))
+    assert not changed, (
+        f"the document schema changed ({', '.join(changed)}) but SCHEMA_VERSION is still {SCHEMA_VERSION}: "
+        "bump the minor version for added fields with defaults, the major version for anything else, "
+        "then run core_golden.py --write"
+    )
+
+
+@pytest.mark.parametrize("path", SCHEMAS, ids=lambda p: p.name)
+def test_changes_within_a_major_version_are_additive(path):
+    version = _schema_version(path)
+    if version[0] != SCHEMA_VERSION[0]:
+        return  # an older major: its documents load through a migration, not by compatibility
+    old, new = json.loads(path.read_text()), core_golden.schema()
+    problems = []
+    for record, fields in old.items():
+        if record not in new:
+            problems.append(f"{record}: removed")
+            continue
+        now = {f[0]: f for f in new[record]}
+        for name, tp, required in fields:
+            if name not in now:
+                problems.append(f"{record}.{name}: removed")
+            elif now[name][1] != tp:
+                problems.append(f"{record}.{name}: type {tp} -> {now[name][1]}")
+        was = {f[0] for f in fields}
+        problems += [f"{record}.{f[0]}: added without a default" for f in new[record] if f[0] not in was and f[2]]
+    assert not problems, f"breaking changes since {path.name} need a MAJOR version bump: " + "; ".join(problems)
