@@ -5,9 +5,11 @@ require, for every builder here, a file of the CURRENT version whose bytes equal
 ``dumps(builder(), indent=1)`` (a format change without a version bump fails), and they require
 every older file to keep loading (habit 2 in STYLE.md: never delete or rewrite an old golden file).
 ``corrupt_*.latch.json`` are deliberately broken files for the error-message tests.
+``schema.vMAJOR_MINOR.json`` stores the schema (every record's fields) of each version as data, so a
+test can tell a compatible change (a field added with a default) from a breaking one.
 
-Regenerate after a deliberate schema change (writes only files that do not exist yet, plus the
-text-form goldens ``NAME.show.txt``):
+Regenerate after a deliberate schema change (writes only versioned files that do not exist yet, and
+rewrites the text-form goldens ``NAME.show.txt``):
 
     python packages/latch-core/tests/core_golden.py --write
 """
