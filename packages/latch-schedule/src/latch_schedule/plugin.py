@@ -1,3 +1,74 @@
-"""latch-schedule's registrations with Latch (entry point group latch.plugins)."""
+"""latch-schedule's registrations with Latch (entry point group latch.plugins): the ``barrier``
+and ``dataflow`` schedulers, the ``schedule`` pass and validators, and the ``schedule`` command."""
 
-from latch_core.hookspecs import hookimpl  # noqa: F401
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from latch_core.hookspecs import hookimpl
+
+from .passes import SCHEDULE, VALIDATE, VALIDATE_ORDER, scheduler_name
+from .schedulers import barrier_scheduler, dataflow_scheduler
+
+
+@hookimpl
+def latch_register_schedulers(register):
+    register("barrier", barrier_scheduler)
+    register("dataflow", dataflow_scheduler)
+
+
+@hookimpl
+def latch_register_passes(register):
+    register(SCHEDULE)
+    register(VALIDATE)
+    register(VALIDATE_ORDER)
+
+
+def summary(doc) -> list[str]:
+    s = doc.schedule
+    stats = dict(s.stats)
+    lines = [f"schedule: strategy {s.strategy}, {s.num_sms} SMs, fuse={stats.get('fuse')}"]
+    for ps in s.programs:
+        st = dict(stats.get(f"program.{ps.program}", ()))
+        parts = [f"{k} {v}" for k, v in st.items()]
+        lines.append(f"  {ps.program}: " + ", ".join(parts))
+    return lines
+
+
+@click.command("schedule")
+@click.option("-i", "--input", "inp", required=True, type=click.Path(dir_okay=False), help="document with a graph")
+@click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False), help="document to write")
+@click.option("--scheduler", default=None, help="strategy name (default: $LATCH_SCHEDULER, else barrier)")
+@click.option("--num-sms", default=132, show_default=True, help="SMs of the target GPU")
+@click.option("--fuse/--no-fuse", default=True, show_default=True, help="fuse elementwise chains")
+@click.option("--validate/--no-validate", "check", default=True, show_default=True,
+              help="run the static validator (without memory) on the result")
+def schedule_cmd(inp, out, scheduler, num_sms, fuse, check):
+    """Schedule every program: fusion, tiles, SM assignment, barriers or counters."""
+    from latch_core.cli import load_or_exit
+    from latch_core.document import save
+    from latch_core.passes import PassError, run_pass
+
+    doc = load_or_exit(inp)
+    name = scheduler_name(scheduler)
+    t0 = time.perf_counter()
+    try:
+        doc = run_pass(SCHEDULE, doc, scheduler=name, num_sms=num_sms, fuse=fuse)
+        if check:
+            run_pass(VALIDATE_ORDER, doc)
+    except (PassError, ValueError) as e:
+        click.echo(f"error: {inp}: {e}", err=True)
+        sys.exit(1)
+    for line in summary(doc):
+        click.echo(line)
+    click.echo(f"  took {(time.perf_counter() - t0) * 1000:.1f} ms")
+    save(doc, out)
+    click.echo(f"wrote {out}")
+
+
+@hookimpl
+def latch_register_commands(register):
+    register(schedule_cmd)

@@ -1,0 +1,80 @@
+"""The registered schedulers: ``fn(doc, options) -> ScheduleSection`` (CONTRACTS.md section 3).
+
+Options shared by the built-in strategies:
+- ``num_sms`` (int, default 132): SMs the grid has (one persistent block per SM);
+- ``fuse`` (bool, default True): fuse elementwise chains (:mod:`latch_schedule.fusion`);
+- ``ops``: the op registry to read tags, costs and tilings from (default: installed plugins);
+- ``matmul_tile`` ((M, N)), ``cost_<field>``: overrides of :class:`latch_schedule.tiling.CostModel`;
+- ``sync_seconds`` (float, default 1e-6): the estimated cost of a barrier / a cross-SM wait.
+
+A third-party strategy reuses the same building blocks: ``latch_schedule.tasks.build`` gives the
+tasks and their dependencies, and it returns a ScheduleSection the validator checks like ours.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from latch_core.document import Document
+from latch_core.sections import ProgramSchedule, ScheduleSection
+
+from . import barrier as _barrier
+from . import dataflow as _dataflow
+from .tasks import ScheduleError, TaskGraph, build, options_cost
+
+DEFAULT_NUM_SMS = 132
+
+
+def _ops(options: dict[str, Any]):
+    if options.get("ops") is not None:
+        return options["ops"]
+    from latch_core.plugins import registries
+
+    return registries().ops
+
+
+def _bool(v: Any) -> bool:
+    if isinstance(v, str):
+        return v.strip().lower() not in ("0", "false", "no", "off", "")
+    return bool(v)
+
+
+def task_graphs(doc: Document, options: dict[str, Any]) -> list[TaskGraph]:
+    """The task graph of every program of ``doc`` under ``options`` (for any strategy)."""
+    if doc.graph is None:
+        raise ScheduleError("the document has no graph section; capture a program first")
+    num_sms = int(options.get("num_sms", DEFAULT_NUM_SMS))
+    if num_sms < 1:
+        raise ScheduleError(f"option num_sms must be >= 1, got {num_sms}")
+    ops = _ops(options)
+    cost = options_cost(options)
+    fuse = _bool(options.get("fuse", True))
+    return [build(g, ops, fuse_ops=fuse, num_sms=num_sms, cost=cost) for g in doc.graph.programs]
+
+
+def _run(name: str, doc: Document, options: dict[str, Any],
+         per_program: Callable[[TaskGraph, int, float], tuple[ProgramSchedule, dict]]) -> ScheduleSection:
+    num_sms = int(options.get("num_sms", DEFAULT_NUM_SMS))
+    sync = float(options.get("sync_seconds", 1.0e-6))
+    t0 = time.perf_counter()
+    tgs = task_graphs(doc, options)
+    t1 = time.perf_counter()
+    programs, stats = [], {}
+    for tg in tgs:
+        ps, st = per_program(tg, num_sms, sync)
+        programs.append(ps)
+        stats[f"program.{tg.program}"] = st
+    t2 = time.perf_counter()
+    stats["seconds_tasks"] = round(t1 - t0, 4)
+    stats["seconds_strategy"] = round(t2 - t1, 4)
+    stats["fuse"] = _bool(options.get("fuse", True))
+    return ScheduleSection(strategy=name, num_sms=num_sms, programs=programs, stats=stats)
+
+
+def barrier_scheduler(doc: Document, options: dict[str, Any]) -> ScheduleSection:
+    return _run("barrier", doc, options, _barrier.schedule_program)
+
+
+def dataflow_scheduler(doc: Document, options: dict[str, Any]) -> ScheduleSection:
+    return _run("dataflow", doc, options, _dataflow.schedule_program)

@@ -1,0 +1,261 @@
+"""Tiling: how an op's output splits into tiles, and what each tile reads and writes.
+
+A :class:`Tiling` says which dims of the op's first (primary) output a tile may split, and gives
+``footprint(out_box) -> (input_boxes, output_boxes)``: for a box of the primary output, the box of
+every operand the body reads (``None`` for an absent operand) and the box of every output it
+writes. Footprints must be supersets of what the body touches: the validator and the arena
+simulator trust them.
+
+Where a tiling comes from, first match wins:
+1. ``OpSpec.extra["tiling"](in_types, out_types, attrs) -> Tiling`` (ops the tags cannot describe);
+2. the op's tags (``latch_core.registry``):
+   - ``elementwise`` / ``copy``: any dim splits; operands follow broadcasting;
+   - ``norm`` (row-wise: normalised over attr ``dims``/``dim``, default the last dim): the other
+     dims split; every operand is read whole along the normalised dims;
+   - ``reduction`` (attrs ``dims``, ``keepdim``): the kept dims split; reduced dims read whole;
+   - ``matmul`` (``a[*B,M,K] @ b[*B,K,N]``): batch dims in tiles of 1, M and N in fixed tiles
+     (128 x 128 by default), reading rows of ``a`` and columns of ``b``;
+3. anything else (indexing, routing, attention, views, structural, unknown ops, full reductions):
+   ONE task covering every output, reading every operand whole.
+
+How many tiles: a tiling with free dims (``granule`` 0) is split so each tile costs about
+``CostModel.min_task`` seconds (never more than ``max_tiles_per_sm * num_sms`` tiles, never more
+tiles than elements); fixed dims (matmul M/N) use their granule. Tiny ops get one task.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import attrs
+
+from latch_core.ir import TensorType
+from latch_core.registry import COPY, ELEMENTWISE, MATMUL, NORM, REDUCTION, ATTENTION, OpSpec
+
+from .boxes import Box, broadcast_box, full_box
+
+Footprint = Callable[[Box], tuple[list, list]]
+
+
+@attrs.frozen
+class Tiling:
+    """``split_dims``: dims of the primary output tiles may split (empty: one task).
+    ``granule``: per split dim, the fixed tile extent (0: chosen from the cost model).
+    ``footprint(out_box) -> (input_boxes, output_boxes)``; see the module docstring."""
+
+    split_dims: tuple[int, ...] = attrs.field(converter=tuple)
+    footprint: Footprint = attrs.field(eq=False)
+    granule: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    kind: str = "custom"
+
+    def granule_of(self, dim: int) -> int:
+        if not self.granule:
+            return 0
+        return self.granule[self.split_dims.index(dim)]
+
+
+@attrs.frozen
+class CostModel:
+    """Per-SM throughput of an H200 (132 SMs) used to size and balance tiles, in seconds."""
+
+    sm_flops: float = 0.5e12  # FP32 CUDA-core FLOP/s per SM (elementwise, reductions)
+    sm_mma_flops: float = 5.0e12  # tensor-core FLOP/s per SM (matmul, attention), ~70% of peak
+    sm_bytes: float = 25e9  # HBM bytes/s per SM while every SM streams (~3.3 TB/s in total)
+    task_overhead: float = 0.5e-6  # fixed cost of one task (dispatch, operand setup, epilogue)
+    # Split free dims only into tiles of at least this much work: TinyMoE's 2 x 1024 update should
+    # take ~3.4 ms on 132 SMs, ~450 SM-ms in all, so ~40,000 tasks of ~10 us each.
+    min_task: float = 10e-6
+    max_tiles_per_sm: int = 1  # an op gets at most num_sms * this many free-dim tiles (one wave)
+    matmul_tile: tuple[int, int] = (128, 128)  # (M, N) extent of a matmul tile
+
+    def seconds(self, flops: float, mma_flops: float, nbytes: float) -> float:
+        return max(flops / self.sm_flops + mma_flops / self.sm_mma_flops, nbytes / self.sm_bytes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Costs
+
+def node_cost(spec: OpSpec | None, in_types: Sequence[TensorType | None], out_types: Sequence[TensorType],
+              attr: dict[str, Any]) -> tuple[float, float, float]:
+    """(flops, mma_flops, bytes) of one node: OpSpec.cost where given, else one flop per output
+    element and every operand and result moved once (CONTRACTS.md section 1)."""
+    flops = None
+    nbytes = None
+    if spec is not None and spec.cost is not None:
+        flops, nbytes = spec.cost(list(in_types), list(out_types), attr)
+    if flops is None:
+        flops = sum(t.numel for t in out_types)
+    if nbytes is None:
+        nbytes = sum(t.nbytes for t in in_types if t is not None) + sum(t.nbytes for t in out_types)
+    if spec is not None and spec.tags & {MATMUL, ATTENTION}:
+        return 0.0, float(flops), float(nbytes)
+    return float(flops), 0.0, float(nbytes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tag-based tilings
+
+def whole(in_types: Sequence[TensorType | None], out_types: Sequence[TensorType]) -> Tiling:
+    ins = [None if t is None else full_box(t.shape) for t in in_types]
+    outs = [full_box(t.shape) for t in out_types]
+    return Tiling((), lambda box: (ins, outs), kind="whole")
+
+
+def elementwise(in_types, out_types) -> Tiling:
+    P = out_types[0].shape
+
+    def fp(box):
+        return ([None if t is None else broadcast_box(box, P, t.shape) for t in in_types],
+                [broadcast_box(box, P, t.shape) for t in out_types])
+
+    return Tiling(tuple(range(len(P))), fp, kind="elementwise")
+
+
+def _dims_attr(attr: dict, rank: int, key_list=("dims", "dim")) -> tuple[int, ...] | None:
+    for key in key_list:
+        if key in attr and attr[key] is not None:
+            v = attr[key]
+            vs = v if isinstance(v, tuple) else (v,)
+            if not all(isinstance(d, int) and not isinstance(d, bool) for d in vs):
+                return None
+            return tuple(sorted({d % rank if rank else 0 for d in vs}))
+    return None
+
+
+def norm(in_types, out_types, attr) -> Tiling:
+    """Row-wise ops: normalised over ``dims`` (default: the last), independent across the rest."""
+    P = out_types[0].shape
+    R = len(P)
+    if R == 0:
+        return whole(in_types, out_types)
+    normed = _dims_attr(attr, R) or (R - 1,)
+
+    def one(box, t: TensorType):
+        s = t.shape
+        r = len(s)
+        if r == R:
+            return tuple((0, s[k]) if k in normed or s[k] != P[k] else box[k] for k in range(R))
+        if r < R and tuple(s) == tuple(P[:r]):  # per-row statistics, aligned to the leading dims
+            return tuple((0, s[k]) if k in normed else box[k] for k in range(r))
+        b = broadcast_box(box, P, s)
+        return tuple((0, s[j]) if (R - r + j) in normed else b[j] for j in range(r))
+
+    def fp(box):
+        return ([None if t is None else one(box, t) for t in in_types], [one(box, t) for t in out_types])
+
+    return Tiling(tuple(k for k in range(R) if k not in normed), fp, kind="norm")
+
+
+def reduction(in_types, out_types, attr) -> Tiling:
+    x = in_types[0] if in_types else None
+    if x is None:
+        return whole(in_types, out_types)
+    n = len(x.shape)
+    dims = _dims_attr(attr, n, ("dims",))
+    if dims is None:
+        dims = tuple(range(n))
+    keepdim = bool(attr.get("keepdim", False))
+    kept = [d for d in range(n) if d not in dims]
+    if not kept:
+        return whole(in_types, out_types)
+    P = out_types[0].shape
+    out_of_in = {d: (d if keepdim else kept.index(d)) for d in kept}
+    if keepdim and len(P) != n or not keepdim and len(P) != len(kept):
+        return whole(in_types, out_types)
+
+    def fp(box):
+        xb = tuple(box[out_of_in[d]] if d in out_of_in else (0, x.shape[d]) for d in range(n))
+        ins = [xb] + [None if t is None else full_box(t.shape) for t in in_types[1:]]
+        outs = [box if tuple(t.shape) == tuple(P) else full_box(t.shape) for t in out_types]
+        return ins, outs
+
+    return Tiling(tuple(sorted(out_of_in.values())), fp, kind="reduction")
+
+
+def matmul(in_types, out_types, cost: CostModel) -> Tiling:
+    a, b = (in_types + [None, None])[:2]
+    P = out_types[0].shape
+    if a is None or b is None or len(a.shape) < 2 or len(a.shape) != len(b.shape) or len(P) != len(a.shape):
+        return whole(in_types, out_types)
+    K = a.shape[-1]
+    R = len(P)
+    extra = in_types[2:]
+
+    def fp(box):
+        ab = tuple(box[:-2]) + (box[-2], (0, K))
+        bb = tuple(box[:-2]) + ((0, K), box[-1])
+        ins = [ab, bb] + [None if t is None else broadcast_box(box, P, t.shape) for t in extra]
+        return ins, [box] + [full_box(t.shape) for t in out_types[1:]]
+
+    tm, tn = cost.matmul_tile
+    return Tiling(tuple(range(R)), fp, granule=(1,) * (R - 2) + (tm, tn), kind="matmul")
+
+
+def tiling_for(spec: OpSpec | None, in_types: Sequence[TensorType | None], out_types: Sequence[TensorType],
+               attr: dict[str, Any], cost: CostModel) -> Tiling:
+    in_types = list(in_types)
+    out_types = list(out_types)
+    if not out_types:
+        return whole(in_types, out_types)
+    if spec is not None and "tiling" in spec.extra:
+        t = spec.extra["tiling"](in_types, out_types, attr)
+        if not isinstance(t, Tiling):
+            raise TypeError(f"{spec.name}: extra['tiling'] returned {type(t).__name__}, not latch_schedule.tiling.Tiling")
+        return t
+    tags = spec.tags if spec is not None else frozenset()
+    if tags & {ELEMENTWISE, COPY}:
+        return elementwise(in_types, out_types)
+    if NORM in tags:
+        return norm(in_types, out_types, attr)
+    if REDUCTION in tags:
+        return reduction(in_types, out_types, attr)
+    if MATMUL in tags:
+        return matmul(in_types, out_types, cost)
+    return whole(in_types, out_types)
+
+
+# ---------------------------------------------------------------------------------------------
+# Choosing tiles
+
+ALIGN = 128  # a split innermost dim is cut at multiples of this many elements (vector loads)
+
+
+def split(shape: Sequence[int], tiling: Tiling, target: int) -> list[Box]:
+    """Boxes of ``shape`` (row-major order, a grid) with about ``target`` tiles over the free dims."""
+    if not tiling.split_dims or any(d == 0 for d in shape):
+        return [full_box(shape)]
+    blocks: dict[int, int] = {}
+    remaining = max(1, target)
+    fixed_tiles = 1
+    for k in tiling.split_dims:
+        g = tiling.granule_of(k)
+        if g > 0:
+            blocks[k] = min(g, shape[k])
+            fixed_tiles *= math.ceil(shape[k] / blocks[k])
+    remaining = max(1, math.ceil(remaining / fixed_tiles)) if fixed_tiles > 1 else remaining
+    for k in tiling.split_dims:
+        if k in blocks:
+            continue
+        n = shape[k]
+        count = max(1, min(n, remaining))
+        block = math.ceil(n / count)
+        if k == len(shape) - 1 and block < n and n > ALIGN:
+            block = min(n, math.ceil(block / ALIGN) * ALIGN)
+        blocks[k] = block
+        remaining = max(1, math.ceil(remaining / math.ceil(n / block)))
+    per_dim = []
+    for k, n in enumerate(shape):
+        if k in blocks:
+            b = blocks[k]
+            per_dim.append([(lo, min(n, lo + b)) for lo in range(0, n, b)])
+        else:
+            per_dim.append([(0, n)])
+    boxes: list[Box] = [()]
+    for ivs in per_dim:
+        boxes = [bx + (iv,) for bx in boxes for iv in ivs]
+    return boxes
+
+
+def target_tiles(seconds: float, cost: CostModel, num_sms: int) -> int:
+    return max(1, min(cost.max_tiles_per_sm * num_sms, int(seconds // cost.min_task)))
