@@ -44,10 +44,17 @@ class BuildError(RuntimeError):
     """The build failed; the message names the unit, the op(s) and the first diagnostic."""
 
 
+FALLBACK_NVCC = ("/usr/local/cuda/bin/nvcc",)
+
+
 def find_nvcc() -> str:
-    for cand in (os.environ.get("LATCH_NVCC"),
+    """LATCH_NVCC, else $CUDA_HOME/bin/nvcc, else nvcc on PATH, else the usual install path."""
+    explicit = os.environ.get("LATCH_NVCC")
+    if explicit and not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
+        raise BuildError(f"LATCH_NVCC={explicit!r} is not an executable file; point it at nvcc or unset it")
+    for cand in (explicit,
                  os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc") if os.environ.get("CUDA_HOME") else None,
-                 shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+                 shutil.which("nvcc"), *FALLBACK_NVCC):
         if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
             return cand
     raise BuildError("nvcc not found: install the CUDA toolkit (12.4 or newer, for sm_90a), put nvcc on PATH, "
@@ -158,14 +165,17 @@ def _first_error(text: str) -> str:
 
 
 def _explain_failure(out_dir: Path, gen: Generated, output: str) -> str:
-    failed = re.findall(r"FAILED: (\S+)", output)
-    unit_name = None
-    if failed:
-        stem = Path(failed[0]).stem
-        for u in gen.units:
-            if Path(u.name).stem == stem:
-                unit_name = u.name
+    failed = re.findall(r"FAILED: (?:\[code=\d+\] )?(\S+)", output)
     first = _first_error(output)
+    unit_name = None
+    stems = [Path(failed[0]).stem] if failed else []
+    m = re.search(r"src/(\w+)\.cu\(\d+\)", first)
+    if m:
+        stems.insert(0, m.group(1))
+    for stem in stems:
+        for u in gen.units:
+            if unit_name is None and Path(u.name).stem == stem:
+                unit_name = u.name
     if unit_name is None:
         return f"build in {out_dir} failed at {failed[0] if failed else 'an unknown step'}: {first}"
     unit = next(u for u in gen.units if u.name == unit_name)
@@ -257,7 +267,7 @@ def compile_generated(gen: Generated, out_dir: str | Path, *, jobs: int | None =
 
 
 def build(doc: Document, out_dir: str | Path, *, jobs: int | None = None, use_cache: bool = True,
-          bodies_per_unit: int = 8) -> Document:
+          bodies_per_unit: int | None = None) -> Document:
     """Generate, compile and link ``doc``'s programs into ``out_dir``; returns ``doc`` with a
     ``build`` section. Raises CodegenError (lowering) or BuildError (toolchain)."""
     t0 = time.perf_counter()

@@ -297,6 +297,7 @@ def _plan_program(doc: Document, ps: ProgramSchedule, pm: ProgramMemory, ext: di
         "num_tasks": len(ps.tasks),
         "num_barriers": ps.num_barriers,
         "num_counters": len(ps.counters),
+        "counter_ids": [c.id for c in ps.counters],  # dense index (tables) -> schedule's counter id
         "arena_bytes": pm.arena_bytes,
         "inputs": inputs,
         "outputs": outputs,
@@ -403,8 +404,16 @@ def _kernel_source(body_keys: list[str], specs: dict[str, BodySpec], max_ops: in
     return "\n".join(lines)
 
 
-def generate(doc: Document, *, bodies_per_unit: int = 8, jobs: int | None = None, regs=None) -> Generated:
-    """Lower a planned document. Raises CodegenError naming the program/group/node/op at fault."""
+def units_for(num_bodies: int, jobs: int) -> int:
+    """How many units: enough to keep ``jobs`` compilers busy, but each nvcc run costs seconds of
+    fixed overhead, so never fewer than ~6 bodies a unit."""
+    return max(1, min(2 * jobs, -(-num_bodies // 6)))
+
+
+def generate(doc: Document, *, bodies_per_unit: int | None = None, jobs: int | None = None, regs=None) -> Generated:
+    """Lower a planned document. Raises CodegenError naming the program/group/node/op at fault.
+
+    ``bodies_per_unit``: default from :func:`units_for` and the number of cores."""
     missing = {"graph", "schedule", "memory"} - doc.sections()
     if missing:
         raise CodegenError(f"code generation needs the sections graph, schedule and memory; the document lacks "
@@ -425,8 +434,11 @@ def generate(doc: Document, *, bodies_per_unit: int = 8, jobs: int | None = None
         plans.append(_plan_program(doc, ps, pm, ext, lowerings, ops, specs, sites, body_ids))
 
     body_keys = sorted(body_ids, key=body_ids.get)
+    jobs = jobs if jobs is not None else (os.cpu_count() or 1)
+    if bodies_per_unit is None:
+        bodies_per_unit = -(-len(specs) // units_for(len(specs), jobs)) if specs else 1
     chunks = _assign_units(specs, max(1, bodies_per_unit))
-    results = _render_all(chunks, lowerings, jobs if jobs is not None else (os.cpu_count() or 1))
+    results = _render_all(chunks, lowerings, jobs)
     units, smem, headers = [], {}, []
     for i, r in enumerate(results):
         if r[0] == "error":

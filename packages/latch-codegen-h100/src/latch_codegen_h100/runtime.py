@@ -70,6 +70,23 @@ def _as_mapping(x, names: Sequence[str], what: str) -> dict[str, Any]:
     raise ProgramError(f"{what}: expected a dict of tensors by name (or a list in program order), got {type(x).__name__}")
 
 
+def check_tensor(name: str, t: Any, spec: dict, device: torch.device) -> torch.Tensor:
+    """Check one bound tensor against the build's expectation; the error names the tensor."""
+    want = f"{spec['dtype']}{list(spec['shape'])}"
+    what = f"{spec.get('role', 'tensor')} {name!r}"
+    if not isinstance(t, torch.Tensor):
+        raise ProgramError(f"{what}: expected a torch.Tensor ({want}), got {type(t).__name__}")
+    if tuple(t.shape) != tuple(spec["shape"]):
+        raise ProgramError(f"{what}: shape {list(t.shape)}, the program was built for {want}")
+    if t.dtype != DTYPES[spec["dtype"]]:
+        raise ProgramError(f"{what}: dtype {t.dtype}, the program was built for {want} ({DTYPES[spec['dtype']]})")
+    if not t.is_contiguous():
+        raise ProgramError(f"{what}: not contiguous (strides {t.stride()}); pass .contiguous()")
+    if t.device != device:
+        raise ProgramError(f"{what}: on {t.device}, the program runs on {device}; move it with .to({str(device)!r})")
+    return t
+
+
 class _ProgramTables:
     def __init__(self, name: str, info: dict, root: Path, device: torch.device):
         self.name = name
@@ -189,20 +206,7 @@ class Program:
         raise ProgramError(f"the build has programs {sorted(progs)}; run one by name with run_program()")
 
     def _check_tensor(self, name: str, t: Any, spec: dict) -> torch.Tensor:
-        want = f"{spec['dtype']}{spec['shape']}"
-        if not isinstance(t, torch.Tensor):
-            raise ProgramError(f"{spec['role']} {name!r}: expected a torch.Tensor ({want}), got {type(t).__name__}")
-        if tuple(t.shape) != tuple(spec["shape"]):
-            raise ProgramError(f"{spec['role']} {name!r}: shape {list(t.shape)}, the program was built for {want}")
-        if t.dtype != DTYPES[spec["dtype"]]:
-            raise ProgramError(f"{spec['role']} {name!r}: dtype {t.dtype}, the program was built for {want} "
-                               f"({DTYPES[spec['dtype']]})")
-        if t.device != self.device:
-            raise ProgramError(f"{spec['role']} {name!r}: on {t.device}, the program runs on {self.device}; "
-                               "move it with .to(device)")
-        if not t.is_contiguous():
-            raise ProgramError(f"{spec['role']} {name!r}: not contiguous (strides {t.stride()}); pass .contiguous()")
-        return t
+        return check_tensor(name, t, spec, self.device)
 
     def _hyper_tensor(self, name: str, value: Any, spec: dict) -> torch.Tensor:
         if isinstance(value, torch.Tensor):
@@ -316,10 +320,10 @@ class Program:
         return out
 
     def run(self, params, state, batch, hyper=None, *, check: bool = True) -> dict[str, torch.Tensor]:
-        """One complete update (K microbatches where the build has them). ``batch`` is one mapping,
-        or, for K microbatches, a list of K mappings. Returns the last program's outputs that are
-        not written in place (loss, gradients where captured, metrics); with microbatches, ``loss``
-        is the mean of the microbatches' losses."""
+        """One complete update: ``update``, or ``accumulate`` K-1 times then ``accumulate_and_update``.
+        ``batch`` is one mapping, or, for K microbatches, a list of K mappings. Returns the last
+        program's outputs that are not written in place (loss, gradients where captured, metrics);
+        with microbatches the last program's loss is already the step's (capture averages it)."""
         seq = self._sequence()
         if len(seq) > 1:
             if not isinstance(batch, (list, tuple)) or len(batch) != len(seq):
@@ -328,26 +332,22 @@ class Program:
             batches = list(batch)
         else:
             batches = [batch]
-        losses, out = [], {}
+        out: dict[str, torch.Tensor] = {}
         with torch.cuda.device(self.device):
-            for prog, b in zip(seq, batches):
+            for k, (prog, b) in enumerate(zip(seq, batches)):
                 bound = self._bind(prog, params, state, b, hyper)
                 self._launch(prog, self._pointer_table(bound), bound)
-                out = self._read_outputs(prog, bound)
-                loss_names = self.manifest["programs"][prog]["inputs"].get("loss") or [
-                    o["value"] for o in self.manifest["programs"][prog]["outputs"] if o["group"] == "loss"]
-                if loss_names and loss_names[0] in out:
-                    losses.append(out[loss_names[0]])
+                if k == len(seq) - 1:
+                    out = self._read_outputs(prog, bound)
             if check:
                 self.check()
-        if len(losses) > 1:
-            out["loss"] = torch.stack(losses).mean()
-        elif losses and "loss" not in out:
-            out["loss"] = losses[0]
         return out
 
     def __call__(self, params, state, batch, hyper=None, *, check: bool = True):
-        return self.run(params, state, batch, hyper, check=check).get("loss")
+        """One update in place; returns the loss (the value of the output group ``loss``)."""
+        out = self.run(params, state, batch, hyper, check=check)
+        names = [o["value"] for o in self.manifest["programs"][self._sequence()[-1]]["outputs"] if o["group"] == "loss"]
+        return out.get(names[0]) if names else None
 
     # ------------------------------------------------------------------------------------------
     def check(self) -> None:
@@ -372,8 +372,10 @@ class Program:
         prog = names[prog_index] if 0 <= prog_index < len(names) else names[0]
         if code == ERR_WAIT_TIMEOUT:
             t = self._next_task(prog, block, pc)
+            ids = self.manifest["programs"][prog].get("counter_ids", [])
+            cid = ids[counter] if 0 <= counter < len(ids) else counter
             return (f"spin timeout in program {prog!r}: SM {block}, task {t} ({self._task_desc(prog, t)}) waited on "
-                    f"counter {counter}: value {value} of target {target} after {self.timeout_ns / 1e9:g} s")
+                    f"counter {cid}: value {value} of target {target} after {self.timeout_ns / 1e9:g} s")
         if code == ERR_BARRIER_TIMEOUT:
             return (f"spin timeout in program {prog!r}: SM {block} waited at barrier {counter}: {value} of {target} "
                     f"blocks arrived after {self.timeout_ns / 1e9:g} s")
@@ -416,3 +418,27 @@ def _numel(shape) -> int:
     for d in shape:
         n *= d
     return n
+
+
+def random_inputs(prog: Program, *, seed: int = 0) -> dict[str, Any]:
+    """Inputs for a smoke run (``latch-pipeline run`` without --inputs): params ~ N(0, 0.02),
+    state zero, float batch ~ N(0, 1), integer batch zero (a valid index for any table)."""
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, Any] = {"params": {}, "state": {}, "hyper": None}
+    batch: dict[str, torch.Tensor] = {}
+    for b in prog.buffers:
+        dt = DTYPES[b["dtype"]]
+        if b["role"] == "hyper":
+            continue
+        if b["role"] == "param":
+            t = (torch.randn(b["shape"], generator=gen, dtype=torch.float64) * 0.02).to(dt)
+            out["params"][b["name"]] = t.to(prog.device)
+        elif b["role"] == "state":
+            out["state"][b["name"]] = torch.zeros(b["shape"], dtype=dt, device=prog.device)
+        elif dt.is_floating_point:
+            batch[b["name"]] = torch.randn(b["shape"], generator=gen, dtype=torch.float64).to(dt).to(prog.device)
+        else:
+            batch[b["name"]] = torch.zeros(b["shape"], dtype=dt, device=prog.device)
+    n = len(prog._sequence())
+    out["batch"] = [dict(batch) for _ in range(n)] if n > 1 else batch
+    return out

@@ -111,3 +111,12 @@ def example_graph(ops_registry, entries=None, name="update") -> Graph:
             nodes.append(Node(f"n{k}", op, names, onames, attrs))
             k += 1
     return Graph(name, values, nodes, [Group("batch", batch)], [Group("metrics", outs)])
+
+
+# attention (latch_ops/attention.py): Tq != Tk exercises the top-left causal alignment
+_Q, _K, _V = ((2, 2, 5, 16), F), ((2, 2, 7, 16), F), ((2, 2, 7, 8), F)
+ex("sdpa", [_Q, _K, _V], causal=True, scale=0.25)
+ex("sdpa", [_Q, _K, _V], causal=False, scale=0.3)
+ex("sdpa_backward", [((2, 2, 5, 8), F), None, _Q, _K, _V, ((2, 2, 5, 8), F), ((2, 2, 5), F)], causal=True, scale=0.25)
+ex("sdpa_backward", [((2, 2, 5, 8), F), ((2, 2, 5), F), _Q, _K, _V, ((2, 2, 5, 8), F), ((2, 2, 5), F)],
+   causal=False, scale=0.3)

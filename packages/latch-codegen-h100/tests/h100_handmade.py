@@ -10,13 +10,14 @@ This is deliberately simple and independent of latch-schedule/latch-memory.
 from __future__ import annotations
 
 from latch_core.document import Document
-from latch_core.ir import Graph, GraphSection, Group, Node, Value
+from latch_core.ir import Graph, GraphSection, Group, Node, Value  # noqa: F401 (Node re-exported)
 from latch_core.sections import (
     Access, Counter, FusionGroup, MemorySection, Placement, ProgramMemory, ProgramSchedule, ScheduleSection, Task,
 )
 
 
 def graph(name, values, nodes, inputs, outputs, inplace=()):
+    """Nodes as (name, op, inputs, outputs[, attrs]) tuples or Node records."""
     vals = [Value(*v) if isinstance(v, tuple) else v for v in values]
     return Graph(name, vals, [Node(*n) if isinstance(n, tuple) else n for n in nodes],
                  [Group(k, v) for k, v in inputs], [Group(k, v) for k, v in outputs], inplace)

@@ -1,0 +1,126 @@
+"""The build: nvcc -rdc units, device link, shared library with a C ABI, cache, error reports.
+
+Needs nvcc (present in CI and on the development machine); no GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import time
+
+import pytest
+
+import h100_catalogue as C
+import h100_handmade as H
+from latch_core.hookspecs import hookimpl
+from latch_core.ir import Value
+from latch_core.plugins import load_with, registries
+from latch_codegen_h100 import BuildError, Lowering, build, generate
+from latch_codegen_h100 import builder
+
+
+
+def _have_nvcc() -> bool:
+    try:
+        builder.find_nvcc()
+        return True
+    except BuildError:
+        return False
+
+
+pytestmark = pytest.mark.skipif(not _have_nvcc(), reason="nvcc not installed")
+
+F = "f32"
+
+
+def _small_doc(scale=2.0):
+    values = [Value("w", (8,), F, "param"), Value("x", (8,), F, "batch"), Value("y", (8,), F), Value("w2", (8,), F)]
+    nodes = [("m", "latch::mul", ("w", "x"), ("y",)), ("s", "latch::sub", ("w",), ("w2",), {"scalar": scale})]
+    g = H.graph("update", values, nodes, [("params", ["w"]), ("batch", ["x"])],
+                [("new_params", ["w2"]), ("metrics", ["y"])], inplace=[("w2", "w")])
+    return H.planned([g], [g.value("w")])
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    d = tmp_path / "cache"
+    monkeypatch.setenv("LATCH_CACHE_DIR", str(d))
+    return d
+
+
+def test_build_links_a_library_with_the_c_abi_and_rebuilds_from_cache(tmp_path, cache):
+    out = tmp_path / "b"
+    doc = build(_small_doc(), out, jobs=2)
+    assert doc.build is not None and dict(doc.build.stats)["cached"] == "no"
+    assert (out / "program.so").exists() and (out / "build.ninja").exists()
+    ninja = (out / "build.ninja").read_text()
+    assert "-rdc=true" in ninja and "-dlink" in ninja and "arch=compute_90a,code=sm_90a" in ninja
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["key"] == doc.build.key
+    lib = ctypes.CDLL(str(out / "program.so"))
+    assert lib.latch_abi_version() == 1
+    assert lib.latch_num_bodies() == len(manifest["bodies"])
+    assert (out / "tables" / "update.tasks.bin").stat().st_size == 96 * manifest["programs"]["update"]["num_tasks"]
+
+    t0 = time.perf_counter()
+    again = build(_small_doc(), out, jobs=2)
+    assert time.perf_counter() - t0 < 1.0
+    assert dict(again.build.stats)["cached"] == "dir" and again.build.key == doc.build.key
+
+    other = tmp_path / "c"
+    t0 = time.perf_counter()
+    third = build(_small_doc(), other, jobs=2)
+    assert time.perf_counter() - t0 < 1.0
+    assert dict(third.build.stats)["cached"] == "cache"
+    assert (other / "program.so").read_bytes() == (out / "program.so").read_bytes()
+
+
+def test_a_schedule_change_reuses_the_library(tmp_path, cache):
+    out = tmp_path / "b"
+    first = build(_small_doc(), out, jobs=2)
+    values = _small_doc().graph.programs[0]
+    doc = H.planned([values], [values.value("w")], tiles=4, num_sms=3)  # other tiles, same signatures
+    second = build(doc, out, jobs=2)
+    assert second.build.key == first.build.key
+    assert dict(second.build.stats)["cached"] == "dir"
+
+
+def test_nvcc_errors_name_the_unit_the_op_and_the_first_diagnostic(tmp_path, cache):
+    class P:
+        @hookimpl
+        def latch_register_lowerings(register):
+            register("acme::broken", Lowering("acme::broken", body=lambda ctx: "this_is_not_cuda(;"))
+
+    regs = load_with(("acme", P), entry_points=False)
+    values = [Value("x", (4,), F, "batch"), Value("y", (4,), F)]
+    g = H.graph("update", values, [("n0", "acme::broken", ("x",), ("y",))], [("batch", ["x"])],
+                [("metrics", ["y"])])
+    gen = generate(H.planned([g]), jobs=1, regs=regs)
+    with pytest.raises(BuildError) as e:
+        builder.compile_generated(gen, tmp_path / "b", jobs=2)
+    msg = str(e.value)
+    assert "unit_0.cu" in msg and "acme::broken" in msg and "error" in msg and "build.log" in msg
+
+
+def test_missing_nvcc_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("LATCH_NVCC", raising=False)
+    monkeypatch.setattr(builder, "FALLBACK_NVCC", ())
+    with pytest.raises(BuildError, match="nvcc not found: install the CUDA toolkit"):
+        build(_small_doc(), tmp_path / "b")
+    monkeypatch.setenv("LATCH_NVCC", str(tmp_path / "nope"))
+    with pytest.raises(BuildError, match="LATCH_NVCC=.*is not an executable file"):
+        build(_small_doc(), tmp_path / "b")
+
+
+def test_every_lowering_compiles(tmp_path, cache):
+    """One node of every op of the core vocabulary, compiled for sm_90a (no GPU needed)."""
+    regs = registries()
+    g = C.example_graph(regs.ops)
+    missing = sorted(o for o, low in regs.lowerings.items() if o.startswith("latch::") and o not in C.EXAMPLES)
+    assert not missing, f"lowerings without a catalogue example: {missing}"
+    gen = generate(H.planned([g]), jobs=2)
+    res = builder.compile_generated(gen, tmp_path / "cat", jobs=2)
+    assert (res.directory / "program.so").exists()

@@ -1,0 +1,166 @@
+"""Code generation without a compiler: signatures, tables, error messages, parallel lowering."""
+
+from __future__ import annotations
+
+import struct
+
+import attrs
+import pytest
+
+import h100_handmade as H
+from latch_core.hookspecs import hookimpl
+from latch_core.ir import Value
+from latch_core.plugins import load_with
+from latch_core.sections import Counter
+from latch_codegen_h100 import CodegenError, Lowering, generate
+from latch_codegen_h100 import tables as T
+
+F = "f32"
+
+
+def _mlpish():
+    """x @ w + b, relu, sum: a matmul, a fused elementwise pair, a reduction."""
+    values = [Value("w", (8, 16), F, "param"), Value("b", (16,), F, "param"), Value("x", (4, 8), F, "batch"),
+              Value("h", (4, 16), F), Value("hb", (4, 16), F), Value("r", (4, 16), F), Value("loss", (), F)]
+    nodes = [("mm", "latch::matmul", ("x", "w"), ("h",)), ("add", "latch::add", ("h", "b"), ("hb",)),
+             ("relu", "latch::relu", ("hb",), ("r",)),
+             ("sum", "latch::sum", ("r",), ("loss",), {"dims": (0, 1), "keepdim": False})]
+    return H.graph("update", values, nodes, [("params", ["w", "b"]), ("batch", ["x"])], [("loss", ["loss"])])
+
+
+def test_generates_kernel_units_tables_and_manifest():
+    g = _mlpish()
+    doc = H.planned([g], [g.value("w"), g.value("b")])
+    gen = generate(doc, jobs=1)
+    assert gen.units[0].name == "kernel.cu"
+    kernel = gen.units[0].source
+    assert "latch_dispatch" in kernel and '#include "latch_kernel_main.cuh"' in kernel
+    assert len(gen.manifest["bodies"]) == 4  # matmul, add, relu, sum
+    m = gen.manifest["programs"]["update"]
+    assert m["num_tasks"] == len(doc.schedule.programs[0].tasks)
+    assert len(gen.tables["update"].tasks) == T.TASK.size * m["num_tasks"]
+    assert [b["name"] for b in gen.manifest["buffers"]] == ["w", "b", "x"]
+    assert m["outputs"][0]["value"] == "loss" and m["outputs"][0]["buffer"] == 0
+
+
+def test_fused_group_is_one_body_with_intermediates_in_registers():
+    g = _mlpish()
+    doc = H.planned([g], groups={"update": [["mm"], ["add", "relu"], ["sum"]]})
+    gen = generate(doc, jobs=1)
+    assert len(gen.manifest["bodies"]) == 3
+    fused = next(b for b in gen.manifest["bodies"] if b["ops"] == ["latch::add", "latch::relu"])
+    src = next(u.source for u in gen.units[1:] if any(k == fused["key"] for k in u.bodies))
+    body = src[src.index(f"latch_body_{fused['key']}"):]
+    body = body[:body.index("\n}\n")]
+    assert body.count("latch::st<") == 1  # only the group output reaches memory
+    assert "latch::ew::relu_" in body
+
+
+def test_equal_signatures_share_one_body_and_tables_are_not_in_sources():
+    values = [Value("x", (64, 32), F, "batch"), Value("y", (64, 32), F), Value("z", (64, 32), F)]
+    nodes = [("e1", "latch::exp", ("x",), ("y",)), ("e2", "latch::exp", ("y",), ("z",))]
+    g = H.graph("update", values, nodes, [("batch", ["x"])], [("metrics", ["z"])])
+    a = generate(H.planned([g], tiles=2, num_sms=4), jobs=1)
+    b = generate(H.planned([g], tiles=5, num_sms=3), jobs=1)
+    assert len(a.manifest["bodies"]) == 1
+    assert [u.source for u in a.units] == [u.source for u in b.units]  # schedule lives in the tables
+    assert a.tables["update"].tasks != b.tables["update"].tasks
+
+
+def test_parallel_lowering_gives_the_same_sources():
+    g = _mlpish()
+    doc = H.planned([g])
+    serial = generate(doc, jobs=1, bodies_per_unit=1)
+    parallel = generate(doc, jobs=2, bodies_per_unit=1)
+    assert len(serial.units) == 5
+    assert [u.source for u in serial.units] == [u.source for u in parallel.units]
+
+
+def test_missing_lowering_names_node_op_and_source():
+    values = [Value("x", (4,), F, "batch"), Value("y", (4,), F)]
+    g = H.graph("update", values, [H.Node("mystery", "acme::frob", ("x",), ("y",), source="model.py:12 in forward")],
+                [("batch", ["x"])], [("metrics", ["y"])])
+    with pytest.raises(CodegenError) as e:
+        generate(H.planned([g]), jobs=1)
+    msg = str(e.value)
+    assert "'mystery'" in msg and "acme::frob" in msg and "model.py:12" in msg and "lowering" in msg
+
+
+def test_a_crashing_lowering_is_named():
+    class P:
+        @hookimpl
+        def latch_register_lowerings(register):
+            def bad(ctx):
+                raise KeyError("oops")
+            register("acme::bad", Lowering("acme::bad", body=bad))
+
+    regs = load_with(("acme", P), entry_points=False)
+    values = [Value("x", (4,), F, "batch"), Value("y", (4,), F)]
+    g = H.graph("update", values, [("n0", "acme::bad", ("x",), ("y",))], [("batch", ["x"])], [("metrics", ["y"])])
+    with pytest.raises(CodegenError, match=r"n0.*acme::bad.*lowering crashed: KeyError"):
+        generate(H.planned([g]), jobs=1, regs=regs)
+
+
+def test_whole_output_body_refuses_a_split_schedule():
+    values = [Value("lp", (6, 5), F, "batch"), Value("t", (6,), "i64", "batch"), Value("loss", (), F),
+              Value("tw", (), F)]
+    g = H.graph("update", values, [("nll", "latch::nll_loss", ("lp", "t", None), ("loss", "tw"),
+                                    {"reduction": "mean", "ignore_index": -100})],
+                [("batch", ["lp", "t"])], [("loss", ["loss"])])
+    doc = H.planned([g])
+    ps = doc.schedule.programs[0]
+    t0 = ps.tasks[0]
+    # pretend a scheduler split the loss: give task 0 a (wrong) partial tile of a [6]-shaped primary
+    g2 = attrs.evolve(g, values=[v if v.name != "loss" else Value("loss", (6,), F) for v in g.values])
+    doc2 = attrs.evolve(doc, graph=attrs.evolve(doc.graph, programs=[g2]),
+                        schedule=attrs.evolve(doc.schedule, programs=[attrs.evolve(
+                            ps, tasks=[attrs.evolve(t0, tile=((0, 3),))])]))
+    with pytest.raises(CodegenError, match=r"nll.*whole output in one task"):
+        generate(doc2, jobs=1)
+
+
+def test_sync_contract_is_checked():
+    values = [Value("x", (8,), F, "batch"), Value("y", (8,), F), Value("z", (8,), F)]
+    g = H.graph("update", values, [("a", "latch::exp", ("x",), ("y",)), ("b", "latch::exp", ("y",), ("z",))],
+                [("batch", ["x"])], [("metrics", ["z"])])
+    doc = H.planned([g], strategy="dataflow", tiles=2)
+    ps = doc.schedule.programs[0]
+    bad = attrs.evolve(ps, counters=[Counter(c.id, c.expected + 1) for c in ps.counters])
+    with pytest.raises(CodegenError, match=r"counter 0: expects 3 signals per launch, the SM lists send 2"):
+        generate(attrs.evolve(doc, schedule=attrs.evolve(doc.schedule, programs=[bad])), jobs=1)
+    doc = H.planned([g], strategy="barrier", num_sms=2)
+    ps = doc.schedule.programs[0]
+    sms = [list(ps.sms[0]), [i for i in ps.sms[1] if i[0] != "barrier"]]
+    with pytest.raises(CodegenError, match=r"SM 1: runs 0 of 1 barriers"):
+        generate(attrs.evolve(doc, schedule=attrs.evolve(doc.schedule, programs=[attrs.evolve(ps, sms=sms)])), jobs=1)
+
+
+def test_missing_sections_and_placements_are_named():
+    g = _mlpish()
+    doc = H.planned([g])
+    with pytest.raises(CodegenError, match=r"lacks \['memory'\]"):
+        generate(attrs.evolve(doc, memory=None), jobs=1)
+    pm = doc.memory.programs[0]
+    pm2 = attrs.evolve(pm, placements=[p for p in pm.placements if p.value != "hb"])
+    with pytest.raises(CodegenError, match=r"value 'hb' crosses the group boundary but the memory plan has no placement"):
+        generate(attrs.evolve(doc, memory=attrs.evolve(doc.memory, programs=[pm2])), jobs=1)
+
+
+def test_task_and_instruction_tables_round_trip():
+    rec = T.TaskRecord(body=3, task=7, group=2, op_begin=10, op_count=4, lo=(0, 5), hi=(4, 9))
+    fields = T.unpack_tasks(rec.pack())[0]
+    assert fields[:8] == (3, 7, 2, 2, 10, 4, 0, 0)
+    assert fields[8:10] == (0, 5) and fields[16:18] == (4, 9)
+    instrs, begins = T.pack_instrs([[("task", 0), ("signal", 1)], [("wait", 1, 2), ("barrier", 0)]])
+    assert T.unpack_instrs(instrs) == [(1, 0, 0, 0), (4, 1, 0, 0), (3, 1, 2, 0), (2, 0, 0, 0)]
+    assert struct.unpack("<3i", begins) == (0, 2, 4)
+
+
+def test_constant_bytes():
+    assert T.const_bytes((1.0, 2.0), "f32", 2, "c") == struct.pack("<2f", 1.0, 2.0)
+    assert T.const_bytes((3,), "i64", 4, "c") == struct.pack("<4q", 3, 3, 3, 3)  # splat
+    # bf16: round to nearest even (1 + 2^-8 is a tie between 1 and 1 + 2^-7: rounds to 1)
+    assert T.const_bytes((1.0 + 2 ** -8,), "bf16", 1, "c") == struct.pack("<H", 0x3F80)
+    assert T.const_bytes((1.0 + 3 * 2 ** -9,), "bf16", 1, "c") == struct.pack("<H", 0x3F81)
+    with pytest.raises(ValueError, match="constant 'c': 3 data items for 2 elements"):
+        T.const_bytes((1, 2, 3), "f32", 2, "c")
