@@ -196,3 +196,50 @@ def test_traced_update_has_one_node_per_op():
     assert targets.count(ops.sdpa_backward.default) == 1
     bwd = next(n for n in gm.graph.nodes if n.target is ops.sdpa_backward.default)
     assert bwd.args[1] is None  # lse unused: grad_lse absent, not a materialised zeros tensor
+
+
+# --------------------------------------------------------------------------------------------
+# Tilings (used by latch-schedule): every tile computed from only its footprint (everything else
+# poisoned with NaN) equals the reference there, so the footprints cover what the op reads.
+
+def _poisoned(t, box):
+    out = torch.full_like(t, float("nan"))
+    idx = tuple(slice(lo, hi) for lo, hi in box)
+    out[idx] = t[idx]
+    return out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_tiles_read_only_their_footprint(causal):
+    pytest.importorskip("latch_schedule.tiling")
+    q, k, v = _qkv(B=2, H=2, Tq=7, Tk=5, D=4, Dv=3)
+    attrs = {"causal": causal, "scale": 0.5}
+    types = [A.latch_type(t) for t in (q, k, v)]
+    tiling = _spec(A.SDPA).extra["tiling"](types, _spec(A.SDPA).check(types, attrs), attrs)
+    assert tiling.split_dims == (0, 1, 2)
+    out, lse = A.sdpa_forward_math(q, k, v, causal, 0.5)
+    for box in (((1, 2), (0, 1), (0, 3), (0, 3)), ((0, 1), (1, 2), (3, 7), (0, 3))):
+        ins, outs = tiling.footprint(box)
+        o, l = A.sdpa_forward_math(*[_poisoned(t, b) for t, b in zip((q, k, v), ins)], causal, 0.5)
+        idx = tuple(slice(lo, hi) for lo, hi in box)
+        assert torch.equal(o[idx], out[idx]) and torch.equal(l[idx[:3]], lse[idx[:3]])
+        assert outs == [box, box[:3]]
+
+
+def test_sdpa_backward_tiles_by_batch_and_head():
+    pytest.importorskip("latch_schedule.tiling")
+    q, k, v = _qkv(B=2, H=3, Tq=4, Tk=4, D=4, Dv=4)
+    out, lse = A.sdpa_forward_math(q, k, v, True, 0.5)
+    go = torch.randn_like(out)
+    args = [go, None, q, k, v, out, lse]
+    types = [None if t is None else A.latch_type(t) for t in args]
+    spec = _spec(A.SDPA_BACKWARD)
+    tiling = spec.extra["tiling"](types, spec.check(types, {"causal": True, "scale": 0.5}), {})
+    assert tiling.split_dims == (0, 1)
+    want = A.sdpa_backward_math(*args, True, 0.5)
+    box = ((1, 2), (2, 3), (0, 4), (0, 4))
+    ins, outs = tiling.footprint(box)
+    assert ins[1] is None and outs == [box, box, box]
+    got = A.sdpa_backward_math(*[None if t is None else _poisoned(t, b) for t, b in zip(args, ins)], True, 0.5)
+    for g, w in zip(got, want):
+        assert torch.equal(g[1, 2], w[1, 2])

@@ -39,8 +39,8 @@ def test_shape_rules():
     assert SPECS[S.ROUTE_ORDER].check([T((10, 2), "i64")], {"num_experts": 4}) == [
         T((20,), "i64"), T((20,), "i64"), T((5,), "i64")]
     assert SPECS[S.RAGGED_MM].check([T((20, 8)), T((4, 8, 3)), T((5,), "i64")], {}) == [T((20, 3))]
-    assert SPECS[S.RAGGED_MM_BACKWARD].check([T((20, 3)), T((20, 8)), T((4, 8, 3)), T((5,), "i64")], {}) == [
-        T((20, 8)), T((4, 8, 3))]
+    assert SPECS[S.RAGGED_MM_GRAD_X].check([T((20, 3)), T((4, 8, 3)), T((5,), "i64")], {}) == [T((20, 8))]
+    assert SPECS[S.RAGGED_MM_GRAD_W].check([T((20, 8)), T((20, 3)), T((5,), "i64")], {}) == [T((4, 8, 3))]
 
 
 @pytest.mark.parametrize("op, inputs, attrs, match", [
@@ -54,7 +54,10 @@ def test_shape_rules():
     (S.RAGGED_MM, [T((20, 8)), T((4, 7, 3)), T((5,), "i64")], {}, "Din=8 but w"),
     (S.RAGGED_MM, [T((20, 8)), T((4, 8, 3)), T((4,), "i64")], {}, r"offsets must be \[E\+1\]"),
     (S.RAGGED_MM, [T((20, 8)), T((4, 8, 3), "f64"), T((5,), "i64")], {}, "share one dtype"),
-    (S.RAGGED_MM_BACKWARD, [T((20, 4)), T((20, 8)), T((4, 8, 3)), T((5,), "i64")], {}, "grad must be"),
+    (S.RAGGED_MM_GRAD_X, [T((20, 4)), T((4, 8, 3)), T((5,), "i64")], {}, "Dout=4 but w"),
+    (S.RAGGED_MM_GRAD_X, [T((20, 3)), T((4, 8, 3)), T((4,), "i64")], {}, r"offsets must be \[E\+1\]"),
+    (S.RAGGED_MM_GRAD_W, [T((20, 8)), T((19, 3)), T((5,), "i64")], {}, "row count"),
+    (S.RAGGED_MM_GRAD_W, [T((20, 8)), T((20, 3), "i64"), T((5,), "i64")], {}, "float tensor"),
 ])
 def test_shape_rule_errors_name_op_and_operand(op, inputs, attrs, match):
     with pytest.raises(ShapeError, match=match) as e:
@@ -66,7 +69,8 @@ def test_costs():
     x, w, off, out = T((20, 8)), T((4, 8, 3)), T((5,), "i64"), T((20, 3))
     flops, nbytes = S.cost_ragged_mm([x, w, off], [out], {})
     assert flops == 2 * 20 * 8 * 3 and nbytes == x.nbytes + w.nbytes + off.nbytes + out.nbytes
-    assert S.cost_ragged_mm_backward([out, x, w, off], [x, w], {})[0] == 2 * flops
+    assert S.cost_ragged_mm_grad_x([out, w, off], [x], {})[0] == flops
+    assert S.cost_ragged_mm_grad_w([x, out, off], [w], {})[0] == flops
 
 
 # --------------------------------------------------------------------------------------------
@@ -157,10 +161,11 @@ def test_ragged_mm_rowwise_definition():
         torch.testing.assert_close(out[r], want, rtol=1e-13, atol=1e-13)
 
 
-def test_ragged_mm_backward_definition_and_empty_expert():
+def test_ragged_mm_gradient_definitions_and_empty_expert():
     x, w, offsets = _ragged_case()
     grad = torch.randn(9, 4, dtype=torch.float64)
-    dx, dw = torch.ops.latch.ragged_mm_backward(grad, x, w, offsets)
+    dx = torch.ops.latch.ragged_mm_grad_x(grad, w, offsets)
+    dw = torch.ops.latch.ragged_mm_grad_w(x, grad, offsets)
     assert torch.equal(dw[1], torch.zeros_like(dw[1]))  # expert 1 received no rows
     torch.testing.assert_close(dw[2], x[3:7].T @ grad[3:7], rtol=1e-13, atol=1e-13)
     torch.testing.assert_close(dx[7:9], grad[7:9] @ w[3].T, rtol=1e-13, atol=1e-13)
@@ -177,7 +182,9 @@ def test_ragged_mm_rejects_bad_offsets():
 def test_ragged_mm_opcheck_and_gradcheck():
     x, w, offsets = _ragged_case(R=7, Din=3, Dout=2, E=3, counts=(2, 0, 5))
     # the backward has no derivative of its own (no double backward): check it on plain tensors
-    torch.library.opcheck(torch.ops.latch.ragged_mm_backward, (torch.randn(7, 2, dtype=torch.float64), x, w, offsets))
+    grad = torch.randn(7, 2, dtype=torch.float64)
+    torch.library.opcheck(torch.ops.latch.ragged_mm_grad_x, (grad, w, offsets))
+    torch.library.opcheck(torch.ops.latch.ragged_mm_grad_w, (x, grad, offsets))
     x.requires_grad_(), w.requires_grad_()
     torch.library.opcheck(torch.ops.latch.ragged_mm, (x, w, offsets))
     assert torch.autograd.gradcheck(lambda x, w: M.ragged_mm(x, w, offsets), (x, w))
@@ -199,8 +206,10 @@ def test_references_equal_eager_ops():
     x, w, offsets = _ragged_case()
     assert torch.equal(SPECS[S.RAGGED_MM].extra["reference"]([x, w, offsets], {})[0], M.ragged_mm(x, w, offsets))
     g = torch.randn(9, 4, dtype=torch.float64)
-    got = SPECS[S.RAGGED_MM_BACKWARD].extra["reference"]([g, x, w, offsets], {})
-    assert all(torch.equal(a, b) for a, b in zip(got, torch.ops.latch.ragged_mm_backward(g, x, w, offsets)))
+    assert torch.equal(SPECS[S.RAGGED_MM_GRAD_X].extra["reference"]([g, w, offsets], {})[0],
+                       torch.ops.latch.ragged_mm_grad_x(g, w, offsets))
+    assert torch.equal(SPECS[S.RAGGED_MM_GRAD_W].extra["reference"]([x, g, offsets], {})[0],
+                       torch.ops.latch.ragged_mm_grad_w(x, g, offsets))
 
 
 # --------------------------------------------------------------------------------------------
@@ -254,4 +263,72 @@ def test_moe_layer_traces_to_single_nodes():
              if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)]
     counts = {op: names.count(op) for op in set(names) if op.startswith("latch::")}
     assert counts == {"latch::token_topk": 1, "latch::token_topk_backward": 1, "latch::route_order": 1,
-                      "latch::ragged_mm": 3, "latch::ragged_mm_backward": 3}
+                      "latch::ragged_mm": 3, "latch::ragged_mm_grad_x": 3, "latch::ragged_mm_grad_w": 3}
+
+
+def test_ragged_mm_gradient_ops_only_where_needed():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x, w, offsets = _ragged_case(dtype=torch.float32)
+
+    def step(x, w, offsets):  # x is data (no gradient), w a weight
+        with torch.enable_grad():
+            w = w.detach().requires_grad_()
+            return torch.autograd.grad(M.ragged_mm(x, w, offsets).sum(), [w])
+
+    gm = make_fx(step, tracing_mode="fake")(x, w, offsets)
+    names = [n.target.name() for n in gm.graph.nodes if isinstance(getattr(n, "target", None), torch._ops.OpOverload)]
+    assert "latch::ragged_mm_grad_w" in names and "latch::ragged_mm_grad_x" not in names
+
+
+# --------------------------------------------------------------------------------------------
+# Tilings (used by latch-schedule): footprints cover what the reference reads
+
+def test_ragged_tilings_footprints():
+    pytest.importorskip("latch_schedule.tiling")
+    x, w, off = T((300, 64)), T((4, 64, 40)), T((5,), "i64")
+    t = SPECS[S.RAGGED_MM].extra["tiling"]([x, w, off], [T((300, 40))], {})
+    assert t.split_dims == (0, 1)
+    ins, outs = t.footprint(((128, 256), (0, 40)))
+    assert ins == [((128, 256), (0, 64)), ((0, 4), (0, 64), (0, 40)), ((0, 5),)] and outs == [((128, 256), (0, 40))]
+    # grad_x: dx[R, Din] columns are w's middle dim, also when Din == Dout (no guessing from shapes)
+    sq = T((4, 40, 40))
+    t = SPECS[S.RAGGED_MM_GRAD_X].extra["tiling"]([T((300, 40)), sq, off], [T((300, 40))], {})
+    ins, _ = t.footprint(((0, 128), (8, 16)))
+    assert ins[1] == ((0, 4), (8, 16), (0, 40))
+    t = SPECS[S.RAGGED_MM_GRAD_W].extra["tiling"]([x, T((300, 40)), off], [w], {})
+    ins, outs = t.footprint(((2, 3), (0, 32), (8, 16)))
+    assert ins == [((0, 300), (0, 32)), ((0, 300), (8, 16)), ((0, 5),)] and outs == [((2, 3), (0, 32), (8, 16))]
+
+
+def _poisoned(t, box):
+    out = torch.full_like(t, float("nan"))
+    idx = tuple(slice(lo, hi) for lo, hi in box)
+    out[idx] = t[idx]
+    return out
+
+
+@pytest.mark.parametrize("op", [S.RAGGED_MM, S.RAGGED_MM_GRAD_X, S.RAGGED_MM_GRAD_W])
+def test_ragged_tiles_read_only_their_footprint(op):
+    # Each output tile computed from only its footprint (the rest of every float operand poisoned
+    # with NaN) equals the reference on that tile: the footprint covers what the op reads.
+    pytest.importorskip("latch_schedule.tiling")
+    x, w, offsets = _ragged_case(R=11, Din=6, Dout=5, E=4, counts=(3, 0, 4, 2))
+    grad = torch.randn(11, 5, dtype=torch.float64)
+    args = {S.RAGGED_MM: [x, w, offsets], S.RAGGED_MM_GRAD_X: [grad, w, offsets],
+            S.RAGGED_MM_GRAD_W: [x, grad, offsets]}[op]
+    spec = SPECS[op]
+    ref = spec.extra["reference"]
+    types = [T(tuple(a.shape), "i64" if a.dtype == torch.int64 else "f64") for a in args]
+    out_type = spec.check(types, {})[0]
+    tiling = spec.extra["tiling"](types, [out_type], {})
+    full = ref(args, {})[0]
+    boxes = {2: [((0, 4), (0, 5)), ((3, 8), (1, 3)), ((8, 11), (4, 6))],
+             3: [((0, 1), (0, 3), (0, 5)), ((2, 3), (2, 6), (1, 3)), ((1, 2), (0, 6), (0, 5))]}[len(out_type.shape)]
+    for box in boxes:
+        box = tuple((lo, min(hi, n)) for (lo, hi), n in zip(box, out_type.shape))
+        ins, outs = tiling.footprint(box)
+        assert outs == [box]
+        part = ref([a if a.dtype == torch.int64 else _poisoned(a, b) for a, b in zip(args, ins)], {})[0]
+        idx = tuple(slice(lo, hi) for lo, hi in box)
+        assert torch.equal(part[idx], full[idx]), box

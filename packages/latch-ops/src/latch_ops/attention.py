@@ -135,6 +135,49 @@ def cost_sdpa_backward(inputs, outputs, attrs) -> tuple[int, int]:
 
 
 # --------------------------------------------------------------------------------------------
+# Tilings (OpSpec.extra["tiling"], CONTRACTS.md section 3); latch_schedule is imported only when
+# a scheduler asks, never at import. (batch, head) pairs are independent in both ops.
+
+QUERY_TILE = 128  # query rows per forward task
+
+
+def _tiling(split_dims, footprint, granule, kind):
+    from latch_schedule.tiling import Tiling
+
+    return Tiling(split_dims, footprint, granule=granule, kind=kind)
+
+
+def tiling_sdpa(in_types, out_types, attrs):
+    """Forward tiles: one (batch, head) and a block of query rows; a tile reads its q rows and
+    every key and value of its (batch, head). Under ``causal`` a body needs keys 0..r1-1 only,
+    but the reference computes P @ V over all keys (0 * v at masked ones), so the footprint stays
+    whole along keys: a footprint must cover what the reference, too, reads."""
+    q, k, v = in_types
+    Tk = k.shape[2]
+
+    def footprint(box):
+        b, h, (r0, r1), _ = box
+        keys = (0, Tk)
+        ins = [(b, h, (r0, r1), (0, q.shape[3])), (b, h, keys, (0, k.shape[3])), (b, h, keys, (0, v.shape[3]))]
+        return ins, [box, (b, h, (r0, r1))]
+
+    return _tiling((0, 1, 2), footprint, (1, 1, QUERY_TILE), "sdpa")
+
+
+def tiling_sdpa_backward(in_types, out_types, attrs):
+    """Backward tiles: one (batch, head) each, computing its dq, dk and dv whole (dq rows need every
+    key and dk/dv rows every query, so the sequence dims do not split)."""
+
+    def footprint(box):
+        b, h = box[0], box[1]
+        ins = [None if t is None else (b, h) + tuple((0, d) for d in t.shape[2:]) for t in in_types]
+        outs = [(b, h) + tuple((0, d) for d in t.shape[2:]) for t in out_types]
+        return ins, outs
+
+    return _tiling((0, 1), footprint, (1, 1), "sdpa_backward")
+
+
+# --------------------------------------------------------------------------------------------
 # The math: plain torch, any float dtype (half precision computes in f32). This is both the
 # custom op's real implementation and the FP64 reference.
 
@@ -213,7 +256,7 @@ SPECS = [
         cost=cost_sdpa,
         doc="scaled dot-product attention returning the per-row log-sum-exp for the backward; "
             "causal masking is top-left aligned (key j visible to query i iff j <= i)",
-        extra={"reference": _ref_sdpa, "torch_ops": ["latch::sdpa"]},
+        extra={"reference": _ref_sdpa, "torch_ops": ["latch::sdpa"], "tiling": tiling_sdpa},
     ),
     OpSpec(
         name=SDPA_BACKWARD,
@@ -224,7 +267,8 @@ SPECS = [
         num_inputs=(7, 7),
         cost=cost_sdpa_backward,
         doc="gradient of latch::sdpa; grad_lse is absent (None) when lse was not used",
-        extra={"reference": _ref_sdpa_backward, "torch_ops": ["latch::sdpa_backward"]},
+        extra={"reference": _ref_sdpa_backward, "torch_ops": ["latch::sdpa_backward"],
+               "tiling": tiling_sdpa_backward},
     ),
 ]
 

@@ -69,13 +69,17 @@ def ragged_mm_math(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> t
     return out.to(x.dtype)
 
 
-def ragged_mm_backward_math(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
-                            offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def ragged_mm_grad_x_math(grad: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    cd = _compute_dtype(grad)
+    dx = torch.zeros((grad.shape[0], w.shape[1]), dtype=cd, device=grad.device)
+    for e, lo, hi in _segments("latch::ragged_mm_grad_x", offsets, grad.shape[0]):
+        dx[lo:hi] = grad[lo:hi].to(cd) @ w[e].to(cd).transpose(0, 1)
+    return dx.to(grad.dtype)
+
+
+def ragged_mm_grad_w_math(x: torch.Tensor, grad: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     cd = _compute_dtype(x)
-    dx = torch.zeros(x.shape, dtype=cd, device=x.device)
-    dw = torch.zeros(w.shape, dtype=cd, device=w.device)
-    for e, lo, hi in _segments("latch::ragged_mm_backward", offsets, x.shape[0]):
-        g = grad[lo:hi].to(cd)
-        dx[lo:hi] = g @ w[e].to(cd).transpose(0, 1)
-        dw[e] = x[lo:hi].to(cd).transpose(0, 1) @ g
-    return dx.to(x.dtype), dw.to(w.dtype)
+    dw = torch.zeros((offsets.shape[0] - 1, x.shape[1], grad.shape[1]), dtype=cd, device=x.device)
+    for e, lo, hi in _segments("latch::ragged_mm_grad_w", offsets, x.shape[0]):
+        dw[e] = x[lo:hi].to(cd).transpose(0, 1) @ grad[lo:hi].to(cd)
+    return dw.to(x.dtype)

@@ -14,7 +14,18 @@ top-k routing and E experts:
         offsets[E] = N*k
     ragged_mm(x[R,Din], w[E,Din,Dout], offsets[E+1]) -> out[R,Dout]
         out[r] = x[r] @ w[e] for offsets[e] <= r < offsets[e+1]; rows in no segment are zero
-    ragged_mm_backward(grad[R,Dout], x, w, offsets) -> (dx[R,Din], dw[E,Din,Dout])
+    ragged_mm_grad_x(grad[R,Dout], w[E,Din,Dout], offsets[E+1]) -> dx[R,Din]
+        dx[r] = grad[r] @ w[e]^T in expert e's segment; rows in no segment are zero
+    ragged_mm_grad_w(x[R,Din], grad[R,Dout], offsets[E+1]) -> dw[E,Din,Dout]
+        dw[e] = x[seg e]^T @ grad[seg e]; zero for an expert without rows
+
+ragged_mm's derivative is two ops, not one, so that each tiles on its own: dx by rows and columns
+like ragged_mm itself, dw by (expert, Din, Dout) boxes; one op producing both could only run as a
+single task, since every dw tile needs every row of the segment that dx splits.
+
+Tags: ragged_mm and its gradients are ``matmul`` (tensor-core work: the numerical policy gives them
+BF16 operands) and ``routing``; their ``extra["tiling"]`` (``tilings``) tells the scheduler how they
+split, since the matmul tag's rule assumes ``a[*B,M,K] @ b[*B,K,N]``.
 
 An MoE layer dispatches with ``index_select(x, 0, token)`` and combines with
 ``index_select(y, 0, position)`` reshaped to [N, k, D] and weighted by the gates (core ops).
@@ -27,13 +38,16 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from latch_core.ir import FLOAT_DTYPES, INT_DTYPES, TensorType
-from latch_core.registry import INDEXING, ROUTING, OpSpec, ShapeError
+from latch_core.registry import INDEXING, MATMUL, ROUTING, OpSpec, ShapeError
+
+from . import tilings
 
 TOKEN_TOPK = "latch::token_topk"
 TOKEN_TOPK_BACKWARD = "latch::token_topk_backward"
 ROUTE_ORDER = "latch::route_order"
 RAGGED_MM = "latch::ragged_mm"
-RAGGED_MM_BACKWARD = "latch::ragged_mm_backward"
+RAGGED_MM_GRAD_X = "latch::ragged_mm_grad_x"
+RAGGED_MM_GRAD_W = "latch::ragged_mm_grad_w"
 
 
 def _int_attr(op: str, attrs: dict[str, Any], key: str, lo: int) -> int:
@@ -110,13 +124,32 @@ def infer_ragged_mm(inputs: Sequence[TensorType | None], attrs: dict[str, Any]) 
     return [TensorType((R, Dout), x.dtype)]
 
 
-def infer_ragged_mm_backward(inputs: Sequence[TensorType | None], attrs: dict[str, Any]) -> list[TensorType]:
-    grad, x, w, offsets = inputs
-    R, _Din, _E, Dout = _ragged_operands(RAGGED_MM_BACKWARD, x, w, offsets)
-    want = TensorType((R, Dout), x.dtype)
-    if grad is None or grad != want:
-        raise ShapeError(f"{RAGGED_MM_BACKWARD}: grad must be {want} (from x {x}, w {w}), got {grad}")
-    return [x, w]
+def infer_ragged_mm_grad_x(inputs: Sequence[TensorType | None], attrs: dict[str, Any]) -> list[TensorType]:
+    op = RAGGED_MM_GRAD_X
+    grad, w, offsets = inputs
+    grad = _need(op, "grad", grad, 2, FLOAT_DTYPES, "[R, Dout]")
+    w = _need(op, "w", w, 3, FLOAT_DTYPES, "[E, Din, Dout] stacked expert weights")
+    offsets = _need(op, "offsets", offsets, 1, INT_DTYPES, "[E+1] per-expert row offsets")
+    E, Din, Dout = w.shape
+    if grad.dtype != w.dtype:
+        raise ShapeError(f"{op}: grad {grad} and w {w} must share one dtype; cast one of them")
+    if grad.shape[1] != Dout:
+        raise ShapeError(f"{op}: grad {grad} has Dout={grad.shape[1]} but w {w} has Dout={Dout}")
+    if offsets.shape != (E + 1,):
+        raise ShapeError(f"{op}: offsets must be [E+1] = [{E + 1}] for w {w}, got {offsets}")
+    return [TensorType((grad.shape[0], Din), grad.dtype)]
+
+
+def infer_ragged_mm_grad_w(inputs: Sequence[TensorType | None], attrs: dict[str, Any]) -> list[TensorType]:
+    x, grad, offsets = inputs
+    x = _need(RAGGED_MM_GRAD_W, "x", x, 2, FLOAT_DTYPES, "[R, Din] rows sorted by expert")
+    grad = _need(RAGGED_MM_GRAD_W, "grad", grad, 2, FLOAT_DTYPES, "[R, Dout]")
+    offsets = _need(RAGGED_MM_GRAD_W, "offsets", offsets, 1, INT_DTYPES, "[E+1] per-expert row offsets")
+    if x.dtype != grad.dtype or x.shape[0] != grad.shape[0]:
+        raise ShapeError(f"{RAGGED_MM_GRAD_W}: x {x} and grad {grad} must share the row count and dtype")
+    if offsets.shape[0] < 1:
+        raise ShapeError(f"{RAGGED_MM_GRAD_W}: offsets must be [E+1] with E >= 0, got {offsets}")
+    return [TensorType((offsets.shape[0] - 1, x.shape[1], grad.shape[1]), x.dtype)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -142,10 +175,14 @@ def cost_ragged_mm(inputs, outputs, attrs):
     return 2 * R * Din * w.shape[2], _nbytes(list(inputs) + list(outputs))
 
 
-def cost_ragged_mm_backward(inputs, outputs, attrs):
-    _g, x, w, _off = inputs
-    R, Din = x.shape
-    return 4 * R * Din * w.shape[2], _nbytes(list(inputs) + list(outputs))
+def cost_ragged_mm_grad_x(inputs, outputs, attrs):
+    grad, w, _off = inputs
+    return 2 * grad.shape[0] * grad.shape[1] * w.shape[1], _nbytes(list(inputs) + list(outputs))
+
+
+def cost_ragged_mm_grad_w(inputs, outputs, attrs):
+    x, grad, _off = inputs
+    return 2 * x.shape[0] * x.shape[1] * grad.shape[1], _nbytes(list(inputs) + list(outputs))
 
 
 # --------------------------------------------------------------------------------------------
@@ -175,10 +212,16 @@ def _ref_ragged_mm(inputs, attrs):
     return [ragged_mm_math(*inputs)]
 
 
-def _ref_ragged_mm_backward(inputs, attrs):
-    from .reference import ragged_mm_backward_math
+def _ref_ragged_mm_grad_x(inputs, attrs):
+    from .reference import ragged_mm_grad_x_math
 
-    return list(ragged_mm_backward_math(*inputs))
+    return [ragged_mm_grad_x_math(*inputs)]
+
+
+def _ref_ragged_mm_grad_w(inputs, attrs):
+    from .reference import ragged_mm_grad_w_math
+
+    return [ragged_mm_grad_w_math(*inputs)]
 
 
 SPECS = [
@@ -217,21 +260,32 @@ SPECS = [
         name=RAGGED_MM,
         signature="ragged_mm(x[R,Din], w[E,Din,Dout], offsets[E+1]) -> out[R,Dout]",
         infer=infer_ragged_mm,
-        tags={ROUTING},
+        tags={MATMUL, ROUTING},
         num_inputs=(3, 3),
         cost=cost_ragged_mm,
         doc="grouped matmul: rows offsets[e]..offsets[e+1] of x times w[e]; rows in no segment give zero",
-        extra={"reference": _ref_ragged_mm, "torch_ops": ["latch::ragged_mm"]},
+        extra={"reference": _ref_ragged_mm, "torch_ops": ["latch::ragged_mm"], "tiling": tilings.ragged_mm},
     ),
     OpSpec(
-        name=RAGGED_MM_BACKWARD,
-        signature="ragged_mm_backward(grad[R,Dout], x[R,Din], w[E,Din,Dout], offsets[E+1]) "
-                  "-> (dx[R,Din], dw[E,Din,Dout])",
-        infer=infer_ragged_mm_backward,
-        tags={ROUTING},
-        num_inputs=(4, 4),
-        cost=cost_ragged_mm_backward,
-        doc="gradient of ragged_mm: dx = grad @ w[e]^T per segment, dw[e] = x_e^T grad_e (zero for empty experts)",
-        extra={"reference": _ref_ragged_mm_backward, "torch_ops": ["latch::ragged_mm_backward"]},
+        name=RAGGED_MM_GRAD_X,
+        signature="ragged_mm_grad_x(grad[R,Dout], w[E,Din,Dout], offsets[E+1]) -> dx[R,Din]",
+        infer=infer_ragged_mm_grad_x,
+        tags={MATMUL, ROUTING},
+        num_inputs=(3, 3),
+        cost=cost_ragged_mm_grad_x,
+        doc="gradient of ragged_mm for x: grad @ w[e]^T per segment; rows in no segment give zero",
+        extra={"reference": _ref_ragged_mm_grad_x, "torch_ops": ["latch::ragged_mm_grad_x"],
+               "tiling": tilings.ragged_grad_x},
+    ),
+    OpSpec(
+        name=RAGGED_MM_GRAD_W,
+        signature="ragged_mm_grad_w(x[R,Din], grad[R,Dout], offsets[E+1]) -> dw[E,Din,Dout]",
+        infer=infer_ragged_mm_grad_w,
+        tags={MATMUL, ROUTING},
+        num_inputs=(3, 3),
+        cost=cost_ragged_mm_grad_w,
+        doc="gradient of ragged_mm for w: dw[e] = x_e^T grad_e over expert e's rows (zero without rows)",
+        extra={"reference": _ref_ragged_mm_grad_w, "torch_ops": ["latch::ragged_mm_grad_w"],
+               "tiling": tilings.ragged_grad_w},
     ),
 ]

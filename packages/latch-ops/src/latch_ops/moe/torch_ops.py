@@ -3,8 +3,9 @@
 Model code imports the wrappers here (:func:`token_topk`, :func:`route_order`, :func:`ragged_mm`);
 each call is ONE ``torch.ops.latch.*`` node when traced, which capture lowers generically to the
 Latch op of the same name (tensor arguments -> operands, the rest -> attributes by argument name).
-Derivatives are the ops' own: token_topk's and ragged_mm's backwards are the custom ops
-``token_topk_backward`` and ``ragged_mm_backward``; route_order's outputs are integer and carry
+Derivatives are the ops' own: token_topk's backward is the custom op ``token_topk_backward``,
+ragged_mm's the two custom ops ``ragged_mm_grad_x`` and ``ragged_mm_grad_w`` (each only when its
+input needs a gradient); route_order's outputs are integer and carry
 no gradient.
 
 Fake implementations are built from the Latch shape rules in ``specs`` so that tracing, the rules
@@ -21,7 +22,8 @@ from latch_core.registry import ShapeError
 
 from . import specs
 from .reference import (
-    ragged_mm_backward_math, ragged_mm_math, route_order_math, token_topk_backward_math, token_topk_math,
+    ragged_mm_grad_w_math, ragged_mm_grad_x_math, ragged_mm_math, route_order_math, token_topk_backward_math,
+    token_topk_math,
 )
 
 _DTYPES = {
@@ -111,15 +113,24 @@ def _(x, w, offsets):
     return _fake(specs.infer_ragged_mm, [x, w, offsets], {}, x)
 
 
-@custom_op(specs.RAGGED_MM_BACKWARD, mutates_args=())
-def _ragged_mm_backward(grad: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
-                        offsets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return ragged_mm_backward_math(grad, x, w, offsets)
+@custom_op(specs.RAGGED_MM_GRAD_X, mutates_args=())
+def _ragged_mm_grad_x(grad: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    return ragged_mm_grad_x_math(grad, w, offsets)
 
 
-@_ragged_mm_backward.register_fake
-def _(grad, x, w, offsets):
-    return _fake(specs.infer_ragged_mm_backward, [grad, x, w, offsets], {}, x)
+@_ragged_mm_grad_x.register_fake
+def _(grad, w, offsets):
+    return _fake(specs.infer_ragged_mm_grad_x, [grad, w, offsets], {}, grad)
+
+
+@custom_op(specs.RAGGED_MM_GRAD_W, mutates_args=())
+def _ragged_mm_grad_w(x: torch.Tensor, grad: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    return ragged_mm_grad_w_math(x, grad, offsets)
+
+
+@_ragged_mm_grad_w.register_fake
+def _(x, grad, offsets):
+    return _fake(specs.infer_ragged_mm_grad_w, [x, grad, offsets], {}, x)
 
 
 def _ragged_mm_setup(ctx, inputs, output):
@@ -132,7 +143,8 @@ def _ragged_mm_grad(ctx, grad):
     if grad is None:
         return None, None, None
     x, w, offsets = ctx.saved_tensors
-    dx, dw = _ragged_mm_backward(grad, x, w, offsets)
+    dx = _ragged_mm_grad_x(grad, w, offsets) if ctx.needs_input_grad[0] else None
+    dw = _ragged_mm_grad_w(x, grad, offsets) if ctx.needs_input_grad[1] else None
     return dx, dw, None
 
 

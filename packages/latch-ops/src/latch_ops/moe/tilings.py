@@ -1,0 +1,62 @@
+"""How the ragged matmuls split into tasks (``OpSpec.extra["tiling"]``, CONTRACTS.md section 3).
+
+Which rows belong to which expert is data, so a footprint cannot name the experts a tile meets:
+footprints read every expert's weights (ragged_mm, grad_x) or every row (grad_w). They are
+supersets of what a body touches, as the validator and the arena simulator require. A row tile
+may straddle experts; the body walks ``offsets`` to find the segments inside its rows.
+
+``latch_schedule`` is imported when a scheduler asks for a tiling, never at import (latch-ops
+does not depend on it).
+"""
+
+from __future__ import annotations
+
+TILE = 128  # rows / columns per tile: one tensor-core block tile
+
+
+def _tiling(split_dims, footprint, granule, kind):
+    from latch_schedule.tiling import Tiling
+
+    return Tiling(split_dims, footprint, granule=granule, kind=kind)
+
+
+def _full(t):
+    return tuple((0, d) for d in t.shape)
+
+
+def _ragged_rows(in_types, out_types, w_col_dim: int, kind: str):
+    """Output tiles of rows x columns; a tile reads its rows of the row operand (every column),
+    its columns of every expert's weight (w's dim ``w_col_dim``) and all offsets."""
+    rows, w, offsets = in_types
+
+    def footprint(box):
+        (r0, r1), cols = box
+        wbox = [(0, d) for d in w.shape]
+        wbox[w_col_dim] = cols
+        return [((r0, r1), (0, rows.shape[1])), tuple(wbox), _full(offsets)], [box]
+
+    return _tiling((0, 1), footprint, (TILE, TILE), kind)
+
+
+def ragged_mm(in_types, out_types, attrs):
+    """ragged_mm(x, w, offsets) -> out[R, Dout]: output column j is w's column j (w's last dim)."""
+    return _ragged_rows(in_types, out_types, 2, "ragged_mm")
+
+
+def ragged_grad_x(in_types, out_types, attrs):
+    """ragged_mm_grad_x(grad, w, offsets) -> dx[R, Din]: dx column i is w's row i (w's middle dim),
+    since the body multiplies by w[e] transposed."""
+    return _ragged_rows(in_types, out_types, 1, "ragged_grad_x")
+
+
+def ragged_grad_w(in_types, out_types, attrs):
+    """ragged_mm_grad_w(x, grad, offsets) -> dw[E, Din, Dout]: tiles of (one expert, Din block,
+    Dout block); a tile reads its Din columns of every row of x and its Dout columns of every
+    row of grad (the expert's rows are data)."""
+    x, grad, offsets = in_types
+
+    def footprint(box):
+        _e, din, dout = box
+        return [((0, x.shape[0]), din), ((0, grad.shape[0]), dout), _full(offsets)], [box]
+
+    return _tiling((0, 1, 2), footprint, (1, TILE, TILE), "ragged_grad_w")
