@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Each package installs ALONE (with only what its pyproject.toml declares) in a fresh venv, and its
-# own tests pass there. latch-core, latch-schedule and latch-memory get no torch at all: the venvs
+# own tests pass there. What a package's tests need beyond its runtime dependencies goes in an
+# optional-dependency group named "test" (e.g. test = ["latch-schedule", "latch-memory"]), which is
+# installed here too. latch-core, latch-schedule and latch-memory get no torch at all: the venvs
 # are created without --system-site-packages, and the script checks `import torch` fails in them.
 #
 # Usage: bash tools/check_isolation.sh [PACKAGE ...]     (default: every packages/*)
@@ -80,10 +82,13 @@ def reqs(proj, extras=()):
 
 for pkg in sys.argv[2:]:
     proj = projects[pkg]
-    # Extras that pull in torch are installed too: "torch optional" means the package's tests
-    # may use it; the no-torch side is covered by packages that declare no torch at all.
-    extras = [e for e, rs in proj.get("optional-dependencies", {}).items()
-              if any(Requirement(r).name == "torch" for r in rs)]
+    # Extras installed too: those that pull in torch ("torch optional" means the package's tests
+    # may use it; the no-torch side is covered by packages that declare no torch at all), and the
+    # extra named "test", where a package declares what only its tests need (e.g. latch-check's
+    # tests build plans with latch-schedule and latch-memory).
+    optional = proj.get("optional-dependencies", {})
+    extras = [e for e, rs in optional.items()
+              if e == "test" or any(Requirement(r).name == "torch" for r in rs)]
     closure, todo, torch = [], [(pkg, extras)], False
     while todo:
         name, ex = todo.pop()
