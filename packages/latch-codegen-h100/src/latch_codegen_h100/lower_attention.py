@@ -1,8 +1,8 @@
 """Lowerings of ``latch::sdpa`` and ``latch::sdpa_backward`` (latch_ops/attention.py).
 
 The forward walks the task's box of query rows (dims B, H, Tq of ``out``), one warp per row; the
-backward computes dq, dk and dv for every (batch, head) in one task (``whole=True``). Head dims up
-to 256 (8 chunks of 32 per lane). ``operand_dtype="bf16"`` rounds q, k, v (and P) to bf16.
+backward computes dq, dk and dv whole for every (batch, head) in the task's box of dims B, H of
+``dq`` (the op's tiling splits only those). Head dims up to 256 (8 chunks of 32 per lane). ``operand_dtype="bf16"`` rounds q, k, v (and P) to bf16.
 """
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ def _backward(ctx: BodyContext) -> str:
     gl = f"{glse.ptr} + bh * {Tq}LL" if glse is not None else f"(const {lse.ctype}*)nullptr"
     lt = lse.ctype
     return "\n".join([
-        f"for (long long bh = 0; bh < {B * H}LL; ++bh) {{",
+        "for (long long b_ = c.t->lo[0]; b_ < c.t->hi[0]; ++b_)",
+        "for (long long h_ = c.t->lo[1]; h_ < c.t->hi[1]; ++h_) {",
+        f"  const long long bh = b_ * {H}LL + h_;",
         f"  latch::sdpa_backward_bh<{q.ctype}, {lt}, {acc}, {nc}, {causal}, {rnd}>("
         f"{go.ptr} + bh * {Tq * Dv}LL, {gl}, {q.ptr} + bh * {Tq * D}LL, {k.ptr} + bh * {Tk * D}LL, "
         f"{v.ptr} + bh * {Tk * Dv}LL, {o.ptr} + bh * {Tq * Dv}LL, {lse.ptr} + bh * {Tq}LL, "
@@ -75,6 +77,6 @@ def lowerings() -> list[Lowering]:
     return [
         Lowering("latch::sdpa", body=_forward, headers=(HEADER,), smem=_smem,
                  doc="warp per query row: online max/sum, then P V in registers"),
-        Lowering("latch::sdpa_backward", body=_backward, headers=(HEADER,), smem=_smem, whole=True,
-                 doc="one task: dq by query rows, dk/dv by key rows, P rebuilt from lse"),
+        Lowering("latch::sdpa_backward", body=_backward, headers=(HEADER,), smem=_smem,
+                 doc="per (batch, head) of the tile: dq by query rows, dk/dv by key rows, P rebuilt from lse"),
     ]
