@@ -198,6 +198,7 @@ def test_tinymoe_tiled_custom_ops_pass_the_arena_simulator(scheduler):
             tasks[op_of[node]] = tasks.get(op_of[node], 0) + 1
     assert tasks["latch::ragged_mm"] > 3 and tasks["latch::ragged_mm_grad_x"] > 3
     assert tasks["latch::ragged_mm_grad_w"] >= 4 and tasks["latch::sdpa"] >= 4
+    assert tasks["latch::sdpa_backward"] == 4  # one per (batch, head)
     flat = bind_inputs(doc, params={n: p.detach() for n, p in ex.model.named_parameters()},
                        state=ex.initial_state(), inputs=ex.inputs, targets=ex.targets)
     ins = program_inputs(prog, flat)

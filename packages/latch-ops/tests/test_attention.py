@@ -224,3 +224,22 @@ def test_sdpa_tiles_read_only_their_footprint(causal):
         idx = tuple(slice(lo, hi) for lo, hi in box)
         assert torch.equal(o[idx], out[idx]) and torch.equal(l[idx[:3]], lse[idx[:3]])
         assert outs == [box, box[:3]]
+
+
+def test_sdpa_backward_tiles_by_batch_and_head():
+    pytest.importorskip("latch_schedule.tiling")
+    q, k, v = _qkv(B=2, H=3, Tq=4, Tk=4, D=4, Dv=4)
+    out, lse = A.sdpa_forward_math(q, k, v, True, 0.5)
+    go = torch.randn_like(out)
+    args = [go, None, q, k, v, out, lse]
+    types = [None if t is None else A.latch_type(t) for t in args]
+    spec = _spec(A.SDPA_BACKWARD)
+    tiling = spec.extra["tiling"](types, spec.check(types, {"causal": True, "scale": 0.5}), {})
+    assert tiling.split_dims == (0, 1)
+    want = A.sdpa_backward_math(*args, True, 0.5)
+    box = ((1, 2), (2, 3), (0, 4), (0, 4))
+    ins, outs = tiling.footprint(box)
+    assert ins[1] is None and outs == [box, box, box]
+    got = A.sdpa_backward_math(*[None if t is None else _poisoned(t, b) for t, b in zip(args, ins)], True, 0.5)
+    for g, w in zip(got, want):
+        assert torch.equal(g[1, 2], w[1, 2])

@@ -136,7 +136,7 @@ def cost_sdpa_backward(inputs, outputs, attrs) -> tuple[int, int]:
 
 # --------------------------------------------------------------------------------------------
 # Tilings (OpSpec.extra["tiling"], CONTRACTS.md section 3); latch_schedule is imported only when
-# a scheduler asks, never at import.
+# a scheduler asks, never at import. (batch, head) pairs are independent in both ops.
 
 QUERY_TILE = 128  # query rows per forward task
 
@@ -162,6 +162,19 @@ def tiling_sdpa(in_types, out_types, attrs):
         return ins, [box, (b, h, (r0, r1))]
 
     return _tiling((0, 1, 2), footprint, (1, 1, QUERY_TILE), "sdpa")
+
+
+def tiling_sdpa_backward(in_types, out_types, attrs):
+    """Backward tiles: one (batch, head) each, computing its dq, dk and dv whole (dq rows need every
+    key and dk/dv rows every query, so the sequence dims do not split)."""
+
+    def footprint(box):
+        b, h = box[0], box[1]
+        ins = [None if t is None else (b, h) + tuple((0, d) for d in t.shape[2:]) for t in in_types]
+        outs = [(b, h) + tuple((0, d) for d in t.shape[2:]) for t in out_types]
+        return ins, outs
+
+    return _tiling((0, 1), footprint, (1, 1), "sdpa_backward")
 
 
 # --------------------------------------------------------------------------------------------
@@ -254,10 +267,8 @@ SPECS = [
         num_inputs=(7, 7),
         cost=cost_sdpa_backward,
         doc="gradient of latch::sdpa; grad_lse is absent (None) when lse was not used",
-        # No tiling: the scheduler gives it one task, which the H100 body (a loop over every
-        # (batch, head)) requires. (batch, head) pairs are independent, so a (B, H) tiling is
-        # legal once the body walks its tile's pairs.
-        extra={"reference": _ref_sdpa_backward, "torch_ops": ["latch::sdpa_backward"]},
+        extra={"reference": _ref_sdpa_backward, "torch_ops": ["latch::sdpa_backward"],
+               "tiling": tiling_sdpa_backward},
     ),
 ]
 
