@@ -26,11 +26,20 @@ def test_registered_through_the_moe_entry_point(monkeypatch):
     from latch_core.plugins import load_with
 
     monkeypatch.setenv("LATCH_PLUGINS", "moe")  # the entry point alone, as a third-party package
-    ops = load_with().ops
+    regs = load_with()
     for name in SPECS:
-        assert ops.owner(name) == "moe"
-        assert ops.get(name) is SPECS[name]
+        assert regs.ops.owner(name) == "moe"
+        assert regs.ops.get(name) is SPECS[name]
         assert callable(SPECS[name].extra["reference"])
+    # derivative rules: the autograd formula registered with each differentiable custom op, and
+    # the backward ops it emits, themselves registered ops
+    assert sorted(regs.derivatives) == [S.RAGGED_MM, S.TOKEN_TOPK]
+    for name in regs.derivatives:
+        rule = regs.derivatives.get(name)
+        assert regs.derivatives.owner(name) == "moe" and all(b in regs.ops for b in rule.backward_ops)
+    custom = {S.RAGGED_MM: M._ragged_mm, S.TOKEN_TOPK: M._token_topk}
+    for name, op in custom.items():
+        assert regs.derivatives.get(name).load() is op._backward_fn  # what torch autograd calls
 
 
 def test_shape_rules():
