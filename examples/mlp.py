@@ -28,7 +28,8 @@ class MLP(nn.Module):
 
 def objective(logits, labels):
     loss = F.cross_entropy(logits, labels)
-    accuracy = (logits.argmax(dim=-1) == labels).float().mean()
+    # .to(logits.dtype), not .float(): dtype-generic code keeps the FP64 check in FP64
+    accuracy = (logits.argmax(dim=-1) == labels).to(logits.dtype).mean()
     return loss, {"accuracy": accuracy}
 
 

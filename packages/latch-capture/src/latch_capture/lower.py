@@ -224,6 +224,7 @@ class Lowerer:
                 self.env[ph] = None
                 if ph.users:
                     self.fx_node, self.source = ph, None
+                    self.taken.discard(name)  # a buffer's constant keeps the buffer's name
                     self.env[ph] = self.const(name, self.consts[name])
                 continue
             self.types[name] = t

@@ -16,7 +16,7 @@ from latch_ops.common import from_torch_dtype, torch_dtype
 
 from .lower import Lowerer, Ref
 
-ARITH = {"add", "sub", "mul", "div", "pow", "maximum", "minimum"}
+ARITH = {"add", "sub", "mul", "div", "pow", "remainder", "maximum", "minimum"}
 
 
 def is_t(x: Any) -> bool:
@@ -110,6 +110,14 @@ def logical_not(lw: Lowerer, a: dict) -> str:
     if lw.type(a["self"]).dtype != "bool" and lw.fx_node.target is torch.ops.aten.bitwise_not.default:
         raise lw.fail("bitwise_not on integers is not supported", "use ~ on bool masks only")
     return lw.emit1("latch::logical_not", [a["self"]])
+
+
+def isnan(lw: Lowerer, a: dict) -> str:
+    """x != x: true exactly for NaN."""
+    x = a["self"]
+    if lw.type(x).dtype not in ("f64", "f32", "bf16", "f16"):
+        return lw.full(lw.type(x).shape, False, "bool")
+    return lw.emit1("latch::ne", [x, x])
 
 
 def activation_backward(op: str, operand: str, attr_names: tuple[str, ...] = ()):
@@ -245,7 +253,7 @@ def arange(lw: Lowerer, a: dict) -> str:
 
 def TABLE() -> dict:
     t = {}
-    for n in ("add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge"):
+    for n in ("add", "sub", "mul", "div", "pow", "remainder", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge"):
         t[f"aten.{n}"] = binary(n, has_alpha=n in ("add", "sub"))
     t["aten.rsub"] = binary("sub", swap=True, has_alpha=True)
     t["aten.true_divide"] = binary("div")
@@ -254,6 +262,8 @@ def TABLE() -> dict:
     for n in ("neg", "abs", "sign", "relu", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "reciprocal",
               "sin", "cos", "tanh", "erf", "sigmoid", "silu"):
         t[f"aten.{n}"] = unary(n)
+    t["aten.sgn"] = unary("sign")
+    t["aten.isnan"] = isnan
     t["aten.gelu"] = unary("gelu", attr_names=("approximate",))
     t["aten.logical_not"] = logical_not
     t["aten.bitwise_not"] = logical_not

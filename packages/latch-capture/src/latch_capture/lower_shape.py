@@ -85,6 +85,35 @@ def select(lw: Lowerer, a: dict) -> str:
     return lw.emit1("latch::select", [x], {"dim": dim, "index": index})
 
 
+def slice_scatter(lw: Lowerer, a: dict) -> str:
+    """slice_scatter(self, src, ...) and slice_backward(grad, input_sizes, ...) (into zeros)."""
+    out = lw.out_type()
+    if "self" in a:
+        x, src = a["self"], a["src"]
+    else:
+        x, src = lw.full(out.shape, 0.0, out.dtype), a["grad_output"]
+    shape = lw.type(x).shape
+    dim = _dim(a["dim"], len(shape))
+    start, end, step = slice_bounds(shape[dim], a.get("start"), a.get("end"), a.get("step"))
+    if start == 0 and end == shape[dim] and step == 1:
+        return lw.cast(src, out.dtype)
+    return lw.emit1("latch::slice_scatter", [x, lw.cast(src, out.dtype)],
+                    {"dim": dim, "start": start, "end": end, "step": step})
+
+
+def select_scatter(lw: Lowerer, a: dict) -> str:
+    """select_scatter(self, src, dim, index) and select_backward(grad, input_sizes, dim, index)."""
+    out = lw.out_type()
+    if "self" in a:
+        x, src = a["self"], a["src"]
+    else:
+        x, src = lw.full(out.shape, 0.0, out.dtype), a["grad_output"]
+    shape = lw.type(x).shape
+    dim = _dim(a["dim"], len(shape))
+    index = a["index"] % shape[dim] if a["index"] < 0 else a["index"]
+    return lw.emit1("latch::select_scatter", [x, lw.cast(src, out.dtype)], {"dim": dim, "index": index})
+
+
 def _split(lw: Lowerer, x: str, dim: int, sizes: Sequence[int]) -> tuple[str, ...]:
     out, pos = [], 0
     for s in sizes:
@@ -247,6 +276,10 @@ def TABLE() -> dict:
     t["aten.transpose"] = transpose
     t["aten.slice.Tensor"] = slice_
     t["aten.select.int"] = select
+    t["aten.slice_scatter"] = slice_scatter
+    t["aten.slice_backward"] = slice_scatter
+    t["aten.select_scatter"] = select_scatter
+    t["aten.select_backward"] = select_scatter
     t["aten.split.Tensor"] = split
     t["aten.split_with_sizes"] = split_with_sizes
     t["aten.unbind.int"] = unbind

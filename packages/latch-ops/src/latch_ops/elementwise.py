@@ -153,6 +153,8 @@ _ARITH: dict[str, tuple[Callable, int, str, frozenset[str]]] = {
             "a / b; attribute rounding_mode: absent (true division, floats only), 'trunc' or 'floor'",
             frozenset(_NUMERIC)),
     "pow": (lambda a, b, at: _t().pow(a, b), 8, "a ** b", frozenset(_NUMERIC)),
+    "remainder": (lambda a, b, at: _t().remainder(a, b), 2, "a - floor(a / b) * b (the sign of b, Python's %)",
+                  frozenset(_NUMERIC)),
     "maximum": (lambda a, b, at: _t().maximum(a, b), 1, "max(a, b), NaN-propagating", frozenset(_NUMERIC)),
     "minimum": (lambda a, b, at: _t().minimum(a, b), 1, "min(a, b), NaN-propagating", frozenset(_NUMERIC)),
 }

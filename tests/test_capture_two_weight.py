@@ -1,5 +1,7 @@
 """The two-weight example: y = w2 * (w1 * x), loss 1/2 (y - t)^2, SGD lr 0.1 -> the exact numbers."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from click.testing import CliRunner
@@ -9,6 +11,19 @@ from latch_check.reference import run
 from latch_core import document
 from latch_core.cli import main
 from latch_core.lint import lint_section
+from latch_core.plugins import registries
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+@pytest.fixture(scope="module")
+def examples_dir():
+    return EXAMPLES
+
+
+@pytest.fixture(scope="module")
+def ops():
+    return registries().ops
 
 
 @pytest.fixture(scope="module")
