@@ -1,13 +1,16 @@
 """latch-check's registrations with Latch (entry point group latch.plugins).
 
-Commands: ``check`` (captured program vs eager PyTorch, FP64; latch_check.compare).
+Commands: ``check`` (captured program vs eager PyTorch, FP64; latch_check.compare), ``simulate``
+(schedule + memory plan on the CPU arena simulator vs the FP64 interpreter; latch_check.simulator).
 """
 
 from latch_core.hookspecs import hookimpl
 
 from .compare import check_command
+from .simulator import simulate_command
 
 
 @hookimpl
 def latch_register_commands(register):
     register(check_command)
+    register(simulate_command)

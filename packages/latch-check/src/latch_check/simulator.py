@@ -114,23 +114,21 @@ class ArenaSimulator:
         if missing:
             raise SimulationError(f"memory plan of {program!r}: no placement for {missing[:10]}; "
                                   "re-run memory.plan on the current schedule")
-        self._index: dict[str, torch.Tensor] = {}
         self.outputs = set(g.output_names()) | {new for new, _ in self.copy_back}
 
     # ---- byte addressing ----------------------------------------------------------------------
-    def _elements(self, v: str, box) -> torch.Tensor:
+    def _view(self, v: str, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` (a buffer's data or owner array) over ``v``'s planned bytes, shaped
+        ``[*shape, esize]``: slicing it with a box gives the box's bytes without index arrays."""
         val = self.graph.value(v)
-        if v not in self._index:
-            self._index[v] = torch.arange(val.numel, dtype=torch.int64).reshape(val.shape)
-        idx = self._index[v]
-        if len(box) != len(val.shape):
-            raise SimulationError(f"box {_fmt_box(box)} of {v!r} has {len(box)} dimensions, the value has {len(val.shape)}")
-        return idx[tuple(slice(lo, hi) for lo, hi in box)].reshape(-1)
+        p = self.place[v]
+        return tensor[p.offset:p.offset + p.nbytes].view(*val.shape, DTYPES[val.dtype])
 
-    def _bytes(self, v: str, elems: torch.Tensor) -> torch.Tensor:
-        """[n, esize] planned byte positions of the given elements of ``v``."""
-        e = DTYPES[self.graph.value(v).dtype]
-        return self.place[v].offset + elems[:, None] * e + torch.arange(e, dtype=torch.int64)[None, :]
+    def _slices(self, v: str, box) -> tuple:
+        shape = self.graph.value(v).shape
+        if len(box) != len(shape):
+            raise SimulationError(f"box {_fmt_box(box)} of {v!r} has {len(box)} dimensions, the value has {len(shape)}")
+        return tuple(slice(lo, hi) for lo, hi in box)
 
     def _where(self, v: str) -> str:
         p = self.place[v]
@@ -175,30 +173,35 @@ class ArenaSimulator:
         self.last_writer: dict[str, int] = {}
 
     def _write(self, v: str, box, data: torch.Tensor, task: int | None = None) -> None:
-        elems = self._elements(v, box)
-        byts = self._bytes(v, elems)
+        if tuple(data.shape) != tuple(self.graph.value(v).shape):
+            raise SimulationError(f"value {v!r}: computed shape {tuple(data.shape)}, declared {self.graph.value(v).shape}")
+        sl = self._slices(v, box)
         buf = self.buffers[self.place[v].buffer]
         vid = self.ids[v]
+        own = self._view(v, buf.owner)[sl]
         if self.checks and task is not None:
-            self._check_clobber(v, box, buf, byts.reshape(-1), vid, task)
-        flat = data.reshape(-1).to(torch.float64)
-        if flat.numel() != self.graph.value(v).numel:
-            raise SimulationError(f"value {v!r}: computed {flat.numel()} elements, declared {self.graph.value(v).numel}")
-        vals = flat[elems]
-        buf.data[byts] = vals[:, None].expand(-1, byts.shape[1])
-        buf.owner[byts] = vid
+            self._check_clobber(v, box, own, vid, task)
+        self._view(v, buf.data)[sl] = data[sl].to(torch.float64).unsqueeze(-1)
+        own.fill_(vid)
         if task is not None:
             self.last_writer[v] = task
 
-    def _check_clobber(self, v, box, buf, byts, vid, task) -> None:
-        own = buf.owner[byts]
-        for x in torch.unique(own).tolist():
+    def _check_clobber(self, v, box, own: torch.Tensor, vid: int, task: int) -> None:
+        """``own``: the owners of the bytes ``v``'s box is about to take over."""
+        others = own[(own >= 0) & (own != vid)]
+        if others.numel() == 0:
+            return  # fresh, freed or already v's bytes
+        for x in torch.unique(others).tolist():
             if x < 0 or x == vid:
                 continue
             xname = self.names[x]
-            xp = self.place[xname]
-            sel = byts[own == x]
-            xe = DTYPES[self.graph.value(xname).dtype]
+            if not bool(self.pending[xname].any()):
+                continue  # x is dead: its bytes are free to take
+            # the exact elements of x under these bytes: map byte positions back to x's elements
+            p, xp = self.place[v], self.place[xname]
+            e, xe = DTYPES[self.graph.value(v).dtype], DTYPES[self.graph.value(xname).dtype]
+            pos = torch.arange(p.offset, p.offset + p.nbytes, dtype=torch.int64).view(*self.graph.value(v).shape, e)
+            sel = pos[self._slices(v, box)][own == x]
             elems = torch.unique((sel - xp.offset) // xe)
             if bool((self.pending[xname].reshape(-1)[elems] > 0).any()):
                 waiting = sorted(self.readers.get(xname, set()) - self.done)
@@ -218,14 +221,14 @@ class ArenaSimulator:
             fill = 1.0
         else:
             fill = float(torch.iinfo(_TORCH[val.dtype]).min)
-        out = torch.full((val.numel,), fill, dtype=torch.float64)
+        out = torch.full(val.shape, fill, dtype=torch.float64)
         buf = self.buffers[self.place[v].buffer]
         vid = self.ids[v]
+        data, owner = self._view(v, buf.data), self._view(v, buf.owner)
         for box in boxes:
-            elems = self._elements(v, box)
-            byts = self._bytes(v, elems)
+            sl = self._slices(v, box)
             if self.checks:
-                own = buf.owner[byts]
+                own = owner[sl]
                 bad = own != vid
                 if bool(bad.any()):
                     x = int(own[bad][0])
@@ -239,13 +242,16 @@ class ArenaSimulator:
                     raise SimulationError(
                         f"task {task} (group {self.ps.tasks[task].group}) reads {v!r}{_fmt_box(box)} at {self._where(v)}, "
                         f"but {why}")
-            raw = buf.data[byts]
-            same = (raw == raw[:, :1]).all(dim=1)
-            vals = torch.where(same, raw[:, 0], torch.full_like(raw[:, 0], float("nan")))
+            raw = data[sl]
+            vals = raw[..., 0]
+            if not self.checks:
+                # an element whose slots disagree was partly overwritten: NaN. (With the checks on,
+                # every byte read is owned by v, i.e. was last written by v: the slots agree.)
+                vals = torch.where((raw == raw[..., :1]).all(dim=-1), vals, torch.full_like(vals, float("nan")))
             if not floating and bool(torch.isnan(vals).any()):
                 raise SimulationError(f"task {task} reads poisoned integer data of {v!r}{_fmt_box(box)} at {self._where(v)}")
-            out[elems] = vals
-        return out.reshape(val.shape).to(_TORCH[val.dtype])
+            out[sl] = vals
+        return out.to(_TORCH[val.dtype])
 
     def _free_if_dead(self, v: str) -> None:
         if v in self.outputs or bool(self.pending[v].any()):
@@ -316,12 +322,11 @@ class ArenaSimulator:
         for new, old in self.copy_back:  # what the runtime does after the launch
             full = tuple((0, d) for d in self.graph.value(new).shape)
             data = self._read(new, [full], -1)
-            p = self.place[new]
             dst = self.buffers.get(old)
             if dst is None:
                 raise SimulationError(f"copy back {new!r} -> {old!r}: no buffer named {old!r} in the plan")
-            byts = self._bytes(new, self._elements(new, full)) - p.offset
-            dst.data[byts] = data.reshape(-1).to(torch.float64)[:, None].expand(-1, byts.shape[1])
+            nb = self.place[new].nbytes
+            dst.data[:nb].view(*data.shape, -1)[...] = data.to(torch.float64).unsqueeze(-1)
         out = {}
         for name in self.graph.output_names():
             full = tuple((0, d) for d in self.graph.value(name).shape)
@@ -340,3 +345,122 @@ def simulate(doc: Document, program: str, inputs: Mapping[str, torch.Tensor], se
     ``ops``: an op registry (default: the installed plugins'). ``seed`` picks the interleaving.
     """
     return ArenaSimulator(doc, program, ops=ops, checks=checks).run(inputs, seed)
+
+
+# ------------------------------------------------------------------------------------------
+# An example end to end on the simulator: schedule + plan where missing, then every program of
+# ``steps`` updates simulated and gated against the FP64 interpreter on the same inputs.
+
+SIM_THRESHOLD = 1e-12  # the same references on the same float64 inputs: rounding only
+
+
+def prepare(doc: Document, *, scheduler: str | None = None, num_sms: int | None = None, fuse: bool = True) -> Document:
+    """``doc`` with a schedule and a memory plan: the registered ``schedule`` and ``memory.plan``
+    passes run where the sections are missing (a present section is used as it is)."""
+    from latch_core.passes import run_pass
+    from latch_core.plugins import registries
+
+    passes = registries().passes
+    if doc.schedule is None:
+        opts: dict[str, Any] = {"fuse": fuse}
+        if scheduler:
+            opts["scheduler"] = scheduler
+        if num_sms:
+            opts["num_sms"] = int(num_sms)
+        doc = run_pass(passes.get("schedule"), doc, **opts)
+    if doc.memory is None:
+        doc = run_pass(passes.get("memory.plan"), doc)
+    return doc
+
+
+def check_example(example, doc: Document, *, steps: int = 1, seed: int = 0, thresholds=SIM_THRESHOLD, ops=None,
+                  checks: bool = True, progress=None):
+    """Simulate ``steps`` updates of ``example`` with ``doc`` (graph + schedule + memory) and gate
+    every program run against the FP64 interpreter on the same inputs; the simulator's outputs
+    carry the state to the next run. Returns a :class:`latch_check.compare.CompareResult`."""
+    from latch_capture import advance, batch_inputs, bind_inputs, program_inputs
+
+    from . import reference
+    from .compare import CompareResult, _f64
+    from .gates import GateTable, program_gates
+
+    say = progress or (lambda m: None)
+    section = doc.graph
+    K = int(section.meta("microbatches", 1))
+    runs = ["update"] if K == 1 else ["accumulate"] * (K - 1) + ["accumulate_and_update"]
+    params = {n: _f64(p) for n, p in example.params().items()}
+    flat = bind_inputs(doc, params=params, state=_f64(example.initial_state()), inputs=example.inputs,
+                       targets=example.targets, hyper=dict(section.meta("hyper", ()) or ()))
+    tables = []
+    for step in range(steps):
+        for k, name in enumerate(runs):
+            g = section.program(name)
+            flat.update(batch_inputs(*example.microbatch(step * K + k)))
+            ins = program_inputs(g, flat)
+            ref = reference.run(doc, name, ins, ops=ops)
+            out = simulate(doc, name, ins, seed + step * K + k, ops=ops, checks=checks)
+            gates = program_gates(g, out, ref, thresholds=thresholds, step=step, previous=ins)
+            title = (f"{example.name or 'example'}: step {step} {name} on the arena simulator "
+                     f"({doc.schedule.strategy}, {doc.schedule.num_sms} SMs) vs the FP64 interpreter")
+            tables.append(GateTable(title, gates))
+            say(f"simulate: step {step} {name}: {'ok' if tables[-1].passed else 'FAILED'}")
+            flat = advance(g, flat, out)
+    return CompareResult(tuple(tables))
+
+
+import click  # noqa: E402
+
+
+def _simulate_command():
+    from latch_capture.cli import InterspersedCommand
+
+    @click.command("simulate", cls=InterspersedCommand)
+    @click.argument("example", type=click.Path(dir_okay=False))
+    @click.option("-d", "--doc", "doc_path", type=click.Path(dir_okay=False), default=None,
+                  help="document to run (default: capture the example now); schedule and memory are added if missing")
+    @click.option("-o", "--output", "out_path", type=click.Path(dir_okay=False), default=None,
+                  help="write the scheduled and planned document here")
+    @click.option("--scheduler", default=None, help="strategy (default: $LATCH_SCHEDULER, else barrier)")
+    @click.option("--num-sms", type=int, default=None, help="SMs to schedule for (default: the scheduler's, 132)")
+    @click.option("--fuse/--no-fuse", default=True, show_default=True, help="fuse elementwise chains")
+    @click.option("--steps", type=int, default=1, show_default=True, help="updates to simulate")
+    @click.option("--seed", type=int, default=0, show_default=True, help="picks the random legal task order")
+    @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="argument for the example's build()")
+    @click.option("--microbatches", type=int, default=None, help="override the example's microbatch count")
+    @click.option("--threshold", type=float, default=SIM_THRESHOLD, show_default=True, help="relative-L2 gate")
+    def simulate_command(example, doc_path, out_path, scheduler, num_sms, fuse, steps, seed, overrides,
+                         microbatches, threshold):
+        """Run EXAMPLE.py's schedule and memory plan on the CPU arena simulator against FP64."""
+        import sys
+
+        from latch_capture.errors import CaptureError
+        from latch_capture.examples import load_example, parse_overrides
+        from latch_core.document import DocumentError, load, save
+        from latch_core.passes import PassError
+
+        try:
+            kw = parse_overrides(list(overrides))
+            if microbatches is not None:
+                kw["microbatches"] = microbatches
+            ex = load_example(example, **kw)
+            doc = load(doc_path) if doc_path else ex.capture(grads=True, progress=lambda m: click.echo(m, err=True))
+            doc = prepare(doc, scheduler=scheduler, num_sms=num_sms, fuse=fuse)
+            if out_path:
+                save(doc, out_path)
+            for pm in doc.memory.programs:
+                click.echo(f"memory plan {pm.program}: arena {pm.arena_bytes:,} bytes, peak live {pm.peak_live_bytes:,} bytes")
+            result = check_example(ex, doc, steps=steps, seed=seed, thresholds=threshold,
+                                   progress=lambda m: click.echo(m, err=True))
+        except (CaptureError, DocumentError, PassError, SimulationError, ValueError) as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(2)
+        click.echo(result.format())
+        if not result.passed:
+            click.echo("simulate: FAILED", err=True)
+            sys.exit(1)
+        click.echo(f"simulate: {len(result.tables)} program run(s) passed")
+
+    return simulate_command
+
+
+simulate_command = _simulate_command()
