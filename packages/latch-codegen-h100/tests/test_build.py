@@ -124,3 +124,21 @@ def test_every_lowering_compiles(tmp_path, cache):
     gen = generate(H.planned([g]), jobs=2)
     res = builder.compile_generated(gen, tmp_path / "cat", jobs=2)
     assert (res.directory / "program.so").exists()
+
+
+def test_the_key_covers_every_header_of_the_include_dirs(tmp_path, monkeypatch):
+    import attrs
+
+    inc = tmp_path / "inc"
+    inc.mkdir()
+    (inc / "a.cuh").write_text("// a\n")
+    (inc / "b.cuh").write_text("// b, included by a.cuh only\n")
+    gen = generate(_small_doc(), jobs=1)
+    gen = attrs.evolve(gen, headers=gen.headers + (str(inc / "a.cuh"), str(inc / "b.cuh")))
+    flags = builder._flags(gen)
+    k1 = builder.build_key(gen, flags, "13.0")
+    (inc / "b.cuh").write_text("// b changed\n")
+    assert builder.build_key(gen, flags, "13.0") != k1
+    assert builder.build_key(gen, flags, "12.8") != builder.build_key(gen, flags, "13.0")
+    real = generate(_small_doc(), jobs=1)
+    assert any(h.endswith("latch_matmul.cuh") for h in real.headers)  # not named by these ops' lowerings

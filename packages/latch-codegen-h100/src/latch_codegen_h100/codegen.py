@@ -461,16 +461,12 @@ def generate(doc: Document, *, bodies_per_unit: int | None = None, jobs: int | N
         for d in low.include_dirs:
             if d not in include_dirs:
                 include_dirs.append(str(d))
-    header_paths = [str(CUDA_DIR / "latch_kernel.cuh"), str(CUDA_DIR / "latch_kernel_main.cuh"),
-                    str(ops_cuda_dir() / "latch_common.cuh")]
     for h in headers:
-        for d in include_dirs:
-            p = Path(d) / h
-            if p.exists():
-                header_paths.append(str(p))
-                break
-        else:
+        if not any((Path(d) / h).exists() for d in include_dirs):
             raise CodegenError(f"header {h!r} of a lowering is in none of the include dirs {include_dirs}")
+    # Every header of every include dir counts for the cache key (headers include each other, so
+    # hashing only the ones named by lowerings would miss a change in a transitive include).
+    header_paths = [str(p) for d in include_dirs for p in sorted(Path(d).glob("*")) if p.suffix in (".cuh", ".h")]
 
     consts, const_recs = _constants(doc)
     manifest = {

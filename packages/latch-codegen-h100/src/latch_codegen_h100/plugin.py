@@ -25,7 +25,23 @@ def latch_register_lowerings(register):
         register(low.op, low)
 
 
-@click.command("build")
+class _Interspersed(click.Command):
+    """Options may follow the positional argument inside the chained ``latch-pipeline`` group
+    (``run DIR --steps 3``); parsing stops at the next token naming a latch-pipeline command, so
+    chaining keeps working."""
+
+    def parse_args(self, ctx, args):
+        parent = ctx.parent
+        names = set(parent.command.list_commands(parent)) if parent is not None and isinstance(
+            parent.command, click.Group) else set()
+        cut = next((i for i, a in enumerate(args) if i > 0 and a in names), len(args))
+        ctx.allow_interspersed_args = True
+        rest = super().parse_args(ctx, list(args[:cut]))
+        ctx.args = [*ctx.args, *args[cut:]]
+        return rest
+
+
+@click.command("build", cls=_Interspersed)
 @click.option("-i", "--input", "inp", required=True, type=click.Path(dir_okay=False),
               help="planned document (graph + schedule + memory)")
 @click.option("-d", "--dir", "out_dir", required=True, type=click.Path(file_okay=False), help="build directory")
@@ -57,7 +73,7 @@ def build_cmd(inp, out_dir, out, jobs, no_cache):
         click.echo(f"wrote {out}")
 
 
-@click.command("run")
+@click.command("run", cls=_Interspersed)
 @click.argument("build_dir", type=click.Path(file_okay=False, exists=True))
 @click.option("--inputs", type=click.Path(dir_okay=False, exists=True),
               help="torch.save'd dict {'params':{}, 'state':{}, 'batch':{} or [..], 'hyper':{}} (default: random)")

@@ -1,0 +1,367 @@
+"""The GPU program against the FP64 reference, and its speed against eager PyTorch and a CUDA graph.
+
+Gates (``gpu_compare``): for each of ``steps`` consecutive updates, the program runs one update on
+the GPU, and the FP64 reference interpreter runs the same update from the same pre-update weights,
+state and batch (copied off the GPU, so each step's gate measures that step's error and a drift in
+one step cannot hide in, or blame, a later one). Groups: loss, every gradient (the document must
+be captured with ``grads``), new params, the param update (new - old), new state, metrics; each
+step prints a gate table (``latch_check.gates``).
+
+Thresholds (relative L2) depend on the numerical policy the document carries, and are fixed here,
+not tuned per run: an all-FP32 program (``GATES_F32``) is held to about 100x the rounding error of
+FP32 arithmetic over these reductions; a program with BF16 operands in its matrix products or
+attention (``GATES_BF16``) to what 8-bit mantissas allow.
+
+Timing (``bench``): one update of the program (all launches it takes) against the same update in
+eager PyTorch (functional forward, ``torch.autograd.grad``, the example's optimizer function,
+in-place copies), and against that eager update captured once in a CUDA graph and replayed; CUDA
+events, medians, all measured in the same process. ``launch_counts`` counts the GPU activities
+(kernels, copies, fills) of one program update with the torch profiler.
+
+    python -m latch_check.gpu examples/mlp.py --scheduler dataflow --steps 10 --bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+
+from latch_core.document import Document, load
+
+from . import reference
+from .compare import CompareResult
+from .gates import GateTable, program_gates
+
+GATES_F32 = {"loss": 1e-5, "grad": 1e-4, "new_params": 1e-5, "param_update": 1e-3, "new_state": 1e-4,
+             "metric": 1e-4}
+GATES_BF16 = {"loss": 1e-2, "grad": 5e-2, "new_params": 1e-3, "param_update": 1e-1, "new_state": 5e-2,
+              "metric": 5e-2}
+
+
+def policy_of(doc: Document) -> str:
+    """"bf16" when any node computes with half-precision operands, else "f32"."""
+    for g in doc.graph.programs:
+        for n in g.nodes:
+            if n.attr("operand_dtype") in ("bf16", "f16"):
+                return "bf16"
+    return "f32"
+
+
+def thresholds_for(doc: Document) -> dict[str, float]:
+    return dict(GATES_BF16 if policy_of(doc) == "bf16" else GATES_F32)
+
+
+def _layout_dtypes(doc: Document) -> dict[str, torch.dtype]:
+    from latch_codegen_h100.runtime import DTYPES
+
+    return {v.name: DTYPES[v.dtype] for v in doc.graph.layout}
+
+
+def _batch_dtypes(doc: Document) -> dict[str, torch.dtype]:
+    from latch_codegen_h100.runtime import DTYPES
+
+    out = {}
+    for g in doc.graph.programs:
+        for grp in g.inputs:
+            if grp.name == "batch":
+                for n in grp.values:
+                    out[n] = DTYPES[g.value(n).dtype]
+    return out
+
+
+class GpuRun:
+    """The example's weights, state and batches on the GPU, bound to a loaded program."""
+
+    def __init__(self, example, build_dir: str | Path, *, device: str | torch.device = "cuda"):
+        from latch_capture import bind_inputs
+        from latch_codegen_h100.runtime import Program
+
+        self.example = example
+        self.dir = Path(build_dir)
+        self.doc = load(self.dir / "program.latch.json")
+        self.prog = Program.load(self.dir, device=device)
+        self.device = self.prog.device
+        self.K = int(self.doc.graph.meta("microbatches", 1))
+        self.hyper = dict(self.doc.graph.meta("hyper", ()) or ())
+        flat = bind_inputs(self.doc, params=example.params(), state=example.initial_state(), inputs=example.inputs,
+                           targets=example.targets, hyper=self.hyper)
+        dts = _layout_dtypes(self.doc)
+        self.layout = {n: flat[n].detach().to(self.device, dts[n]).contiguous().clone() for n in dts}
+        self._bdt = _batch_dtypes(self.doc)
+
+    def batches(self, step: int) -> list[tuple[Any, Any]]:
+        return [self.example.microbatch(step * self.K + k) for k in range(self.K)]
+
+    def gpu_batch(self, mb: tuple[Any, Any]) -> dict[str, torch.Tensor]:
+        from latch_capture import batch_inputs
+
+        return {n: t.detach().to(self.device, self._bdt.get(n, t.dtype)).contiguous()
+                for n, t in batch_inputs(*mb).items()}
+
+    def update(self, batches, *, check: bool = True) -> dict[str, torch.Tensor]:
+        gb = [self.gpu_batch(b) for b in batches]
+        return self.prog.run(self.layout, self.layout, gb if self.K > 1 else gb[0], self.hyper, check=check)
+
+
+def gpu_compare(example, build_dir: str | Path, *, steps: int = 10, thresholds: Mapping[str, float] | None = None,
+                progress: Callable[[str], None] | None = None) -> CompareResult:
+    """Gate ``steps`` consecutive GPU updates against the FP64 reference (module docstring)."""
+    from latch_capture import advance, batch_inputs, program_inputs
+
+    say = progress or (lambda m: None)
+    run = GpuRun(example, build_dir)
+    doc = run.doc
+    th = dict(thresholds or thresholds_for(doc))
+    last = doc.graph.program("update" if run.K == 1 else "accumulate_and_update")
+    acc_prog = doc.graph.program("accumulate") if run.K > 1 else None
+    if "grads" not in {g.name for g in last.outputs}:
+        say("gpu: the document has no gradient outputs (capture with grads=True to gate gradients)")
+    tables = []
+    for step in range(steps):
+        batches = run.batches(step)
+        before = {n: t.detach().cpu().double() if t.is_floating_point() else t.detach().cpu()
+                  for n, t in run.layout.items()}
+        flat = dict(before)
+        flat.update({n: torch.tensor(float(v), dtype=torch.float64) for n, v in run.hyper.items()})
+        for k in range(run.K - 1):
+            flat.update(batch_inputs(*batches[k]))
+            out = reference.run(doc, acc_prog.name, program_inputs(acc_prog, flat))
+            flat = advance(acc_prog, flat, out)
+        flat.update(batch_inputs(*batches[-1]))
+        ins = program_inputs(last, flat)
+        ref = reference.run(doc, last.name, ins)
+        gpu_out = run.update(batches)
+        outputs = {n: t.detach().cpu() for n, t in gpu_out.items()}
+        for new, old in last.inplace:
+            outputs[new] = run.layout[old].detach().cpu()
+        gates = program_gates(last, outputs, ref, thresholds=th, step=step, previous=ins)
+        title = (f"{example.name or 'example'}: step {step} ({last.name}, K={run.K}, {doc.schedule.strategy}, "
+                 f"policy {policy_of(doc)}) GPU vs FP64 reference")
+        tables.append(GateTable(title, gates))
+        say(f"gpu: step {step}: {'ok' if tables[-1].passed else 'FAILED'}")
+    return CompareResult(tuple(tables))
+
+
+# ------------------------------------------------------------------------------------------
+# Timing
+
+
+def _events_ms(fn: Callable[[], Any], iters: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return times
+
+
+def _flatten(x, prefix=""):
+    if isinstance(x, torch.Tensor):
+        return [(prefix, x)]
+    out = []
+    if isinstance(x, Mapping):
+        for k in sorted(x):
+            out += _flatten(x[k], f"{prefix}.{k}" if prefix else str(k))
+    return out
+
+
+def eager_step_fn(example, device) -> tuple[Callable[[], torch.Tensor], dict]:
+    """The example's update in eager PyTorch on ``device`` (FP32), writing params and state in place."""
+    model = copy.deepcopy(example.model).to(device)
+    opt = example.optimizer
+    params = {n: p.detach().to(device).clone() for n, p in example.params().items()}
+    state = example.initial_state()
+    state = {k: v for k, v in (state or {}).items()}
+
+    def to_dev(x):
+        if isinstance(x, torch.Tensor):
+            return x.detach().to(device).clone()
+        if isinstance(x, Mapping):
+            return {k: to_dev(v) for k, v in x.items()}
+        return x
+
+    state = to_dev(state)
+    buffers = {n: b for n, b in model.named_buffers()}
+    hyper = {n: torch.tensor(float(v), device=device) for n, v in (example.hyper or {}).items()}
+    x, y = example.microbatch(0)
+    x, y = to_dev(x), to_dev(y)
+
+    def call(leaves):
+        if isinstance(x, torch.Tensor):
+            return torch.func.functional_call(model, {**leaves, **buffers}, (x,))
+        if isinstance(x, Mapping):
+            return torch.func.functional_call(model, {**leaves, **buffers}, (), dict(x))
+        return torch.func.functional_call(model, {**leaves, **buffers}, tuple(x))
+
+    def step():
+        leaves = {n: p.detach().requires_grad_() for n, p in params.items()}
+        with torch.enable_grad():
+            res = example.objective(call(leaves), y)
+            loss = res if isinstance(res, torch.Tensor) else res[0]
+            grads = torch.autograd.grad(loss, list(leaves.values()))
+        out = opt.update(dict(params), dict(zip(leaves, grads)), state, hyper)
+        for n, p in out[0].items():
+            params[n].copy_(p)
+        new_state = dict(_flatten(out[1]))
+        for n, t in _flatten(state):
+            if n in new_state and new_state[n] is not t:
+                t.copy_(new_state[n])
+        return loss.detach()
+
+    return step, {"params": params, "state": state}
+
+
+def launch_counts(run: GpuRun, updates: int = 5) -> dict[str, float]:
+    """GPU activities per program update, from the torch profiler (kernels, copies, fills)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    batches = run.batches(0)
+    run.update(batches)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(updates):
+            run.update(batches, check=False)
+        torch.cuda.synchronize()
+    run.prog.check()
+    kinds = {"latch_kernel": 0, "other_kernels": 0, "memcpy": 0, "memset": 0}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        name = e.name.lower()
+        if "latch_kernel" in name:
+            kinds["latch_kernel"] += 1
+        elif "memcpy" in name:
+            kinds["memcpy"] += 1
+        elif "memset" in name:
+            kinds["memset"] += 1
+        else:
+            kinds["other_kernels"] += 1
+    return {k: v / updates for k, v in kinds.items()}
+
+
+def bench(example, build_dir: str | Path, *, iters: int = 50, warmup: int = 10) -> dict[str, Any]:
+    """Median ms per update: the Latch program, eager PyTorch, and eager captured in a CUDA graph."""
+    run = GpuRun(example, build_dir)
+    batches = run.batches(0)
+    gb = [run.gpu_batch(b) for b in batches]
+    prog = run.prog
+    batch_arg = gb if run.K > 1 else gb[0]
+
+    def latch_step():
+        return prog.run(run.layout, run.layout, batch_arg, run.hyper, check=False)
+
+    res: dict[str, Any] = {}
+    t = _events_ms(latch_step, iters, warmup)
+    prog.check()
+    res["latch_ms"] = statistics.median(t)
+    n0 = prog.launches
+    latch_step()
+    prog.check()
+    res["launches_per_update"] = prog.launches - n0
+    try:
+        res["activities_per_update"] = launch_counts(run)
+    except Exception as e:  # the profiler is a measurement aid; its failure is reported, not fatal
+        res["activities_per_update"] = f"profiler failed: {type(e).__name__}: {e}"
+    step, _ = eager_step_fn(example, run.device)
+    res["eager_ms"] = statistics.median(_events_ms(step, iters, warmup))
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        res["cuda_graph_ms"] = statistics.median(_events_ms(graph.replay, iters, warmup))
+    except Exception as e:
+        res["cuda_graph_ms"] = f"capture failed: {type(e).__name__}: {e}"
+    return res
+
+
+# ------------------------------------------------------------------------------------------
+# Command line: capture -> schedule -> plan -> build -> gates -> timings, for one example
+
+
+def prepare(example_path: str, out_dir: str | Path, *, scheduler: str = "barrier", policy: bool = False,
+            overrides: Mapping[str, Any] | None = None, say: Callable[[str], None] = print):
+    """Capture (with gradients), optionally apply memory.policy, schedule, plan, build."""
+    from latch_capture.examples import load_example
+    from latch_codegen_h100 import build
+    from latch_core.passes import run_pipeline
+    from latch_core.plugins import registries
+
+    ex = load_example(example_path, **dict(overrides or {}))
+    t0 = time.perf_counter()
+    doc = ex.capture(grads=True)
+    t_capture = time.perf_counter() - t0
+    passes = registries().passes
+    seq = ([passes.get("memory.policy")] if policy else []) + [passes.get("schedule"), passes.get("memory.plan")]
+    t0 = time.perf_counter()
+    doc = run_pipeline(seq, doc, {"schedule": {"scheduler": scheduler, "num_sms": torch.cuda.get_device_properties(0).multi_processor_count
+                                               if torch.cuda.is_available() else 132}})
+    t_plan = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    doc = build(doc, out_dir)
+    t_build = time.perf_counter() - t0
+    stats = dict(doc.build.stats)
+    say(f"{ex.name}: capture {t_capture:.2f} s, schedule+plan {t_plan:.2f} s ({scheduler}), build {t_build:.2f} s "
+        f"(cached: {stats.get('cached')}, {stats.get('bodies')} bodies)")
+    return ex, doc, {"capture_s": t_capture, "plan_s": t_plan, "build_s": t_build, "cached": stats.get("cached")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m latch_check.gpu", description=__doc__.splitlines()[0])
+    ap.add_argument("example")
+    ap.add_argument("--dir", default=None, help="build directory (default: build/<example>-<scheduler>)")
+    ap.add_argument("--scheduler", default="barrier")
+    ap.add_argument("--policy", action="store_true", help="apply memory.policy (BF16 matmul/attention operands)")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = ap.parse_args(argv)
+    from latch_capture.examples import parse_overrides
+
+    name = Path(args.example).stem
+    out = Path(args.dir or f"build/{name}-{args.scheduler}{'-policy' if args.policy else ''}")
+    ex, doc, times = prepare(args.example, out, scheduler=args.scheduler, policy=args.policy,
+                             overrides=parse_overrides(args.overrides))
+    t0 = time.perf_counter()
+    _, _, again = prepare(args.example, out, scheduler=args.scheduler, policy=args.policy,
+                          overrides=parse_overrides(args.overrides), say=lambda m: None)
+    print(f"{name}: cached rebuild {again['build_s']:.3f} s (cached: {again['cached']}); "
+          f"whole second pipeline {time.perf_counter() - t0:.2f} s")
+    ok = True
+    if args.steps > 0:
+        result = gpu_compare(ex, out, steps=args.steps)
+        print(result.format())
+        ok = result.passed
+        fails = sum(len(t.failures()) for t in result.tables)
+        print(f"GATES {name} {args.scheduler} policy={policy_of(doc)}: {'PASS' if ok else f'FAIL ({fails} gates)'} "
+              f"over {args.steps} updates")
+    if args.bench:
+        r = bench(ex, out, iters=args.iters)
+        print(f"BENCH {name} {args.scheduler}: latch {r['latch_ms']:.4f} ms/update, eager {r['eager_ms']:.4f} ms, "
+              f"cuda graph {r['cuda_graph_ms'] if isinstance(r['cuda_graph_ms'], str) else format(r['cuda_graph_ms'], '.4f')} ms; "
+              f"launches/update {r['launches_per_update']}; GPU activities/update {r['activities_per_update']}; "
+              f"build cold {times['build_s']:.2f} s (cached: {times['cached']}), cached {again['build_s']:.3f} s")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
