@@ -32,6 +32,8 @@ from typing import Any, Sequence
 from latch_core.ir import FLOAT_DTYPES, TensorType
 from latch_core.registry import ATTENTION, OpSpec, ShapeError
 
+from .common import from_torch_dtype, torch_dtype
+
 SDPA = "latch::sdpa"
 SDPA_BACKWARD = "latch::sdpa_backward"
 LOW_PRECISION = frozenset({"bf16", "f16"})
@@ -329,24 +331,12 @@ def torch_ops():
     return _OPS
 
 
-_TORCH_DTYPES = {"f64": "float64", "f32": "float32", "bf16": "bfloat16", "f16": "float16",
-                 "i64": "int64", "i32": "int32", "i16": "int16", "i8": "int8", "u8": "uint8", "bool": "bool"}
-
-
 def latch_type(t) -> TensorType:
     """The Latch TensorType of a torch tensor (fake or real)."""
-    import torch
-
-    for name, tname in _TORCH_DTYPES.items():
-        if t.dtype == getattr(torch, tname):
-            return TensorType(tuple(int(d) for d in t.shape), name)
-    raise ShapeError(f"tensor dtype {t.dtype} has no Latch dtype; use one of {sorted(_TORCH_DTYPES.values())}")
-
-
-def torch_dtype(name: str):
-    import torch
-
-    return getattr(torch, _TORCH_DTYPES[name])
+    try:
+        return TensorType(tuple(int(d) for d in t.shape), from_torch_dtype(t.dtype))
+    except ValueError as e:
+        raise ShapeError(f"attention operand: {e}") from None
 
 
 def _fake_outputs(infer, tensors, attrs, like):
