@@ -103,6 +103,7 @@ class Lowerer:
         self.fx_node: fx.Node | None = None
         self.source: str | None = None
         self._counter = 0
+        self._view_src: dict[str, tuple] = {}  # view result -> (kind, operand, attrs): see reshape()
 
     # ---------------------------------------------------------------- naming, values, nodes
     def fresh(self, base: str) -> str:
@@ -164,11 +165,19 @@ class Lowerer:
             return name
         return self.emit1("latch::cast", [name], {"dtype": dtype})
 
+    # View chains fold: reshape(reshape(x)) is one reshape of x, permute(permute(x)) one permute
+    # (none at all when the composition is the identity). The inner view, if nothing else reads
+    # it, is removed as dead code when programs are assembled.
     def reshape(self, name: str, shape: Sequence[int]) -> str:
         shape = tuple(int(d) for d in shape)
+        src = self._view_src.get(name)
+        if src is not None and src[0] == "reshape":
+            name = src[1]
         if tuple(self.types[name].shape) == shape:
-            return name
-        return self.emit1("latch::reshape", [name], {"shape": shape})
+            return Ref(name)
+        out = self.emit1("latch::reshape", [name], {"shape": shape})
+        self._view_src[out] = ("reshape", name, shape)
+        return out
 
     def expand(self, name: str, shape: Sequence[int]) -> str:
         shape = tuple(int(d) for d in shape)
@@ -178,9 +187,15 @@ class Lowerer:
 
     def permute(self, name: str, perm: Sequence[int]) -> str:
         perm = tuple(int(p) for p in perm)
+        src = self._view_src.get(name)
+        if src is not None and src[0] == "permute":
+            name, inner = src[1], src[2]
+            perm = tuple(inner[p] for p in perm)
         if perm == tuple(range(len(perm))):
-            return name
-        return self.emit1("latch::permute", [name], {"perm": perm})
+            return Ref(name)
+        out = self.emit1("latch::permute", [name], {"perm": perm})
+        self._view_src[out] = ("permute", name, perm)
+        return out
 
     def full(self, shape: Sequence[int], value: Any, dtype: str) -> str:
         return self.emit1("latch::full", [], {"shape": tuple(int(d) for d in shape), "value": value, "dtype": dtype})

@@ -55,6 +55,10 @@ def apply_binary(lw: Lowerer, op: str, x: Any, y: Any, dtype: str, attrs: dict |
         y = lw.cast(y, dtype)
     if is_t(x) and is_t(y):
         return lw.emit1(f"latch::{op}", [x, y], attrs)
+    if is_t(x) and op in ("mul", "div") and not attrs and y == 1 and not isinstance(y, bool):
+        return x  # x * 1 and x / 1 are x exactly
+    if is_t(y) and op == "mul" and x == 1 and not isinstance(x, bool):
+        return y
     if is_t(x):
         return lw.emit1(f"latch::{op}", [x], {**attrs, "scalar": scalar_for(y, dtype)})
     if is_t(y):
