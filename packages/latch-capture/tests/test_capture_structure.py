@@ -235,3 +235,25 @@ def test_latch_namespace_ops_lower_generically():
     (bwd,) = [n for n in g.nodes if n.op == "latch::_capture_test_axpy_backward"]
     assert bwd.attr_dict == {"alpha": 2.5}
     assert g.value(fwd.outputs[0]).type == TensorType((3,), "f32")
+
+
+def test_keyword_inputs_and_progress_messages():
+    class TwoInputs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(3, 2)
+            self.b = nn.Linear(4, 2)
+
+        def forward(self, left, right, scale=None):
+            return self.a(left) + self.b(right) * scale
+
+    messages = []
+    doc = capture_module(TwoInputs(), mse, {"left": torch.randn(2, 3), "right": torch.randn(2, 4), "scale": 2.0},
+                         torch.randn(2, 2), optimizer=tensor_update(sgd), hyper={"lr": 0.1}, progress=messages.append)
+    g = doc.graph.program("update")
+    assert g.group("batch").values == ("input.left", "input.right", "target")
+    assert doc.graph.meta("inputs_style") == "kwargs"
+    mul = [n for n in g.nodes if n.op == "latch::mul" and n.attr("scalar") == 2.0]
+    assert mul, "the static keyword argument is a constant of the graph"
+    assert any("tracing forward + backward" in m for m in messages)
+    assert any(m.startswith("capture: done in") for m in messages)

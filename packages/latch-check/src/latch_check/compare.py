@@ -198,11 +198,17 @@ def check_command(example, doc_path, steps, overrides, microbatches, threshold):
             kw["microbatches"] = microbatches
         ex = load_example(example, **kw)
         doc = load(doc_path) if doc_path else None
-        if doc is not None and doc.graph is not None:
+        if doc is not None and doc.graph is None:
+            raise CaptureError(f"{doc_path} has no graph section", hint="capture it first (latch-pipeline capture)")
+        if doc is not None:
             k_doc = int(doc.graph.meta("microbatches", 1))
             if k_doc != ex.microbatches:
                 raise CaptureError(f"{doc_path} was captured with {k_doc} microbatches, the example has {ex.microbatches}",
                                    hint="pass --microbatches or re-capture")
+            last = doc.graph.programs[-1]
+            if not any(g.name == "grads" for g in last.outputs):
+                click.echo(f"note: {doc_path} has no gradient outputs; capture with --grads to gate each gradient",
+                           err=True)
         result = compare(ex, doc, steps=steps, thresholds=threshold,
                          progress=lambda m: click.echo(m, err=True))
     except (CaptureError, DocumentError, reference.ReferenceError) as e:
