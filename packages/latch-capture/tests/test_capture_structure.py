@@ -257,3 +257,20 @@ def test_keyword_inputs_and_progress_messages():
     assert mul, "the static keyword argument is a constant of the graph"
     assert any("tracing forward + backward" in m for m in messages)
     assert any(m.startswith("capture: done in") for m in messages)
+
+
+def test_bind_inputs_gives_data_not_autograd_leaves():
+    from latch_capture import advance, bind_inputs, program_inputs
+
+    model = _mlp()
+    opt = momentum()
+    doc = capture_module(model, mse, torch.randn(4, 6), torch.randn(4, 3), optimizer=opt, microbatches=2)
+    flat = bind_inputs(doc, params=dict(model.named_parameters()), state=opt.initial_state(dict(model.named_parameters())),
+                       inputs=torch.randn(4, 6), targets=torch.randn(4, 3))
+    assert not any(t.requires_grad for t in flat.values())
+    assert torch.count_nonzero(flat["grad_acc.0.weight"]) == 0 and flat["loss_acc"].shape == ()
+    acc = doc.graph.program("accumulate")
+    assert set(program_inputs(acc, flat)) == set(acc.input_names())
+    fake_out = {new: torch.ones(acc.value(new).shape) for new, _ in acc.inplace}
+    nxt = advance(acc, flat, fake_out)
+    assert torch.equal(nxt["grad_acc.0.weight"], torch.ones(5, 6)) and nxt["0.weight"] is flat["0.weight"]

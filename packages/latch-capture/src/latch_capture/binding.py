@@ -31,7 +31,7 @@ def _section(doc_or_section) -> GraphSection:
 def batch_inputs(inputs: Any, targets: Any) -> dict[str, torch.Tensor]:
     bi, _ = tree.flatten(inputs, "input", "inputs")
     bt, _ = tree.flatten(targets, "target", "targets")
-    return dict(bi + bt)
+    return {n: t.detach() for n, t in bi + bt}
 
 
 def bind_inputs(doc_or_section, *, params: Mapping[str, torch.Tensor], state: Any, inputs: Any, targets: Any,
@@ -43,9 +43,10 @@ def bind_inputs(doc_or_section, *, params: Mapping[str, torch.Tensor], state: An
     """
     section = _section(doc_or_section)
     flat: dict[str, torch.Tensor] = {}
-    flat.update({n: p for n, p in params.items()})
+    # detached: a runtime or interpreter receives the data, never autograd leaves (nn.Parameter)
+    flat.update({n: p.detach() for n, p in params.items()})
     st, _ = tree.flatten(dict(state or {}), "", "state")
-    flat.update(dict(st))
+    flat.update({n: t.detach() for n, t in st})
     for v in section.layout:
         if v.name not in flat:
             if v.name.startswith("grad_acc.") or v.name == "loss_acc":

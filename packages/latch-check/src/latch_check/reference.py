@@ -112,7 +112,7 @@ def run(doc_or_graph, program: str | None, inputs: Mapping[str, torch.Tensor], *
             if name is not None:
                 last_use[name] = i
 
-    with reference_float_dtype(fdt_name):
+    with reference_float_dtype(fdt_name), torch.no_grad():
         for i, node in enumerate(graph.nodes):
             if node.op not in ops:
                 raise ReferenceError(f"{_where(node)}: op {node.op!r} is not registered; install the plugin that provides it")
