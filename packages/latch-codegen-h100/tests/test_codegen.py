@@ -71,7 +71,7 @@ def test_parallel_lowering_gives_the_same_sources():
     g = _mlpish()
     doc = H.planned([g])
     serial = generate(doc, jobs=1, bodies_per_unit=1)
-    parallel = generate(doc, jobs=2, bodies_per_unit=1)
+    parallel = generate(doc, jobs=2, bodies_per_unit=1, parallel_min_bodies=0)
     assert len(serial.units) == 5
     assert [u.source for u in serial.units] == [u.source for u in parallel.units]
 

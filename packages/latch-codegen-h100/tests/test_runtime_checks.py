@@ -34,3 +34,35 @@ def test_inputs_by_name_or_in_program_order():
         _as_mapping([a], ["x", "y"], "batch")
     with pytest.raises(ProgramError, match=r"params: expected a dict of tensors by name"):
         _as_mapping(a, ["x"], "params")
+
+
+def _bare_program(device="cpu"):
+    """A Program's binding state without a library or a GPU (binding is pure Python)."""
+    from latch_codegen_h100.runtime import Program
+
+    p = Program.__new__(Program)
+    p.device = torch.device(device)
+    p.manifest = {"programs": {"update": {"inputs": {"params": ["w"], "batch": ["x"], "hyper": ["lr"]}}}}
+    p.buffers = [{"name": "w", "role": "param", "shape": [2], "dtype": "f32"},
+                 {"name": "x", "role": "batch", "shape": [3], "dtype": "f32"},
+                 {"name": "lr", "role": "hyper", "shape": [], "dtype": "f32"}]
+    p._hyper_buffers = [p.buffers[2]]
+    p._needed, p._bind_cache, p._hyper_cache = {}, {}, {}
+    p.hyper_defaults = {"lr": 0.1}
+    return p
+
+
+def test_binding_is_checked_once_per_set_of_tensors_and_rechecked_when_they_change():
+    p = _bare_program()
+    w, x = torch.zeros(2), torch.zeros(3)
+    b1 = p._bind("update", {"w": w}, {}, {"x": x}, None)
+    assert b1["w"] is w and b1["x"] is x and abs(b1["lr"].item() - 0.1) < 1e-7
+    b2 = p._bind("update", {"w": w}, {}, {"x": x}, {"lr": 0.5})
+    assert b2["w"] is w and b2["lr"].item() == 0.5
+    with pytest.raises(ProgramError, match=r"batch 'x': shape \[4\]"):
+        p._bind("update", {"w": w}, {}, {"x": torch.zeros(4)}, None)
+    with pytest.raises(ProgramError, match=r"param 'w' \(f32\[2\]\) is missing"):
+        p._bind("update", {}, {}, {"x": x}, None)
+    del p.hyper_defaults["lr"]
+    with pytest.raises(ProgramError, match=r"hyper-parameter 'lr' not given"):
+        p._bind("update", {"w": w}, {}, {"x": x}, None)

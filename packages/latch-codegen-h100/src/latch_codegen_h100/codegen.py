@@ -339,6 +339,14 @@ def _constants(doc: Document) -> tuple[bytes, list[dict]]:
 # Rendering units (parallel)
 
 _WORKER_LOWERINGS: dict[str, Lowering] | None = None
+PARALLEL_MIN_BODIES = 192  # below this, rendering serially is faster than starting workers
+
+
+def _init_worker() -> None:
+    """A spawned worker loads the installed plugins itself (lowerings are not picklable: many
+    are closures), so parallel rendering uses only entry-point plugins."""
+    global _WORKER_LOWERINGS
+    _WORKER_LOWERINGS = _lowerings(None)
 
 
 def _render_unit(name: str, specs: list[BodySpec], lowerings: dict[str, Lowering] | None = None):
@@ -373,17 +381,15 @@ def _assign_units(specs: dict[str, BodySpec], per_unit: int) -> list[list[BodySp
     return [ordered[i:i + per_unit] for i in range(0, len(ordered), per_unit)]
 
 
-def _render_all(chunks, lowerings, jobs: int):
-    global _WORKER_LOWERINGS
+def _render_all(chunks, lowerings, jobs: int, parallel: bool):
+    """Render units, in worker processes when ``parallel``. Workers are spawned, not forked: the
+    caller may hold CUDA contexts and threads (torch), which a fork would copy in a broken state."""
     names = [f"unit_{i}.cu" for i in range(len(chunks))]
-    if jobs > 1 and len(chunks) > 1 and "fork" in _mp.get_all_start_methods():
-        _WORKER_LOWERINGS = lowerings
-        try:
-            ctx = _mp.get_context("fork")
-            with _cf.ProcessPoolExecutor(max_workers=min(jobs, len(chunks)), mp_context=ctx) as ex:
-                return list(ex.map(_render_unit, names, chunks))
-        finally:
-            _WORKER_LOWERINGS = None
+    if parallel and jobs > 1 and len(chunks) > 1:
+        ctx = _mp.get_context("spawn")
+        with _cf.ProcessPoolExecutor(max_workers=min(jobs, len(chunks)), mp_context=ctx,
+                                     initializer=_init_worker) as ex:
+            return list(ex.map(_render_unit, names, chunks))
     return [_render_unit(n, c, lowerings) for n, c in zip(names, chunks)]
 
 
@@ -410,10 +416,13 @@ def units_for(num_bodies: int, jobs: int) -> int:
     return max(1, min(2 * jobs, -(-num_bodies // 6)))
 
 
-def generate(doc: Document, *, bodies_per_unit: int | None = None, jobs: int | None = None, regs=None) -> Generated:
+def generate(doc: Document, *, bodies_per_unit: int | None = None, jobs: int | None = None, regs=None,
+             parallel_min_bodies: int = PARALLEL_MIN_BODIES) -> Generated:
     """Lower a planned document. Raises CodegenError naming the program/group/node/op at fault.
 
-    ``bodies_per_unit``: default from :func:`units_for` and the number of cores."""
+    ``bodies_per_unit``: default from :func:`units_for` and the number of cores. Units render in
+    parallel worker processes when there are at least ``parallel_min_bodies`` bodies and the
+    lowerings come from the installed plugins (``regs`` None)."""
     missing = {"graph", "schedule", "memory"} - doc.sections()
     if missing:
         raise CodegenError(f"code generation needs the sections graph, schedule and memory; the document lacks "
@@ -438,7 +447,7 @@ def generate(doc: Document, *, bodies_per_unit: int | None = None, jobs: int | N
     if bodies_per_unit is None:
         bodies_per_unit = -(-len(specs) // units_for(len(specs), jobs)) if specs else 1
     chunks = _assign_units(specs, max(1, bodies_per_unit))
-    results = _render_all(chunks, lowerings, jobs)
+    results = _render_all(chunks, lowerings, jobs, parallel=regs is None and len(specs) >= parallel_min_bodies)
     units, smem, headers = [], {}, []
     for i, r in enumerate(results):
         if r[0] == "error":
