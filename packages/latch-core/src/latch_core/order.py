@@ -99,26 +99,31 @@ def _structure(ps: ProgramSchedule) -> tuple[list[str], list[str], dict[int, int
             problems.append(f"program {ps.program!r}: tasks[{i}] has id {t.id}; task ids must equal their index")
     seen: dict[int, tuple[int, int]] = {}
     signals: dict[int, int] = {c: 0 for c in expected}
+    kinds = (TASK, BARRIER, WAIT, SIGNAL)
     for s, sm in enumerate(ps.sms):
         for i, ins in enumerate(sm):
-            where = f"program {ps.program!r} SM {s} instruction {i}"
-            if not ins or ins[0] not in (TASK, BARRIER, WAIT, SIGNAL):
-                problems.append(f"{where}: unknown instruction {ins!r}")
+            kind = ins[0] if ins else None
+            if kind not in kinds:
+                problems.append(f"program {ps.program!r} SM {s} instruction {i}: unknown instruction {ins!r}")
                 continue
-            kind = ins[0]
-            want = 3 if kind == WAIT else 2
-            if len(ins) != want or not all(isinstance(x, int) and not isinstance(x, bool) for x in ins[1:]):
-                problems.append(f"{where}: malformed {kind} instruction {ins!r}")
+            if len(ins) != (3 if kind == WAIT else 2) or type(ins[1]) is not int or (
+                    kind == WAIT and type(ins[2]) is not int):
+                problems.append(f"program {ps.program!r} SM {s} instruction {i}: malformed {kind} instruction {ins!r}")
                 continue
             if kind == TASK:
                 t = ins[1]
-                if not 0 <= t < ntasks:
-                    problems.append(f"{where}: task {t} does not exist ({ntasks} tasks)")
-                elif t in seen:
-                    problems.append(f"{where}: task {t} is listed twice (also SM {seen[t][0]} instruction {seen[t][1]})")
+                if t in seen or not 0 <= t < ntasks:
+                    if t in seen:
+                        problems.append(f"program {ps.program!r} SM {s} instruction {i}: task {t} is listed twice "
+                                        f"(also SM {seen[t][0]} instruction {seen[t][1]})")
+                    else:
+                        problems.append(f"program {ps.program!r} SM {s} instruction {i}: task {t} does not exist "
+                                        f"({ntasks} tasks)")
                 else:
                     seen[t] = (s, i)
-            elif kind == BARRIER:
+                continue
+            where = f"program {ps.program!r} SM {s} instruction {i}"
+            if kind == BARRIER:
                 if not 0 <= ins[1] < ps.num_barriers:
                     problems.append(f"{where}: barrier id {ins[1]} outside 0..{ps.num_barriers - 1}")
             else:
@@ -153,7 +158,7 @@ class _Sim:
         S = len(ps.sms)
         self.S = S
         self.ptr = [0] * S
-        none = [-1] * S
+        self.none = none = [-1] * S
         self.clock: list[list[int]] = [none] * S  # never mutated in place: a change makes a new list
         self.count = {c: 0 for c in expected}
         self.cclock = {c: none for c in expected}
@@ -205,8 +210,10 @@ class _Sim:
             elif kind == SIGNAL:
                 c = ins[1]
                 self.count[c] += 1
-                new = list(map(max, self.cclock[c], self.clock[s]))
-                new[s] = max(new[s], i - 1)
+                cc = self.cclock[c]
+                new = list(self.clock[s]) if cc is self.none else list(map(max, cc, self.clock[s]))
+                if new[s] < i - 1:
+                    new[s] = i - 1
                 self.cclock[c] = new
                 if c in self._need_partial:
                     own = list(self.clock[s])
@@ -273,9 +280,7 @@ class _Sim:
             r = n - missing - 1
             src = [sorted(col)[r] for col in zip(*got)]
         cur = self.clock[s]
-        new = list(map(max, cur, src))
-        if new != cur:
-            self.clock[s] = new
+        self.clock[s] = src if cur is self.none else list(map(max, cur, src))
 
     def stuck(self) -> list[str]:
         """Describe every SM that did not finish (empty when all did)."""

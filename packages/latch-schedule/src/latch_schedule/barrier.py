@@ -25,10 +25,16 @@ from .tasks import TaskGraph
 
 def phases(tg: TaskGraph) -> list[int]:
     level = [0] * len(tg)
+    dlevel: list[int | None] = [None] * len(tg.depsets)
     for t in tg.topo:
-        ps = tg.preds(t)
-        if ps:
-            level[t] = 1 + max(level[p] for p in ps)
+        best = -1
+        for d in tg.task_deps[t]:
+            lv = dlevel[d]
+            if lv is None:  # every member precedes t in the topological order: all levelled
+                lv = dlevel[d] = max(level[p] for p in tg.depsets[d])
+            if lv > best:
+                best = lv
+        level[t] = best + 1
     return level
 
 
@@ -55,11 +61,28 @@ def schedule_program(tg: TaskGraph, num_sms: int, barrier_seconds: float = 1.0e-
         for t, s in where.items():
             sm_of[t] = s
 
+    # A consumer needs a barrier after the latest phase among its producers on other SMs; per
+    # dependency set keep the two latest (level, SM) on distinct SMs to answer that in O(1).
+    top: list[tuple[tuple[int, int], tuple[int, int]]] = []
+    for members in tg.depsets:
+        a = b = (-1, -1)
+        for p in members:
+            cand = (level[p], sm_of[p])
+            if cand[0] > a[0]:
+                if cand[1] != a[1]:
+                    b = a
+                a = cand
+            elif cand[0] > b[0] and cand[1] != a[1]:
+                b = cand
+        top.append((a, b))
     intervals = set()
     for t in range(len(tg)):
-        for p in tg.preds(t):
-            if sm_of[p] != sm_of[t]:
-                intervals.add((level[p], level[t] - 1))
+        s = sm_of[t]
+        for d in tg.task_deps[t]:
+            a, b = top[d]
+            lv = a[0] if a[1] != s else b[0]
+            if lv >= 0:
+                intervals.add((lv, level[t] - 1))
     after_phase = set(stab(sorted(intervals)))
 
     order = sorted(range(len(tg)), key=lambda t: (level[t], t))

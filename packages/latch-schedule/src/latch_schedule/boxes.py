@@ -26,7 +26,10 @@ def volume(box: Box) -> int:
 
 
 def is_empty(box: Box) -> bool:
-    return any(hi <= lo for lo, hi in box)
+    for lo, hi in box:
+        if hi <= lo:
+            return True
+    return False
 
 
 def overlaps(a: Box, b: Box) -> bool:
@@ -93,6 +96,8 @@ def covered(box: Box, parts: Sequence[Box], disjoint: bool) -> bool:
 def broadcast_box(out_box: Box, out_shape: Sequence[int], in_shape: Sequence[int]) -> Box:
     """The box of a broadcast operand that an output box reads (NumPy rules: right-aligned, size-1
     dims read index 0). A dim that does not broadcast reads its whole extent (conservative)."""
+    if in_shape == out_shape:
+        return out_box
     r, R = len(in_shape), len(out_shape)
     if r > R:
         return full_box(in_shape)
@@ -146,25 +151,35 @@ class BoxIndex(Generic[T]):
         return len(self.items)
 
     def _query_idx(self, box: Box) -> list[int]:
-        if is_empty(box) or not self.items:
+        if not self.items:
             return []
         if self._grid is not None:
             ranges = []
             size = 1
+            ends, starts = self._ends_d, self._starts_d
             for k, (lo, hi) in enumerate(box):
-                a = bisect.bisect_right(self._ends_d[k], lo)
-                b = bisect.bisect_left(self._starts_d[k], hi)
-                if a >= b:
+                a = bisect.bisect_right(ends[k], lo)
+                b = bisect.bisect_left(starts[k], hi)
+                if a >= b or hi <= lo:
                     return []
                 ranges.append(range(a, b))
                 size *= b - a
             cells = self._grid
             out: list[int] = []
             if size <= 4 * len(cells) + 16:
-                for cell in itertools.product(*ranges):
-                    hit = cells.get(cell)
-                    if hit:
-                        out.extend(hit)
+                get = cells.get
+                if len(ranges) == 2:
+                    r1 = ranges[1]
+                    for i in ranges[0]:
+                        for j in r1:
+                            hit = get((i, j))
+                            if hit:
+                                out.extend(hit)
+                else:
+                    for cell in itertools.product(*ranges):
+                        hit = get(cell)
+                        if hit:
+                            out.extend(hit)
             else:  # a sparse grid queried over a wide range: walk the occupied cells instead
                 for cell, hit in cells.items():
                     if all(c in r for c, r in zip(cell, ranges)):
@@ -173,6 +188,8 @@ class BoxIndex(Generic[T]):
             return out
         if self._dim < 0:  # scalars
             return list(range(len(self.items)))
+        if is_empty(box):
+            return []
         lo, hi = box[self._dim]
         if self._disjoint_intervals:
             cand = range(bisect.bisect_right(self._ends, lo), bisect.bisect_left(self._starts, hi))

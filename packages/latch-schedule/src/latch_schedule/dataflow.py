@@ -28,16 +28,21 @@ from .tasks import TaskGraph
 
 def _place(tg: TaskGraph, num_sms: int, sync_seconds: float) -> tuple[list[int], list[float], float]:
     n = len(tg)
-    succ: list[list[int]] = [[] for _ in range(n)]
-    npred = [0] * n
-    for t in range(n):
-        ps = tg.preds(t)
-        npred[t] = len(ps)
-        for p in ps:
-            succ[p].append(t)
+    member_of, consumers = tg.member_of, tg.consumers
     rank = [0.0] * n
+    drank: list[float | None] = [None] * len(tg.depsets)
     for t in reversed(tg.topo):
-        rank[t] = tg.cost[t] + max((rank[s] for s in succ[t]), default=0.0)
+        best = 0.0
+        for d in member_of[t]:
+            r = drank[d]
+            if r is None:  # every consumer of d comes later in topological order: ranked
+                r = drank[d] = max(rank[c] for c in consumers[d])
+            if r > best:
+                best = r
+        rank[t] = tg.cost[t] + best
+    npred = [len(ds) for ds in tg.task_deps]
+    left = [len(m) for m in tg.depsets]
+    dready = [0.0] * len(tg.depsets)
     ready = [0.0] * n
     pending = [(0.0, -rank[t], t) for t in range(n) if npred[t] == 0]
     heapq.heapify(pending)
@@ -65,17 +70,24 @@ def _place(tg: TaskGraph, num_sms: int, sync_seconds: float) -> tuple[list[int],
         makespan = max(makespan, fin)
         heapq.heappush(sms, (fin, s))
         done += 1
-        for x in succ[t]:
-            ready[x] = max(ready[x], fin + sync_seconds)
-            npred[x] -= 1
-            if npred[x] == 0:
-                heapq.heappush(pending, (ready[x], -rank[x], x))
+        for d in member_of[t]:
+            if fin + sync_seconds > dready[d]:
+                dready[d] = fin + sync_seconds
+            left[d] -= 1
+            if left[d] == 0:
+                for x in consumers[d]:
+                    if dready[d] > ready[x]:
+                        ready[x] = dready[d]
+                    npred[x] -= 1
+                    if npred[x] == 0:
+                        heapq.heappush(pending, (ready[x], -rank[x], x))
     return sm_of, start, makespan
 
 
 def schedule_program(tg: TaskGraph, num_sms: int, sync_seconds: float = 1.0e-6) -> tuple[ProgramSchedule, dict[str, Any]]:
     n = len(tg)
     sm_of, start, makespan = _place(tg, num_sms, sync_seconds)
+    start_of = start
     topo_pos = {t: i for i, t in enumerate(tg.topo)}
     order = sorted(range(n), key=lambda t: (start[t], topo_pos[t]))
     new_id = {old: new for new, old in enumerate(order)}
@@ -100,32 +112,40 @@ def schedule_program(tg: TaskGraph, num_sms: int, sync_seconds: float = 1.0e-6) 
     uses: dict[tuple, int] = {}
 
     def clock_of(key: tuple) -> list[int]:
+        """What a wait on ``key`` teaches its SM: every frontier position, plus everything the
+        latest-starting frontier task knew. (Joining every frontier task's clock would be exact
+        but costs O(|key| x SMs); a subset of the knowledge is still sound, it can only cost an
+        extra wait later.)"""
         c = counter_clock.get(key)
         if c is None:
-            c = none
+            last = max(key, key=lambda e: start_of[at[e[0]][e[1]]])
+            c = list(clk[at[last[0]][last[1]]])
             for x, q in key:
-                c = list(map(max, c, clk[at[x][q]]))
-                c[x] = max(c[x], q)
+                if q > c[x]:
+                    c[x] = q
             counter_clock[key] = c
         return c
 
+    frontier: list[tuple | None] = [None] * len(tg.depsets)
     for old in order:
         s = sm_of[old]
         mine = known[s]
         keys = []
-        for _value, producers in tg.deps[old]:
-            f: dict[int, int] = {}
-            for p in producers:
-                x = sm_of[p]
-                if pos[p] > f.get(x, -1):
-                    f[x] = pos[p]
+        for d in tg.task_deps[old]:
+            key = frontier[d]
+            if key is None:
+                f: dict[int, int] = {}
+                for p in tg.depsets[d]:
+                    x = sm_of[p]
+                    if pos[p] > f.get(x, -1):
+                        f[x] = pos[p]
+                key = frontier[d] = tuple(sorted(f.items()))
             # Producers on the consumer's own SM are ordered by program order. The key keeps
             # them anyway (their signal is already delivered when the wait runs), and a partly
             # known frontier is waited for as a whole: so every consumer of the same producers,
             # on whatever SM, shares one counter.
-            if not any(q > mine[x] for x, q in f.items() if x != s):
+            if not any(q > mine[x] for x, q in key if x != s):
                 continue
-            key = tuple(sorted(f.items()))
             if key not in keys:
                 keys.append(key)
         for key in keys:

@@ -1,10 +1,20 @@
 """Fusion: which graph nodes one op body computes together.
 
-Rule (conservative on purpose; switch off with ``fuse=False``): an elementwise/copy node whose only
-output has exactly one consumer node, that consumer also elementwise/copy with an output of the
-same shape, and the value not a program output, joins its consumer's group. Groups are therefore
-in-trees of elementwise nodes whose internal values never reach memory; every group is convex
-(an internal value has no consumer outside), so a group can run at its last node's position.
+Rule (conservative on purpose; switch off with ``fuse=False``): a node joins the group of its
+consumers when every node consuming its only output is in that one group, and each such edge is
+one of
+- elementwise -> elementwise with the same output shape (no recomputation of broadcast operands);
+- view -> elementwise or view (the consumer reads through the view's index map: the view never
+  materialises);
+- elementwise -> injective view (reshape, permute, slice, select; not expand, which would
+  recompute the producer for every copy).
+A value that is also a program output (an optimizer's new moment, used again to update the
+weight) may still join: it stays a group output, written at the tile's index, so it must have the
+shape of the group's primary output. Groups thus have one sink (the last node, whose first output
+is the primary); other values never reach memory unless they are program outputs; every group is
+convex (nothing leaves it except through the sink or as a program output), so a group can run at
+its last node's position. The code generator's fused body generator computes such a
+group element by element over the tile (latch-codegen-h100 ``fuse.py``).
 
 Every group gets a body signature key: a hash of its nodes' ops, attributes, operand/result types
 and internal wiring (group inputs numbered by first use). Groups with equal keys share one body.
@@ -18,9 +28,12 @@ from typing import Sequence
 import attrs
 
 from latch_core.ir import Graph, Node
-from latch_core.registry import COPY, ELEMENTWISE, OpSpec, Registry
+from latch_core.registry import COPY, ELEMENTWISE, VIEW, OpSpec, Registry
 
 POINTWISE_TAGS = frozenset({ELEMENTWISE, COPY})
+# Views fusion may fold into their consumer (each has an exact index map, latch_schedule.tiling_ops).
+FUSABLE_VIEWS = frozenset({"latch::reshape", "latch::permute", "latch::expand", "latch::slice", "latch::select"})
+INJECTIVE_VIEWS = FUSABLE_VIEWS - {"latch::expand"}
 
 
 @attrs.frozen
@@ -74,7 +87,10 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True) -> list[Group
                 if not lst or lst[-1] != i:
                     lst.append(i)
     program_outputs = set(graph.output_names())
-    pointwise = [is_pointwise(_spec(ops, n.op)) for n in nodes]
+    specs = [_spec(ops, n.op) for n in nodes]
+    pointwise = [is_pointwise(s) for s in specs]
+    view = [s is not None and VIEW in s.tags and not pointwise[i] and n.op in FUSABLE_VIEWS
+            for i, (s, n) in enumerate(zip(specs, nodes))]
 
     parent = list(range(len(nodes)))  # union-find: merge a node into its consumer
 
@@ -86,21 +102,45 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True) -> list[Group
 
     internal: set[str] = set()
     if enabled:
-        for i, n in enumerate(nodes):
-            if not pointwise[i] or len(n.outputs) != 1:
+        # Reverse graph order: when a node is considered, all its consumers already sit in their
+        # final groups, and it joins one only if every consumer is in that one group. Each group
+        # thus keeps a single sink (its root), and nothing leaves it except through the sink or
+        # as a program output, so groups stay convex.
+        for i in range(len(nodes) - 1, -1, -1):
+            n = nodes[i]
+            if not (pointwise[i] or view[i]) or len(n.outputs) != 1:
                 continue
             o = n.outputs[0]
             cs = consumers.get(o, [])
-            if len(cs) != 1 or o in program_outputs:
+            if not cs:
                 continue
-            c = cs[0]
-            cn = nodes[c]
-            if not pointwise[c] or len(cn.outputs) != 1:
+            root = find(cs[0])
+            if any(find(c) != root for c in cs):
                 continue
-            if graph.value(cn.outputs[0]).shape != graph.value(o).shape:
+            shape = graph.value(o).shape
+            ok = True
+            for c in cs:
+                cn = nodes[c]
+                if len(cn.outputs) != 1:
+                    ok = False
+                elif pointwise[i] and pointwise[c]:
+                    ok = graph.value(cn.outputs[0]).shape == shape
+                elif pointwise[i]:
+                    ok = view[c] and cn.op in INJECTIVE_VIEWS
+                else:
+                    ok = pointwise[c] or view[c]
+                if not ok:
+                    break
+            if not ok:
                 continue
-            parent[find(i)] = find(c)
-            internal.add(o)
+            if o in program_outputs:
+                # it stays a group output: the body writes it at the tile's index, so it must
+                # have the shape of the group's primary output
+                if not pointwise[i] or graph.value(nodes[root].outputs[0]).shape != shape:
+                    continue
+            else:
+                internal.add(o)
+            parent[i] = root
 
     members: dict[int, list[int]] = {}
     for i in range(len(nodes)):

@@ -39,6 +39,11 @@ class ScheduleError(ValueError):
 
 @attrs.define
 class TaskGraph:
+    """Tasks and their dependencies. A dependency set (``depsets[d]``) is the producer tasks one
+    read needs ordered before it; consumers whose reads hit the same producers share one set (a
+    whole-value read by 100 tiles of 100 producer tiles is one set of 100, not 10,000 edges).
+    ``task_deps[t]`` lists the sets task ``t`` waits for."""
+
     program: str
     groups: list[FusionGroup]
     plans: list[GroupPlan]
@@ -47,19 +52,41 @@ class TaskGraph:
     reads: list[tuple[Access, ...]]
     writes: list[tuple[Access, ...]]
     cost: list[float]
-    deps: list[list[tuple[str, list[int]]]]  # task -> [(value that needs ordering, producer tasks)]
+    depsets: list[tuple[int, ...]]  # producer task ids, sorted
+    depset_value: list[str]  # the value whose ordering each set is for
+    task_deps: list[tuple[int, ...]]  # task -> dependency set ids
     topo: list[int]  # a topological order of the tasks
-    pred: list[tuple[int, ...]] = attrs.field(factory=list)  # task -> distinct producer tasks
-
-    def __attrs_post_init__(self):
-        if not self.pred:
-            self.pred = [tuple({p for _, ps in d for p in ps}) for d in self.deps]
+    _member_of: list[list[int]] | None = None
+    _consumers: list[list[int]] | None = None
 
     def __len__(self) -> int:
         return len(self.tiles)
 
-    def preds(self, t: int) -> tuple[int, ...]:
-        return self.pred[t]
+    def preds(self, t: int) -> set[int]:
+        """Every task ``t`` depends on (a union of its sets; for tests and small programs)."""
+        return {p for d in self.task_deps[t] for p in self.depsets[d]}
+
+    @property
+    def member_of(self) -> list[list[int]]:
+        """task -> ids of the dependency sets it is a producer in."""
+        if self._member_of is None:
+            out: list[list[int]] = [[] for _ in self.tiles]
+            for d, members in enumerate(self.depsets):
+                for p in members:
+                    out[p].append(d)
+            self._member_of = out
+        return self._member_of
+
+    @property
+    def consumers(self) -> list[list[int]]:
+        """dependency set -> the tasks waiting for it."""
+        if self._consumers is None:
+            out: list[list[int]] = [[] for _ in self.depsets]
+            for t, ds in enumerate(self.task_deps):
+                for d in ds:
+                    out[d].append(t)
+            self._consumers = out
+        return self._consumers
 
 
 def _where(node) -> str:
@@ -83,6 +110,7 @@ class GroupTiler:
             except Exception as e:
                 raise ScheduleError(f"program {graph.name!r} {_where(n)}: cannot tile it: {e}") from e
         self.outputs = set(plan.outputs)
+        self.produced = {o for n in plan.nodes for o in n.outputs}
         self.shape = graph.value(plan.primary).shape
 
     @property
@@ -105,7 +133,7 @@ class GroupTiler:
             for v, b in zip(node.inputs, ins):
                 if v is None or b is None:
                     continue
-                if v in plan.internal:
+                if v in self.produced:  # computed inside the group (internal or not)
                     need[v] = hull(need.get(v), b)
                 else:
                     reads[v] = hull(reads.get(v), b)
@@ -129,7 +157,7 @@ def group_cost(graph: Graph, plan: GroupPlan, ops: Registry | None, cost: CostMo
 
 def build(graph: Graph, ops: Registry | None, *, fuse_ops: bool = True, num_sms: int = 132,
           cost: CostModel | None = None) -> TaskGraph:
-    cost = cost or CostModel()
+    cost = attrs.evolve(cost or CostModel(), num_sms=num_sms)
     for n in graph.nodes:
         if n.op == REPEAT_OP:
             raise ScheduleError(
@@ -138,6 +166,14 @@ def build(graph: Graph, ops: Registry | None, *, fuse_ops: bool = True, num_sms:
         if not n.outputs:
             raise ScheduleError(f"program {graph.name!r} {_where(n)}: a node without outputs cannot be scheduled")
     plans = fuse(graph, ops, fuse_ops)
+    interned: dict[tuple, Access] = {}  # equal accesses share one record (whole-value reads)
+
+    def access(v: str, b: Box) -> Access:
+        a = interned.get((v, b))
+        if a is None:
+            a = interned[(v, b)] = Access(v, b)
+        return a
+
     groups: list[FusionGroup] = []
     group_of: list[int] = []
     tiles: list[Box] = []
@@ -155,30 +191,55 @@ def build(graph: Graph, ops: Registry | None, *, fuse_ops: bool = True, num_sms:
             r, w = tiler.footprint(box)
             group_of.append(gi)
             tiles.append(box)
-            reads.append(tuple(Access(v, b) for v, b in r.items()))
-            writes.append(tuple(Access(v, b) for v, b in w.items()))
+            reads.append(tuple(access(v, b) for v, b in r.items()))
+            writes.append(tuple(access(v, b) for v, b in w.items()))
             costs.append(seconds * volume(box) / total + cost.task_overhead)
-    deps = _dependencies(graph, plans, group_of, reads, writes)
-    pred = [tuple({p for _, ps in d for p in ps}) for d in deps]
-    topo = _toposort(graph, plans, group_of, pred)
-    return TaskGraph(graph.name, groups, plans, group_of, tiles, reads, writes, costs, deps, topo, pred)
+    depsets, depset_value, task_deps = _dependencies(graph, plans, group_of, reads, writes)
+    tg = TaskGraph(graph.name, groups, plans, group_of, tiles, reads, writes, costs, depsets, depset_value,
+                   task_deps, [])
+    tg.topo = _toposort(graph, tg)
+    return tg
 
 
-def _dependencies(graph: Graph, plans: list[GroupPlan], group_of: list[int], reads, writes) -> list:
+class _Sets:
+    """Interning of dependency sets: one id per distinct producer tuple."""
+
+    def __init__(self):
+        self.ids: dict[tuple[int, ...], int] = {}
+        self.sets: list[tuple[int, ...]] = []
+        self.value: list[str] = []
+
+    def add(self, members: tuple[int, ...], value: str) -> int:
+        d = self.ids.get(members)
+        if d is None:
+            d = self.ids[members] = len(self.sets)
+            self.sets.append(members)
+            self.value.append(value)
+        return d
+
+
+def _dependencies(graph: Graph, plans: list[GroupPlan], group_of: list[int], reads, writes):
     writers: dict[str, list[tuple[Box, int]]] = {}
     for t, ws in enumerate(writes):
         for a in ws:
             writers.setdefault(a.value, []).append((a.box, t))
     w_index = {v: BoxIndex(items) for v, items in writers.items()}
-    deps: list[list[tuple[str, list[int]]]] = [[] for _ in reads]
+    sets = _Sets()
+    task_deps: list[list[int]] = [[] for _ in reads]
+    cache: dict[tuple, int] = {}  # (value, box) -> set id (-1: no producers)
     for t, rs in enumerate(reads):
         for a in rs:
             idx = w_index.get(a.value)
             if idx is None:
                 continue
-            ps = [p for p in idx.query(a.box) if p != t]
-            if ps:
-                deps[t].append((a.value, ps))
+            key = (a.value, a.box)
+            d = cache.get(key)
+            if d is None:
+                # a group never reads its own outputs, so t is not among the producers
+                hits = tuple(sorted(idx.query(a.box)))
+                d = cache[key] = sets.add(hits, a.value) if hits else -1
+            if d >= 0 and d not in task_deps[t]:
+                task_deps[t].append(d)
     inplace = dict(graph.inplace)  # new -> old
     if inplace:
         olds = set(inplace.values())
@@ -188,45 +249,60 @@ def _dependencies(graph: Graph, plans: list[GroupPlan], group_of: list[int], rea
                 if a.value in olds:
                     readers.setdefault(a.value, []).append((a.box, t, group_of[t]))
         r_index = {v: MultiIndex(items) for v, items in readers.items()}
+        wcache: dict[tuple, tuple] = {}
         for t, ws in enumerate(writes):
+            g = group_of[t]
             for a in ws:
                 old = inplace.get(a.value)
                 if old is None or old not in r_index:
                     continue
-                hits = r_index[old].query(a.box)
-                if t in hits and not plans[group_of[t]].pointwise:
-                    node = plans[group_of[t]].nodes[-1]
-                    raise ScheduleError(
-                        f"program {graph.name!r} {_where(node)}: writes %{a.value} in place of %{old} while "
-                        f"reading %{old}, and its body is not elementwise, so it could overwrite elements it has "
-                        "yet to read; compute the update elementwise or give the op the elementwise tag")
-                ps = [p for p in hits if p != t]
-                if ps:
-                    deps[t].append((old, ps))
-    return deps
+                key = (old, a.box)
+                hit = wcache.get(key)
+                if hit is None:
+                    hits = r_index[old].query(a.box)
+                    hit = wcache[key] = (tuple(sorted(p for p in hits if group_of[p] != g)),
+                                         tuple(p for p in hits if group_of[p] == g))
+                others, own = hit
+                if own:
+                    node = plans[g].nodes[-1]
+                    if any(p != t for p in own):
+                        raise ScheduleError(
+                            f"program {graph.name!r} {_where(node)}: its tiles overwrite elements of %{old} (in place, "
+                            f"as %{a.value}) that other tiles of the same node still read; an in-place update "
+                            "must be elementwise")
+                    if not plans[g].pointwise:
+                        raise ScheduleError(
+                            f"program {graph.name!r} {_where(node)}: writes %{a.value} in place of %{old} while "
+                            f"reading %{old}, and its body is not elementwise, so it could overwrite elements it "
+                            "has yet to read; compute the update elementwise or give the op the elementwise tag")
+                if others:
+                    d = sets.add(others, old)
+                    if d not in task_deps[t]:
+                        task_deps[t].append(d)
+    return sets.sets, sets.value, [tuple(d) for d in task_deps]
 
 
-def _toposort(graph: Graph, plans, group_of, pred) -> list[int]:
-    n = len(pred)
-    indeg = [0] * n
-    succ: list[list[int]] = [[] for _ in range(n)]
-    for t in range(n):
-        ps = pred[t]
-        indeg[t] = len(ps)
-        for p in ps:
-            succ[p].append(t)
+def _toposort(graph: Graph, tg: TaskGraph) -> list[int]:
+    """Kahn's algorithm over tasks and dependency sets (a set is done when its members are)."""
+    n = len(tg)
+    indeg = [len(ds) for ds in tg.task_deps]
+    left = [len(m) for m in tg.depsets]
+    member_of, consumers = tg.member_of, tg.consumers
     queue = deque(t for t in range(n) if indeg[t] == 0)
     order = []
     while queue:
         t = queue.popleft()
         order.append(t)
-        for s in succ[t]:
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                queue.append(s)
+        for d in member_of[t]:
+            left[d] -= 1
+            if left[d] == 0:
+                for c in consumers[d]:
+                    indeg[c] -= 1
+                    if indeg[c] == 0:
+                        queue.append(c)
     if len(order) != n:
         stuck = [t for t in range(n) if indeg[t] > 0]
-        names = sorted({plans[group_of[t]].nodes[-1].name for t in stuck})
+        names = sorted({tg.plans[tg.group_of[t]].nodes[-1].name for t in stuck})
         inplace = ", ".join(f"%{new} -> %{old}" for new, old in graph.inplace)
         raise ScheduleError(
             f"program {graph.name!r}: the tasks of nodes {names[:8]} depend on each other in a cycle; this "
@@ -239,8 +315,14 @@ def options_cost(options: dict[str, Any]) -> CostModel:
     """A CostModel with overrides from scheduler options (``cost_<field>=...``, ``matmul_tile``)."""
     kw = {}
     for f in attrs.fields(CostModel):
-        key = "matmul_tile" if f.name == "matmul_tile" else f"cost_{f.name}"
+        key = f"cost_{f.name}"
         if key in options:
             v = options[key]
-            kw[f.name] = tuple(int(x) for x in v) if f.name == "matmul_tile" else type(f.default)(v)
+            if f.name == "matmul_tiles":
+                kw[f.name] = tuple((int(m), int(n)) for m, n in v)
+            else:
+                kw[f.name] = type(f.default)(v)
+    if "matmul_tile" in options:  # one fixed (M, N) tile for every matmul
+        m, n = options["matmul_tile"]
+        kw["matmul_tiles"] = ((int(m), int(n)),)
     return CostModel(**kw)

@@ -8,14 +8,17 @@ simulator trust them.
 
 Where a tiling comes from, first match wins:
 1. ``OpSpec.extra["tiling"](in_types, out_types, attrs) -> Tiling`` (ops the tags cannot describe);
-2. the op's tags (``latch_core.registry``):
+2. by op name, the core vocabulary's views, structural and indexing ops
+   (:mod:`latch_schedule.tiling_ops`: reshape, permute, expand, slice, select, concat, ...);
+3. the op's tags (``latch_core.registry``):
    - ``elementwise`` / ``copy``: any dim splits; operands follow broadcasting;
    - ``norm`` (row-wise: normalised over attr ``dims``/``dim``, default the last dim): the other
      dims split; every operand is read whole along the normalised dims;
    - ``reduction`` (attrs ``dims``, ``keepdim``): the kept dims split; reduced dims read whole;
    - ``matmul`` (``a[*B,M,K] @ b[*B,K,N]``): batch dims in tiles of 1, M and N in fixed tiles
-     (128 x 128 by default), reading rows of ``a`` and columns of ``b``;
-3. anything else (indexing, routing, attention, views, structural, unknown ops, full reductions):
+     (128 x 128 up to 256 x 256, the largest that still balances over the SMs), reading rows of
+     ``a`` and columns of ``b``;
+4. anything else (indexing, routing, attention, structural, unknown ops, full reductions):
    ONE task covering every output, reading every operand whole.
 
 How many tiles: a tiling with free dims (``granule`` 0) is split so each tile costs about
@@ -31,7 +34,7 @@ from typing import Any, Callable, Sequence
 import attrs
 
 from latch_core.ir import TensorType
-from latch_core.registry import COPY, ELEMENTWISE, MATMUL, NORM, REDUCTION, ATTENTION, OpSpec
+from latch_core.registry import ATTENTION, COPY, ELEMENTWISE, MATMUL, NORM, REDUCTION, VIEW, OpSpec
 
 from .boxes import Box, broadcast_box, full_box
 
@@ -64,10 +67,14 @@ class CostModel:
     sm_bytes: float = 25e9  # HBM bytes/s per SM while every SM streams (~3.3 TB/s in total)
     task_overhead: float = 0.5e-6  # fixed cost of one task (dispatch, operand setup, epilogue)
     # Split free dims only into tiles of at least this much work: TinyMoE's 2 x 1024 update should
-    # take ~3.4 ms on 132 SMs, ~450 SM-ms in all, so ~40,000 tasks of ~10 us each.
-    min_task: float = 10e-6
+    # take ~3.4 ms on 132 SMs, ~450 SM-ms in all: tens of thousands of tasks of 10-20 us each.
+    min_task: float = 20e-6
     max_tiles_per_sm: int = 1  # an op gets at most num_sms * this many free-dim tiles (one wave)
-    matmul_tile: tuple[int, int] = (128, 128)  # (M, N) extent of a matmul tile
+    # (M, N) extents of matmul tiles, smallest first: a matmul takes the largest that still
+    # gives it at least ``matmul_waves * num_sms`` tiles (balance), else the smallest.
+    matmul_tiles: tuple[tuple[int, int], ...] = ((128, 128), (128, 256), (256, 256))
+    matmul_waves: int = 2
+    num_sms: int = 132
 
     def seconds(self, flops: float, mma_flops: float, nbytes: float) -> float:
         return max(flops / self.sm_flops + mma_flops / self.sm_mma_flops, nbytes / self.sm_bytes)
@@ -87,6 +94,10 @@ def node_cost(spec: OpSpec | None, in_types: Sequence[TensorType | None], out_ty
     if flops is None:
         flops = sum(t.numel for t in out_types)
     if nbytes is None:
+        nbytes = sum(t.nbytes for t in in_types if t is not None) + sum(t.nbytes for t in out_types)
+    if spec is not None and VIEW in spec.tags and not nbytes:
+        # latch-ops counts views as free (folded into their consumer); a view scheduled on its
+        # own copies its bytes, and inside a fused group its bytes cancel as internal.
         nbytes = sum(t.nbytes for t in in_types if t is not None) + sum(t.nbytes for t in out_types)
     if spec is not None and spec.tags & {MATMUL, ATTENTION}:
         return 0.0, float(flops), float(nbytes)
@@ -129,7 +140,10 @@ def norm(in_types, out_types, attr) -> Tiling:
     R = len(P)
     if R == 0:
         return whole(in_types, out_types)
-    normed = _dims_attr(attr, R) or (R - 1,)
+    normed = _dims_attr(attr, R)
+    if normed is None and isinstance(attr.get("normalized_ndim"), int) and 0 < attr["normalized_ndim"] <= R:
+        normed = tuple(range(R - attr["normalized_ndim"], R))
+    normed = normed or (R - 1,)
 
     def one(box, t: TensorType):
         s = t.shape
@@ -188,7 +202,11 @@ def matmul(in_types, out_types, cost: CostModel) -> Tiling:
         ins = [ab, bb] + [None if t is None else broadcast_box(box, P, t.shape) for t in extra]
         return ins, [box] + [full_box(t.shape) for t in out_types[1:]]
 
-    tm, tn = cost.matmul_tile
+    batch = math.prod(P[:-2])
+    tm, tn = cost.matmul_tiles[0]
+    for m, n in cost.matmul_tiles[1:]:
+        if batch * math.ceil(P[-2] / m) * math.ceil(P[-1] / n) >= cost.matmul_waves * cost.num_sms:
+            tm, tn = m, n
     return Tiling(tuple(range(R)), fp, granule=(1,) * (R - 2) + (tm, tn), kind="matmul")
 
 
@@ -203,6 +221,12 @@ def tiling_for(spec: OpSpec | None, in_types: Sequence[TensorType | None], out_t
         if not isinstance(t, Tiling):
             raise TypeError(f"{spec.name}: extra['tiling'] returned {type(t).__name__}, not latch_schedule.tiling.Tiling")
         return t
+    if spec is not None:
+        from .tiling_ops import by_name
+
+        t = by_name(spec.name, in_types, out_types, attr)
+        if t is not None:
+            return t
     tags = spec.tags if spec is not None else frozenset()
     if tags & {ELEMENTWISE, COPY}:
         return elementwise(in_types, out_types)

@@ -210,13 +210,20 @@ class ProgramValidator:
                             for n in gnodes)
             self.plans.append(GroupPlan(gnodes, grp.inputs, grp.outputs, internal, grp.primary,
                                         grp.body, pointwise))
+        allowed_in = [set(grp.inputs) for grp in ps.groups]
+        allowed_out = [set(grp.outputs) for grp in ps.groups]
+        checked: set = set()  # (kind, group, access): tiles of a group repeat whole-value accesses
         for t in ps.tasks:
             if not 0 <= t.group < len(ps.groups):
                 p(f"{self.name}: task {t.id} names group {t.group}, which does not exist")
                 continue
-            grp = ps.groups[t.group]
-            for kind, accs, allowed in (("reads", t.reads, set(grp.inputs)), ("writes", t.writes, set(grp.outputs))):
+            for kind, accs, allowed in (("reads", t.reads, allowed_in[t.group]),
+                                        ("writes", t.writes, allowed_out[t.group])):
                 for a in accs:
+                    key = (kind, t.group, a)
+                    if key in checked:
+                        continue
+                    checked.add(key)
                     if not g.has_value(a.value):
                         p(f"{self.name}: {self.task(t.id)} {kind} {a.value!r}, which the graph does not declare")
                         continue
@@ -247,14 +254,13 @@ class ProgramValidator:
                 continue
             need_r, need_w = tiler.footprint(t.tile)
             for kind, need, have in (("read", need_r, t.reads), ("write", need_w, t.writes)):
-                declared = defaultdict(list)
-                for a in have:
-                    declared[a.value].append(a.box)
                 for v, box in need.items():
-                    boxes = declared.get(v, [])
+                    if any(a.value == v and (a.box == box or contains(a.box, box)) for a in have):
+                        continue  # the usual case: one declared box holds it
                     if is_empty(box):
                         continue
-                    if not any(contains(b, box) for b in boxes) and not covered(box, boxes, False):
+                    boxes = [a.box for a in have if a.value == v]
+                    if not covered(box, boxes, False):
                         p(f"{self.name}: {self.task(t.id)}: its body {kind}s %{v} {list(box)}, but its footprint "
                           f"declares only {[list(b) for b in boxes]}; footprints must be supersets")
 
@@ -292,6 +298,7 @@ class ProgramValidator:
     # ---- 4. read-after-write ------------------------------------------------------------------
     def _raw(self) -> None:
         order, p = self.order, self.p
+        cache: dict[tuple, list[int]] = {}  # (value, box) -> writers: tiles share whole-value reads
         for t in self.ps.tasks:
             for a in t.reads:
                 v = a.value
@@ -300,7 +307,10 @@ class ProgramValidator:
                     if v not in self.inputs and not is_empty(a.box):
                         p(f"{self.name}: {self.task(t.id)} reads %{v}, which is no program input and no task writes")
                     continue
-                hits = idx.query(a.box)
+                key = (v, a.box)
+                hits = cache.get(key)
+                if hits is None:
+                    hits = cache[key] = idx.query(a.box)
                 if t.id in hits:
                     p(f"{self.name}: {self.task(t.id)} reads %{v} {list(a.box)}, which it writes itself")
                     hits = [h for h in hits if h != t.id]
@@ -399,17 +409,22 @@ class ProgramValidator:
             return False
         tasks = self.ps.tasks
         r_index = MultiIndex((b, t, tasks[t].group) for b, t in self.readers.get(u, []))
+        w_index = self.w_index.get(u)
+        order = self.order
         for wbox, w in self.writers.get(v, ()):
-            for idx, kind in ((r_index, "r"), (self.w_index.get(u), "w")):
-                if idx is None:
-                    continue
-                for a in idx.query(wbox):
-                    if a == w:
-                        group = self.ps.tasks[w].group
-                        if kind == "w" or group >= len(self.plans) or not self.plans[group].pointwise:
-                            return False
-                    elif not self.order.before(a, w):
-                        return False
+            hits = r_index.query(wbox)
+            if w in hits:  # the task reads the old value where it writes the new one
+                group = tasks[w].group
+                if group >= len(self.plans) or not self.plans[group].pointwise:
+                    return False
+                hits = [a for a in hits if a != w]
+            if w_index is not None:
+                whits = w_index.query(wbox)
+                if w in whits:
+                    return False
+                hits += whits
+            if not order.all_before(hits, w):
+                return False
         return True
 
     def _shared(self, buf: str, a: Placement, b: Placement) -> None:
