@@ -116,6 +116,38 @@ CASES = [
     ("latch::log_softmax", [T(2, 5)], {}, lambda a: a.log_softmax(-1)),
     ("latch::layer_norm", [T(2, 3, 4), T(4), T(4)], {"normalized_ndim": 1, "eps": 1e-5}, None),
     ("latch::layer_norm", [T(2, 3, 4), None, None], {"normalized_ndim": 2, "eps": 1e-5}, None),
+    ("latch::layer_norm_backward", [T(2, 4), T(2, 4), T(2, 1), T(2, 1), T(4), T(4)],
+     {"normalized_ndim": 1, "output_mask": (True, False, True)}, None),
+    ("latch::abs", [T(5)], {}, torch.abs),
+    ("latch::sign", [T(5)], {}, torch.sign),
+    ("latch::relu", [T(5)], {}, torch.relu),
+    ("latch::log", [T(5)], {}, torch.log),
+    ("latch::log1p", [T(5)], {}, torch.log1p),
+    ("latch::expm1", [T(5)], {}, torch.expm1),
+    ("latch::sqrt", [T(5)], {}, torch.sqrt),
+    ("latch::reciprocal", [T(5)], {}, torch.reciprocal),
+    ("latch::sin", [T(5)], {}, torch.sin),
+    ("latch::cos", [T(5)], {}, torch.cos),
+    ("latch::tanh", [T(5)], {}, torch.tanh),
+    ("latch::erf", [T(5)], {}, torch.erf),
+    ("latch::sigmoid", [T(5)], {}, torch.sigmoid),
+    ("latch::remainder", [T(6)], {"scalar": 0.75}, lambda a: torch.remainder(a, 0.75)),
+    ("latch::remainder", [T(6, dtype="i64"), T(6, dtype="i64")], {}, torch.remainder),
+    ("latch::eq", [T(4, dtype="i64")], {"scalar": 2}, lambda a: a == 2),
+    ("latch::ne", [T(4), T(4)], {}, lambda a, b: a != b),
+    ("latch::gt", [T(4)], {"scalar": 0.0, "scalar_first": True}, lambda a: 0.0 > a),
+    ("latch::le", [T(2, 4), T(4)], {}, lambda a, b: a <= b),
+    ("latch::logical_or", [T(3, dtype="bool"), T(3, dtype="bool")], {}, torch.logical_or),
+    ("latch::logical_xor", [T(3, dtype="i64"), T(3, dtype="i64")], {}, torch.logical_xor),
+    ("latch::triu", [T(2, 3, 4)], {"diagonal": -1}, lambda a: torch.triu(a, -1)),
+    ("latch::amin", [T(2, 3)], {"dims": (0, 1), "keepdim": False}, lambda a: a.amin()),
+    ("latch::argmin", [T(2, 3)], {"dims": (0,), "keepdim": True}, lambda a: a.argmin(0, keepdim=True)),
+    ("latch::sigmoid_backward", [T(5), T(5)], {}, lambda g, y: g * y * (1 - y)),
+    ("latch::tanh_backward", [T(5), T(5)], {}, lambda g, y: g * (1 - y * y)),
+    ("latch::silu_backward", [T(5), T(5)], {},
+     lambda g, x: g * torch.sigmoid(x) * (1 + x * (1 - torch.sigmoid(x)))),
+    ("latch::softmax_backward", [T(2, 5), T(2, 5)], {}, lambda g, y: y * (g - (g * y).sum(-1, keepdim=True))),
+    ("latch::log_softmax_backward", [T(2, 5), T(2, 5)], {}, lambda g, y: g - y.exp() * g.sum(-1, keepdim=True)),
 ]
 
 INDEX_CASES = [  # ops whose integer operands need valid indices: (op, operands as tensors, attrs, torch expression)
@@ -134,7 +166,18 @@ INDEX_CASES = [  # ops whose integer operands need valid indices: (op, operands 
     ("latch::nll_loss", lambda: [torch.randn(4, 5).log_softmax(-1), torch.tensor([1, 4, -100, 0]), None],
      {"reduction": "mean", "ignore_index": -100},
      lambda lp, t, w: (torch.nn.functional.nll_loss(lp, t), None)),
+    ("latch::nll_loss_backward", lambda: [torch.tensor(1.0), torch.randn(4, 5), torch.tensor([1, 4, 2, 0]),
+                                          torch.tensor([1.0, 2.0, 1.0, 0.5, 3.0]), torch.tensor(6.5)],
+     {"reduction": "mean", "ignore_index": -100},
+     lambda g, lp, t, w, tw: torch.zeros(4, 5, dtype=torch.float64).scatter(1, t[:, None], -w[t][:, None] / tw)),
+    ("latch::scatter", lambda: [torch.zeros(3, 4), torch.tensor([[0, 3], [1, 2], [2, 0]]), torch.randn(3, 2)],
+     {"dim": 1}, lambda x, i, s: torch.scatter(x, 1, i, s)),
 ]
+
+
+def test_every_core_op_has_a_case():
+    covered = {c[0] for c in CASES} | {c[0] for c in INDEX_CASES}
+    assert sorted(s.name for s in SPECS if s.name not in covered) == []
 
 
 def _rand(t: TensorType):
