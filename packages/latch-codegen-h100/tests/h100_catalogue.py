@@ -120,3 +120,12 @@ ex("sdpa", [_Q, _K, _V], causal=False, scale=0.3)
 ex("sdpa_backward", [((2, 2, 5, 8), F), None, _Q, _K, _V, ((2, 2, 5, 8), F), ((2, 2, 5), F)], causal=True, scale=0.25)
 ex("sdpa_backward", [((2, 2, 5, 8), F), ((2, 2, 5), F), _Q, _K, _V, ((2, 2, 5, 8), F), ((2, 2, 5), F)],
    causal=False, scale=0.3)
+
+# MoE (latch_ops/moe): offsets is routing data (a partition of the rows, possibly with empty experts)
+ex("token_topk", [((6, 8), F)], k=2)
+ex("token_topk_backward", [((6, 2), F), ((6, 2), "i64")], num_experts=8)
+ex("route_order", [((6, 2), "i64")], num_experts=8)
+ex("ragged_mm", [((12, 16), F), ((4, 16, 8), F), ((5,), "i64")])
+ex("ragged_mm", [((12, 16), F), ((4, 16, 8), F), ((5,), "i64")], operand_dtype="bf16", accum_dtype="f32")
+ex("ragged_mm_grad_x", [((12, 8), F), ((4, 16, 8), F), ((5,), "i64")])
+ex("ragged_mm_grad_w", [((12, 16), F), ((12, 8), F), ((5,), "i64")])

@@ -49,7 +49,15 @@ def make_inputs(g, seed=0) -> dict[str, torch.Tensor]:
             v = g.value(name)
             dt = DTYPES[v.dtype]
             bound = _index_bound(n, pos, g)
-            if bound is not None:
+            if n.op.startswith("latch::ragged_mm") and pos == 2:  # offsets: a partition of rows 1..R-1
+                rows = g.value(n.inputs[0]).shape[0]
+                t = torch.sort(torch.randint(1, rows, (v.shape[0],), generator=gen)).values
+            elif n.op == "latch::token_topk_backward" and pos == 1:  # distinct experts per row
+                t = torch.stack([torch.randperm(n.attr("num_experts"), generator=gen)[:v.shape[1]]
+                                 for _ in range(v.shape[0])])
+            elif n.op == "latch::route_order":
+                t = torch.randint(0, n.attr("num_experts"), v.shape, generator=gen)
+            elif bound is not None:
                 if n.op == "latch::scatter":  # distinct targets per row: torch's scatter is order-dependent
                     rows = [torch.randperm(g.value(n.inputs[0]).shape[n.attr("dim")], generator=gen)[:v.shape[-1]]
                             for _ in range(v.shape[0])]

@@ -10,13 +10,15 @@ import click
 
 from latch_core.hookspecs import hookimpl
 
-from . import lower_attention, lower_elementwise, lower_indexing, lower_matmul, lower_nn, lower_reduce, lower_views
+from . import (
+    lower_attention, lower_elementwise, lower_indexing, lower_matmul, lower_moe, lower_nn, lower_reduce, lower_views,
+)
 
 
 def all_lowerings():
     return (lower_elementwise.lowerings() + lower_reduce.lowerings() + lower_matmul.lowerings()
             + lower_views.lowerings() + lower_indexing.lowerings() + lower_nn.lowerings()
-            + lower_attention.lowerings())
+            + lower_attention.lowerings() + lower_moe.lowerings())
 
 
 @hookimpl

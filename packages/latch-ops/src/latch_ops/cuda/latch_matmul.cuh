@@ -1,4 +1,5 @@
 // Matrix product body: C[b, m, n] = sum_k A[b, m, k] * B[b, k, n] for one tile of C.
+// TRANS_A / TRANS_B read A as [K, M] / B as [N, K] in memory (the ragged MoE gradients use them).
 //
 // Simple and correct first: 64 x 64 blocks of C per step, K in slices of 32 staged through shared
 // memory, each of the 256 threads accumulating a 4 x 4 sub-block in registers (Acc: float, or
@@ -24,7 +25,7 @@ template <class Acc> constexpr int matmul_smem_bytes() {
   return (int)sizeof(Acc) * MM_BK * ((MM_BM + MM_PAD) + (MM_BN + MM_PAD));
 }
 
-template <class TA, class TB, class TC, class Acc, int ROUND>
+template <class TA, class TB, class TC, class Acc, int ROUND, bool TRANS_A = false, bool TRANS_B = false>
 __device__ void matmul_tile(const TA* A, const TB* B, TC* C, long long M, long long N, long long K, long long b_lo,
                             long long b_hi, long long m_lo, long long m_hi, long long n_lo, long long n_hi,
                             char* smem) {
@@ -47,13 +48,13 @@ __device__ void matmul_tile(const TA* A, const TB* B, TC* C, long long M, long l
           for (int e = tid; e < MM_BM * MM_BK; e += LATCH_THREADS) {
             const int r = e / MM_BK, kk = e % MM_BK;
             const long long gm = m0 + r, gk = k0 + kk;
-            Acc v = (gm < m_hi && gk < K) ? (Acc)ld<TA>(Ab, gm * K + gk) : Acc(0);
+            Acc v = (gm < m_hi && gk < K) ? (Acc)ld<TA>(Ab, TRANS_A ? gk * M + gm : gm * K + gk) : Acc(0);
             As[kk * LDA + r] = round_operand<ROUND>(v);
           }
           for (int e = tid; e < MM_BK * MM_BN; e += LATCH_THREADS) {
             const int kk = e / MM_BN, cc = e % MM_BN;
             const long long gk = k0 + kk, gn = n0 + cc;
-            Acc v = (gk < K && gn < n_hi) ? (Acc)ld<TB>(Bb, gk * N + gn) : Acc(0);
+            Acc v = (gk < K && gn < n_hi) ? (Acc)ld<TB>(Bb, TRANS_B ? gn * K + gk : gk * N + gn) : Acc(0);
             Bs[kk * LDB + cc] = round_operand<ROUND>(v);
           }
           __syncthreads();
