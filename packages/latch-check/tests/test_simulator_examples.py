@@ -6,6 +6,7 @@ from pathlib import Path
 
 import attrs
 import pytest
+import torch
 
 pytest.importorskip("latch_memory")
 pytest.importorskip("latch_schedule")
@@ -104,3 +105,31 @@ def test_planted_lifetime_bug_in_a_real_plan():
         simulate(bad, "update", ins, 0)
     result = check_example(ex, bad, steps=1, checks=False)  # the numbers alone fail too
     assert not result.passed
+
+
+def test_recomputation_keeps_results_on_tinymoe():
+    from latch_capture import batch_inputs, bind_inputs, program_inputs
+    from latch_check import reference
+    from latch_check.compare import _f64
+
+    from latch_memory.remat import estimate
+
+    ex, doc = _captured_example("tinymoe")
+    passes = registries().passes
+    peak = estimate(doc.graph.program("update")).peak
+    rem = run_pass(passes.get("memory.remat"), doc, budget_bytes=int(0.7 * peak))
+    rep = dict(dict(dict(rem.graph.metadata)["memory.remat"])["update"])
+    assert rep["recomputed"] > 0 and rep["peak_after"] < rep["peak_before"] == peak
+    flat = bind_inputs(doc, params={n: _f64(p) for n, p in ex.params().items()}, state=_f64(ex.initial_state()),
+                       inputs=ex.inputs, targets=ex.targets, hyper=dict(doc.graph.meta("hyper", ()) or ()))
+    flat.update(batch_inputs(ex.inputs, ex.targets))
+    ins = program_inputs(doc.graph.program("update"), flat)
+    before = reference.run(doc, "update", ins)
+    after = reference.run(rem, "update", ins)
+    assert before.keys() == after.keys()
+    for k in before:
+        assert torch.equal(before[k], after[k]), k
+    # and the recomputing graph, scheduled and planned, runs on the simulator to FP64
+    sched = prepare(rem, scheduler="dataflow", num_sms=4)
+    result = check_example(ex, sched, steps=1, seed=5)
+    assert result.passed, result.format()

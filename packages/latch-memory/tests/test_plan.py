@@ -177,18 +177,16 @@ def test_dataflow_reuse_needs_happens_before():
 def test_best_fit_picks_the_smallest_gap():
     # 'a', 'sep1', 'sep2' live throughout; 'x' (512) and 'y' (256) die before 'z' (256) starts:
     # z fits both freed gaps and takes the smaller one, y's
-    items = [("a", 2048), ("x", 512), ("sep1", 256), ("y", 256), ("sep2", 256), ("z", 256)]
-    life = {"a": (0, 9), "x": (0, 1), "sep1": (0, 9), "y": (0, 1), "sep2": (0, 9), "z": (2, 3)}
-
-    def definite(a, b):
-        (s1, e1), (s2, e2) = life[a], life[b]
-        return s1 <= e2 and s2 <= e1
-
-    offs, top = assign_offsets(items, definite, alignment=256, order_key=lambda n: life[n][0])
+    items = [("a", 2048, 0, 9), ("x", 512, 0, 1), ("sep1", 256, 0, 9), ("y", 256, 0, 1), ("sep2", 256, 0, 9),
+             ("z", 256, 2, 3)]
+    offs, top = assign_offsets(items, alignment=256)
     assert offs == {"a": 0, "x": 2048, "sep1": 2560, "y": 2816, "sep2": 3072, "z": 2816}
     assert top == 3328
+    # an ordering oracle that refuses: z must go above everything
+    offs, top = assign_offsets(items, ordered=lambda a, b: False, alignment=256)
+    assert offs["z"] == 3328 and top == 3584
     # alignment: a 100-byte item still starts on a 256 boundary
-    offs, top = assign_offsets([("p", 100), ("q", 100)], lambda a, b: True, alignment=256)
+    offs, top = assign_offsets([("p", 100, 0, 1), ("q", 100, 0, 1)], alignment=256)
     assert sorted(offs.values()) == [0, 256] and top == 356
 
 

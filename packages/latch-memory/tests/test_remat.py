@@ -24,8 +24,10 @@ def _same_results(g1, g2):
 def test_estimate_counts_intermediates_only():
     g = two_weight_graph(with_const=False)
     est = estimate(g)
-    # at the last node: the two new weights and the outputs loss, g1, g2 are live (inputs are not counted)
-    assert est.profile[-1] == 4 * (4 * 6 + 6 * 3 + 1 + 4 * 6 + 6 * 3)
+    # at the last node the outputs loss, g1, g2 are live; inputs and the new weights (written in
+    # place into the old weights' buffers) are not counted
+    assert est.profile[-1] == 4 * (1 + 4 * 6 + 6 * 3)
+    assert est.sizes["w1_new"] == 0 and est.sizes["g1"] == 4 * 4 * 6
 
 
 @pytest.mark.parametrize("layers", [2, 4])

@@ -1,7 +1,7 @@
 """Arena offset assignment: best-fit into the gaps left by conflicting values.
 
-Input: items (name, size) and a conflict relation (two items conflict when they may be live at the
-same time; see :meth:`latch_memory.liveness.Liveness.compatible`). Output: an offset per item, each
+Input: items (name, size, start, end) and a conflict relation (two items conflict when they may be
+live at the same time; see :meth:`latch_memory.liveness.Liveness.compatible`). Output: an offset per item, each
 a multiple of ``alignment``, such that conflicting items never share a byte.
 
 Order: largest items first (ties: earliest start), the classic greedy-by-size order: big values
@@ -9,10 +9,10 @@ claim space while it is free, small ones fill the gaps. Placement: among the gap
 byte ranges of already placed items that conflict with this one, take the *smallest* gap the item
 fits in (best fit); if none fits, place it above the highest conflicting item.
 
-Conflicts are asked lazily: ``definite(a, b)`` is a cheap test that must be true whenever the items
-can be live together and is used to pick a gap; ``ordered(a, b)`` (the expensive happens-before
-test) is only asked for items that would share bytes with the chosen position, and a failure makes
-that item a conflict and the search repeat. Either way the result satisfies the full relation.
+Conflicts are asked lazily: overlapping intervals (positions in one execution order) conflict for
+sure and pick the gaps; ``ordered(a, b)`` (the expensive happens-before test) is only asked for
+items with disjoint intervals that would share bytes with the chosen position, and a failure
+makes that item a conflict and the search repeat. The result satisfies the full relation.
 """
 
 from __future__ import annotations
@@ -42,54 +42,51 @@ def _best_gap(busy: list[tuple[int, int]], size: int, alignment: int) -> int:
 
 
 def assign_offsets(
-    items: Sequence[tuple[Hashable, int]],
-    definite: Callable[[Hashable, Hashable], bool],
+    items: Sequence[tuple[Hashable, int, int, int]],
     ordered: Callable[[Hashable, Hashable], bool] | None = None,
     *,
     alignment: int = 256,
     base: int = 0,
-    order_key: Callable[[Hashable], object] | None = None,
 ) -> tuple[dict[Hashable, int], int]:
     """Offsets (all >= ``base``) for ``items`` and the end of the highest one (the arena size).
 
-    ``definite(a, b)``: a and b conflict for sure (e.g. their liveness intervals overlap).
-    ``ordered(a, b)``: a and b (not definitely conflicting) may share bytes. None: always.
+    ``items``: ``(name, size, start, end)``; items whose closed intervals ``[start, end]`` overlap
+    conflict for sure. ``ordered(a, b)``: items with disjoint intervals may share bytes (None:
+    always; otherwise asked lazily, see the module docstring).
     """
     if alignment <= 0 or alignment & (alignment - 1):
         raise ValueError(f"alignment must be a positive power of two, got {alignment}")
-    key = order_key or (lambda name: 0)
-    queue = sorted(items, key=lambda it: (-it[1], key(it[0])))
-    placed: list[tuple[Hashable, int, int]] = []  # (name, offset, end)
+    queue = sorted(items, key=lambda it: (-it[1], it[2]))
+    placed: list[tuple[Hashable, int, int, int, int]] = []  # (name, offset, end offset, start, end)
     offsets: dict[Hashable, int] = {}
     top = base
-    for name, size in queue:
+    for name, size, start, end in queue:
         if size == 0:
             offsets[name] = base
             continue
         busy = []
         maybe = []
-        for other, lo, hi in placed:
-            if definite(name, other):
+        for other, lo, hi, s2, e2 in placed:
+            if start <= e2 and s2 <= end:
                 busy.append((lo - base, hi - base))
-            else:
+            elif ordered is not None:
                 maybe.append((other, lo - base, hi - base))
         busy.sort()
         checked: set = set()
         while True:
             off = _best_gap(busy, size, alignment)
             clash = None
-            if ordered is not None:
-                for other, lo, hi in maybe:
-                    if lo < off + size and off < hi and other not in checked:
-                        checked.add(other)
-                        if not ordered(name, other):
-                            clash = (lo, hi)
-                            break
+            for other, lo, hi in maybe:
+                if lo < off + size and off < hi and other not in checked:
+                    checked.add(other)
+                    if not ordered(name, other):
+                        clash = (lo, hi)
+                        break
             if clash is None:
                 break
             busy.append(clash)
             busy.sort()
         offsets[name] = base + off
-        placed.append((name, base + off, base + off + size))
+        placed.append((name, base + off, base + off + size, start, end))
         top = max(top, base + off + size)
     return offsets, top

@@ -96,12 +96,10 @@ def plan_program(graph: Graph, ps: ProgramSchedule, ops: Registry, const_offsets
     lives = live.lives
     t1 = time.perf_counter()
     offsets, top = assign_offsets(
-        arena_items,
-        definite=lambda a, b: live.overlap(lives[a], lives[b]),
+        [(n, size, lives[n].start, lives[n].end) for n, size in arena_items],
         ordered=lambda a, b: live.compatible(lives[a], lives[b]),
         alignment=alignment,
         base=align_up(const_end, alignment),
-        order_key=lambda n: lives[n].start,
     )
     t_arena = time.perf_counter() - t1
     for name, _ in arena_items:

@@ -2,8 +2,9 @@
 
 The estimate (before any schedule exists) is liveness over the node order: an intermediate value
 lives from the node that defines it to its last consumer (to the end when it is a program output);
-the *peak* is the largest sum of live bytes at one node. Inputs and constants are not counted:
-they live in external buffers and the constant area whatever the pass does.
+the *peak* is the largest sum of live bytes at one node. Inputs, constants and in-place outputs
+(new params and state) are not counted: they live in external buffers and the constant area
+whatever the pass does.
 
 A step: at a peak position ``p``, pick a node whose outputs are live across ``p`` but unused there
 (defined before ``p``, consumed again after it) and whose op is cheap (tags ``elementwise``,
@@ -69,7 +70,8 @@ def estimate(g: Graph, nodes: list[Node] | None = None) -> Estimate:
                 lst = uses.setdefault(x, [])
                 if not lst or lst[-1] != i:
                     lst.append(i)
-    sizes = {v: _nbytes(g, v) for v in defs}
+    inplace_new = {new for new, _ in g.inplace}  # written into their old value's buffer, not the arena
+    sizes = {v: 0 if v in inplace_new else _nbytes(g, v) for v in defs}
     last = {}
     diff = [0] * (n + 2)
     for v, d in defs.items():
