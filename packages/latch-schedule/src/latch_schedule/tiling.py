@@ -257,7 +257,7 @@ def split(shape: Sequence[int], tiling: Tiling, target: int) -> list[Box]:
         if g > 0:
             blocks[k] = min(g, shape[k])
             fixed_tiles *= math.ceil(shape[k] / blocks[k])
-    remaining = max(1, math.ceil(remaining / fixed_tiles)) if fixed_tiles > 1 else remaining
+    remaining = max(1, remaining // fixed_tiles)
     for k in tiling.split_dims:
         if k in blocks:
             continue
@@ -267,7 +267,7 @@ def split(shape: Sequence[int], tiling: Tiling, target: int) -> list[Box]:
         if k == len(shape) - 1 and block < n and n > ALIGN:
             block = min(n, math.ceil(block / ALIGN) * ALIGN)
         blocks[k] = block
-        remaining = max(1, math.ceil(remaining / math.ceil(n / block)))
+        remaining = max(1, remaining // math.ceil(n / block))  # floor: never exceed the target
     per_dim = []
     for k, n in enumerate(shape):
         if k in blocks:
