@@ -23,9 +23,15 @@ def graph(name, values, nodes, inputs, outputs, inplace=()):
                  [Group(k, v) for k, v in inputs], [Group(k, v) for k, v in outputs], inplace)
 
 
-def _tiles(shape, n):
+def _tiles(shape, n, split="rows"):
+    """Boxes covering ``shape``: ``n`` ranges of dim 0 ("rows") or of the last dim ("cols")."""
     if not shape:
         return [()]
+    if split == "cols" and len(shape) >= 2:
+        cols = shape[-1]
+        k = max(1, min(n, cols)) if cols else 1
+        step = -(-cols // k) if cols else 1
+        return [tuple((0, d) for d in shape[:-1]) + ((lo, min(cols, lo + step)),) for lo in range(0, max(cols, 1), step)]
     rows = shape[0]
     n = max(1, min(n, rows)) if rows else 1
     out = []
@@ -46,7 +52,7 @@ def _whole_ops() -> set[str]:
     return {name for name, low in registries().lowerings.items() if getattr(low, "whole", False)}
 
 
-def schedule_program(g: Graph, *, strategy="barrier", num_sms=4, tiles=2, groups=None) -> ProgramSchedule:
+def schedule_program(g: Graph, *, strategy="barrier", num_sms=4, tiles=2, groups=None, split="rows") -> ProgramSchedule:
     """``groups``: optional list of node-name lists to fuse (default: one group per node)."""
     node_groups = groups or [[n.name] for n in g.nodes]
     by_name = {n.name: n for n in g.nodes}
@@ -73,7 +79,7 @@ def schedule_program(g: Graph, *, strategy="barrier", num_sms=4, tiles=2, groups
         shape = g.value(primary).shape
         group_tasks[gid] = []
         whole = any(by_name[nn].op in _whole_ops() for nn in names)
-        for tile in _tiles(shape, 1 if whole else tiles):
+        for tile in _tiles(shape, 1 if whole else tiles, split):
             tid = len(tasks)
             reads = [Access(i, _full(g.value(i).shape)) for i in ins]
             writes = [Access(o, _full(g.value(o).shape)) for o in outs]
@@ -128,10 +134,11 @@ def memory_program(g: Graph, ps: ProgramSchedule, *, align=256, base=0) -> Progr
     return ProgramMemory(g.name, placements, off, off)
 
 
-def planned(graphs, layout=(), *, strategy="barrier", num_sms=4, tiles=2, metadata=None, groups=None) -> Document:
+def planned(graphs, layout=(), *, strategy="barrier", num_sms=4, tiles=2, metadata=None, groups=None,
+            split="rows") -> Document:
     graphs = list(graphs)
     scheds = [schedule_program(g, strategy=strategy, num_sms=num_sms, tiles=tiles,
-                               groups=(groups or {}).get(g.name)) for g in graphs]
+                               groups=(groups or {}).get(g.name), split=split) for g in graphs]
     mems = [memory_program(g, s) for g, s in zip(graphs, scheds)]
     return Document(
         graph=GraphSection(graphs, layout, metadata or {}),

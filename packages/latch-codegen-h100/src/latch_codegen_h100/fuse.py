@@ -142,6 +142,30 @@ class _Puller:
         return name
 
 
+def _const_loop(shape, indent: str = "  ") -> tuple[list[str], list[str]]:
+    """The loop of a tile that spans every dim but the first: coordinates decoded with the shape's
+    constant extents (the compiler turns the divisions into multiplies) and the element offset of
+    the first coordinate known, so the common case (row tiles) avoids 64-bit run-time divisions."""
+    r = len(shape)
+    inner = 1
+    for d in shape[1:]:
+        inner *= d
+    lines = [f"{indent}const long long n = ((long long)c.t->hi[0] - c.t->lo[0]) * {inner}LL;",
+             f"{indent}const long long base_ = (long long)c.t->lo[0] * {inner}LL;",
+             f"{indent}for (long long i = threadIdx.x; i < n; i += blockDim.x) {{",
+             f"{indent}  const long long l_ = base_ + i;"]
+    acc = 1
+    coords = [""] * r
+    for d in reversed(range(1, r)):
+        div = f"l_ / {acc}LL" if acc != 1 else "l_"
+        lines.append(f"{indent}  const long long x{d} = ({div}) % {shape[d]}LL;")
+        coords[d] = f"x{d}"
+        acc *= shape[d]
+    lines.append(f"{indent}  const long long x0 = l_ / {acc}LL;" if acc != 1 else f"{indent}  const long long x0 = l_;")
+    coords[0] = "x0"
+    return lines, coords
+
+
 def fused_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> list[str]:
     target = spec.values[spec.primary].shape
     decl, names = _ptr_decl(spec)
@@ -151,11 +175,23 @@ def fused_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> list[str]:
                 f"fused group: output {v.index} has shape {v.shape}, the primary output {target}; "
                 "a fused elementwise body writes every output at the primary's index"
             )
-    loop, coords = tile_loop_open(len(target))
-    p = _Puller(spec, lowerings, names, "    ")
-    stores = []
-    for i, v in enumerate(spec.values):
-        if v.kind == OUT:
-            val = p.pull(i, coords)
-            stores.append(f"    latch::st<{storage_type(v.dtype)}>({names[i]}, {dot(coords, strides(v.shape))}, {val});")
-    return decl + loop + p.lines + stores + ["  }"]
+
+    def loop_body(coords: list[str]) -> list[str]:
+        p = _Puller(spec, lowerings, names, "    ")
+        stores = []
+        for i, v in enumerate(spec.values):
+            if v.kind == OUT:
+                val = p.pull(i, coords)
+                stores.append(f"    latch::st<{storage_type(v.dtype)}>({names[i]}, "
+                              f"{dot(coords, strides(v.shape))}, {val});")
+        return p.lines + stores
+
+    if len(target) < 2:
+        loop, coords = tile_loop_open(len(target))
+        return decl + loop + loop_body(coords) + ["  }"]
+    full = " && ".join(f"c.t->lo[{d}] == 0 && c.t->hi[{d}] == {n}" for d, n in enumerate(target) if d > 0)
+    fast, fcoords = _const_loop(target, "    ")
+    slow, scoords = tile_loop_open(len(target), "    ")
+    ind = lambda lines: ["  " + x for x in lines]  # noqa: E731
+    return (decl + [f"  if ({full}) {{  // the tile spans every dim but the first"] + fast + ind(loop_body(fcoords))
+            + ["    }", "  } else {"] + slow + ind(loop_body(scoords)) + ["    }", "  }"])
