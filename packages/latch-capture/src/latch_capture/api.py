@@ -160,6 +160,13 @@ def capture_module(model, objective: Callable, inputs: Any, targets: Any, *, opt
     fb = trace.trace_forward_backward(spec, model, objective, optimizer.forward_state, ops, say)
     opt = trace.trace_update(spec, optimizer.update, ops, say)
     section = programs.assemble(spec, fb, opt, microbatches=microbatches, grads=grads, example=example, ops=ops)
+    from latch_core.lint import lint_section
+
+    from .lower import LoweringBug
+
+    problems = lint_section(section, ops, require_known_ops=True)
+    if problems:  # every node was checked while lowering; a problem here is a bug in assembly
+        raise LoweringBug("latch-capture assembled an ill-formed graph (please report):\n  " + "\n  ".join(problems[:10]))
     seconds = time.perf_counter() - t0
     sizes = ", ".join(f"{p.name}: {len(p.nodes)} nodes" for p in section.programs)
     say(f"capture: done in {seconds:.1f} s ({sizes})")
