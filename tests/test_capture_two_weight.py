@@ -3,7 +3,6 @@
 from pathlib import Path
 
 import pytest
-import torch
 from click.testing import CliRunner
 
 from latch_capture import advance, bind_inputs, load_example, program_inputs

@@ -3,7 +3,6 @@ constants, custom-op lowering, sources, and capture of large models on the meta 
 
 import os
 
-import pytest
 import torch
 from torch import nn
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from .lower import Lowerer
-from .lower_elementwise import apply_binary, is_t
+from .lower_elementwise import apply_binary
 
 INT64_MAX = (1 << 63) - 1
 
