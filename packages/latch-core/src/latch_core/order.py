@@ -47,6 +47,7 @@ O(SMs touched x SMs). This module is torch-free and depends only on the section 
 from __future__ import annotations
 
 import random
+import weakref
 from collections import deque
 from typing import Iterable, Sequence
 
@@ -319,6 +320,9 @@ class _Sim:
         return out
 
 
+_MEMO: dict[int, tuple] = {}  # id(schedule) -> (weak reference to it, its Order)
+
+
 class Order:
     """Happens-before between tasks; see the module docstring."""
 
@@ -331,6 +335,18 @@ class Order:
 
     @classmethod
     def from_schedule(cls, ps: ProgramSchedule) -> "Order":
+        # Memo by identity: the memory planner and the validator ask for the same (immutable)
+        # schedule in one pipeline; an Order is read-only, so they can share it.
+        hit = _MEMO.get(id(ps))
+        if hit is not None and hit[0]() is ps:
+            return hit[1]
+        order = cls._build(ps)
+        key = id(ps)
+        _MEMO[key] = (weakref.ref(ps, lambda _r, k=key: _MEMO.pop(k, None)), order)
+        return order
+
+    @classmethod
+    def _build(cls, ps: ProgramSchedule) -> "Order":
         fatal, soft, expected = _structure(ps)
         if fatal:
             raise ScheduleOrderError(fatal + soft)
