@@ -232,3 +232,13 @@ def test_naive_schedules_order_every_read_after_its_writers(strategy):
         n = len(ps.tasks)
         assert sorted(pos) == list(range(n))
         assert all(pos[a] < pos[b] for a in range(n) for b in range(n) if order.before(a, b))
+
+
+def test_planner_and_validator_share_one_order():
+    # latch_core.order memoizes by schedule identity: planning does not rebuild what another
+    # stage of the same pipeline already built
+    doc = _doc(mlp_graph(), strategy="dataflow")
+    ps = doc.schedule.program("update")
+    first = Order.from_schedule(ps)
+    planned = plan(doc)
+    assert Order.from_schedule(planned.schedule.program("update")) is first
