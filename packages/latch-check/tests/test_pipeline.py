@@ -1,0 +1,76 @@
+"""``latch-pipeline compile``: the README's main command, end to end on the CPU."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from latch_check import pipeline
+from latch_core.cli import main
+
+ROOT = Path(__file__).resolve().parents[3]
+TWO = str(ROOT / "examples" / "two_weight.py")
+
+
+def _cpu_only(monkeypatch):
+    monkeypatch.setattr(pipeline, "_device_sms", lambda: None)
+
+
+def test_compile_on_the_simulator_without_build(monkeypatch):
+    _cpu_only(monkeypatch)
+    r = CliRunner().invoke(main, ["compile", TWO, "--no-build", "--steps", "2"])
+    assert r.exit_code == 0, r.output
+    assert "no CUDA device seen by torch: checking on the CPU arena simulator" in r.output
+    assert "latch compile two_weight.py: PASS: 2 run(s) on CPU arena simulator" in r.output
+    for stage in ("capture", "memory.policy", "schedule", "memory.plan", "schedule.validate"):
+        assert stage in r.output
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_compile_builds_with_nvcc_and_writes_the_document(monkeypatch, tmp_path):
+    _cpu_only(monkeypatch)
+    out = tmp_path / "two.latch.json"
+    r = CliRunner().invoke(main, ["compile", TWO, "--scheduler", "dataflow", "--build-dir", str(tmp_path / "b"),
+                                  "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "b" / "program.so").exists() or any((tmp_path / "b").glob("*.so"))
+    from latch_core.document import load
+
+    doc = load(out)
+    assert doc.sections() == {"graph", "schedule", "memory", "build"}
+    assert doc.schedule.strategy == "dataflow"
+    assert "PASS" in r.output
+
+
+def test_gpu_target_without_a_gpu_is_an_error_not_a_fallback(monkeypatch):
+    _cpu_only(monkeypatch)
+    r = CliRunner().invoke(main, ["compile", TWO, "--target", "gpu", "--no-build"])
+    assert r.exit_code == 2
+    assert "--target gpu was asked for, but torch sees no CUDA device" in r.output
+    assert "PASS" not in r.output
+
+
+def test_missing_nvcc_is_named(monkeypatch):
+    _cpu_only(monkeypatch)
+    monkeypatch.setattr(pipeline.shutil, "which", lambda name: None)
+    r = CliRunner().invoke(main, ["compile", TWO])
+    assert r.exit_code == 2
+    assert "nvcc is not on PATH" in r.output and "--no-build" in r.output
+
+
+def test_a_failing_gate_fails_the_command(monkeypatch):
+    """A wrong result on the target must show as FAIL with a non-zero exit (the gate is not loosened)."""
+    _cpu_only(monkeypatch)
+    from latch_check import simulator
+
+    real = simulator.simulate
+
+    def corrupt(doc, program, inputs, seed=0, **kw):
+        out = real(doc, program, inputs, seed, **kw)
+        return {k: (v * 1.001 if v.is_floating_point() else v) for k, v in out.items()}
+
+    monkeypatch.setattr(simulator, "simulate", corrupt)
+    r = CliRunner().invoke(main, ["compile", TWO, "--no-build", "--steps", "1"])
+    assert r.exit_code == 1
+    assert "FAIL" in r.output
