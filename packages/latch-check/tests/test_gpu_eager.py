@@ -48,3 +48,13 @@ def test_policy_picks_the_gate_table():
     assert gpu.thresholds_for(Document(graph=GraphSection([plain]))) == gpu.GATES_F32
     assert gpu.thresholds_for(Document(graph=GraphSection([bf16]))) == gpu.GATES_BF16
     assert all(gpu.GATES_F32[k] <= gpu.GATES_BF16[k] for k in gpu.GATES_F32)
+
+
+def test_policy_faithful_references_round_bf16_operands_only_where_the_node_says_so():
+    ops = gpu.policy_faithful_ops()
+    mm = ops.get("latch::matmul").extra["reference"]
+    a = torch.tensor([[1.0 + 2 ** -10]], dtype=torch.float64)  # not representable in bf16
+    b = torch.tensor([[1.0]], dtype=torch.float64)
+    assert mm([a, b], {})[0].item() == 1.0 + 2 ** -10
+    assert mm([a, b], {"operand_dtype": "bf16"})[0].item() == 1.0
+    assert ops.get("latch::add").extra["reference"]([a, b], {})[0].item() == 2.0 + 2 ** -10

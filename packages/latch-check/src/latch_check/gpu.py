@@ -58,6 +58,36 @@ def thresholds_for(doc: Document) -> dict[str, float]:
     return dict(GATES_BF16 if policy_of(doc) == "bf16" else GATES_F32)
 
 
+def policy_faithful_ops(ops=None):
+    """The op registry with every reference rounding its float operands to bf16 where the node
+    says ``operand_dtype="bf16"`` (math still in float64). Running the FP64 interpreter with it
+    gives what a policy-following GPU computes, to rounding; comparing that against the plain
+    FP64 reference tells a policy effect (e.g. a routing decision flipped by BF16 router operands)
+    from a kernel error: a gate that fails for both has nothing to do with the kernel."""
+    import attrs
+
+    from latch_core.registry import Registry
+
+    if ops is None:
+        from latch_core.plugins import registries
+
+        ops = registries().ops
+    out = Registry("op")
+
+    def rounding(ref):
+        def run(inputs, node_attrs):
+            if node_attrs.get("operand_dtype") == "bf16":
+                inputs = [t.to(torch.bfloat16).to(t.dtype) if t is not None and t.is_floating_point() else t
+                          for t in inputs]
+            return ref(inputs, node_attrs)
+        return run
+
+    for name, spec in ops.items():
+        out.add(name, attrs.evolve(spec, extra={**spec.extra, "reference": rounding(spec.extra["reference"])}),
+                ops.owner(name))
+    return out
+
+
 def _layout_dtypes(doc: Document) -> dict[str, torch.dtype]:
     from latch_codegen_h100.runtime import DTYPES
 
