@@ -194,15 +194,19 @@ class _Sim:
         sm = ps.sms[s]
         i = self.ptr[s]
         rng = self.rng
-        while i < len(sm):
+        pos_sm, pos_idx, clk, trace = self.pos_sm, self.pos_idx, self.clk, self.trace
+        clock, count, cclock, none = self.clock, self.count, self.cclock, self.none
+        partial_needed, waiters = self._need_partial, self.waiters
+        n_ins = len(sm)
+        while i < n_ins:
             ins = sm[i]
             kind = ins[0]
             if kind == TASK:
                 t = ins[1]
-                self.pos_sm[t] = s
-                self.pos_idx[t] = i
-                self.clk[t] = self.clock[s]
-                self.trace.append(t)
+                pos_sm[t] = s
+                pos_idx[t] = i
+                clk[t] = clock[s]
+                trace.append(t)
                 i += 1
                 if rng is not None and rng.random() < 0.3:  # interleave SMs at task granularity
                     self.ptr[s] = i
@@ -210,33 +214,39 @@ class _Sim:
                     return
             elif kind == SIGNAL:
                 c = ins[1]
-                self.count[c] += 1
-                cc = self.cclock[c]
-                new = list(self.clock[s]) if cc is self.none else list(map(max, cc, self.clock[s]))
+                count[c] += 1
+                cc = cclock[c]
+                new = list(clock[s]) if cc is none else list(map(max, cc, clock[s]))
                 if new[s] < i - 1:
                     new[s] = i - 1
-                self.cclock[c] = new
-                if c in self._need_partial:
-                    own = list(self.clock[s])
+                cclock[c] = new
+                if c in partial_needed:
+                    own = list(clock[s])
                     own[s] = i - 1
                     self.partial[c].append(own)
-                ws = self.waiters[c]
+                ws = waiters[c]
                 if ws:
                     still = []
                     for w in ws:
-                        if self.count[c] >= self.ps.sms[w][self.ptr[w]][2]:
+                        if count[c] >= ps.sms[w][self.ptr[w]][2]:
                             queue.append(w)
                         else:
                             still.append(w)
-                    self.waiters[c] = still
+                    waiters[c] = still
                 i += 1
             elif kind == WAIT:
                 c, n = ins[1], ins[2]
-                if self.count[c] < n:
+                if count[c] < n:
                     self.ptr[s] = i
-                    self.waiters[c].append(s)
+                    waiters[c].append(s)
                     return
-                self._acquire(s, c, n)
+                if n > 0:
+                    if n >= self.expected[c]:
+                        src = cclock[c]
+                        cur = clock[s]
+                        clock[s] = src if cur is none else list(map(max, cur, src))
+                    else:
+                        self._acquire(s, c, n)
                 i += 1
             else:  # barrier
                 k = self.barrier_k[s]

@@ -57,7 +57,12 @@ def hull(a: Box | None, b: Box) -> Box:
 
 
 def within(box: Box, shape: Sequence[int]) -> bool:
-    return len(box) == len(shape) and all(0 <= lo <= hi <= d for (lo, hi), d in zip(box, shape))
+    if len(box) != len(shape):
+        return False
+    for (lo, hi), d in zip(box, shape):
+        if not 0 <= lo <= hi <= d:
+            return False
+    return True
 
 
 def covered(box: Box, parts: Sequence[Box], disjoint: bool) -> bool:

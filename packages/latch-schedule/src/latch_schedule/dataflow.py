@@ -9,8 +9,8 @@
 2. Synchronisation: for each task and each value it needs ordered (a value it reads, or the old
    value it overwrites in place), the producers on other SMs are summarised by a *frontier*: per
    SM, the last producer in that SM's list (program order covers the earlier ones). A frontier
-   the consumer's SM already knows about entirely (its vector clock, grown by its earlier waits,
-   and program order) needs no wait. Any other frontier is a counter, keyed by the whole frontier: one ``signal`` after each frontier task, and
+   the consumer's SM already knows about entirely (through its earlier waits, or program order)
+   needs no wait. Any other frontier is a counter, keyed by the whole frontier: one ``signal`` after each frontier task, and
    a ``wait`` for all of them before the consumer. Consumers with the same frontier share one
    counter. A task whose frontiers are used by no other task waits on their union instead (one
    counter, one wait). No barriers: a counter is a barrier that only its consumers wait at.
@@ -87,7 +87,6 @@ def _place(tg: TaskGraph, num_sms: int, sync_seconds: float) -> tuple[list[int],
 def schedule_program(tg: TaskGraph, num_sms: int, sync_seconds: float = 1.0e-6) -> tuple[ProgramSchedule, dict[str, Any]]:
     n = len(tg)
     sm_of, start, makespan = _place(tg, num_sms, sync_seconds)
-    start_of = start
     topo_pos = {t: i for i, t in enumerate(tg.topo)}
     order = sorted(range(n), key=lambda t: (start[t], topo_pos[t]))
     new_id = {old: new for new, old in enumerate(order)}
@@ -103,35 +102,25 @@ def schedule_program(tg: TaskGraph, num_sms: int, sync_seconds: float = 1.0e-6) 
     for old in range(n):
         at[sm_of[old]][pos[old]] = old
 
-    # Pass 1: for each task (in run order), the frontiers still unknown to its SM.
-    none = [-1] * S
-    known = [none] * S  # per SM: vector clock over task positions; replaced, never mutated
-    clk: list[list[int]] = [none] * n  # per task: its SM's clock when it starts
-    counter_clock: dict[tuple, list[int]] = {}
+    # Pass 1: for each task (in run order), the frontiers its SM does not know to be done yet.
+    # ``known[s][x]``: the latest position on SM x that SM s has waited for (directly; what those
+    # producers themselves waited for is not propagated, which costs a few redundant waits but
+    # keeps this pass O(frontier) per wait instead of O(SMs)). Knowledge only grows, so a
+    # dependency set once known to an SM stays known (``done``).
+    known = [[-1] * S for _ in range(S)]
+    done: list[set[int]] = [set() for _ in range(S)]
     needs: list[list[tuple]] = [[] for _ in range(n)]
     uses: dict[tuple, int] = {}
-
-    def clock_of(key: tuple) -> list[int]:
-        """What a wait on ``key`` teaches its SM: every frontier position, plus everything the
-        latest-starting frontier task knew. (Joining every frontier task's clock would be exact
-        but costs O(|key| x SMs); a subset of the knowledge is still sound, it can only cost an
-        extra wait later.)"""
-        c = counter_clock.get(key)
-        if c is None:
-            last = max(key, key=lambda e: start_of[at[e[0]][e[1]]])
-            c = list(clk[at[last[0]][last[1]]])
-            for x, q in key:
-                if q > c[x]:
-                    c[x] = q
-            counter_clock[key] = c
-        return c
-
     frontier: list[tuple | None] = [None] * len(tg.depsets)
     for old in order:
         s = sm_of[old]
         mine = known[s]
+        mine[s] = pos[old] - 1  # program order
+        seen = done[s]
         keys = []
         for d in tg.task_deps[old]:
+            if d in seen:
+                continue
             key = frontier[d]
             if key is None:
                 f: dict[int, int] = {}
@@ -140,21 +129,24 @@ def schedule_program(tg: TaskGraph, num_sms: int, sync_seconds: float = 1.0e-6) 
                     if pos[p] > f.get(x, -1):
                         f[x] = pos[p]
                 key = frontier[d] = tuple(sorted(f.items()))
+            seen.add(d)
             # Producers on the consumer's own SM are ordered by program order. The key keeps
             # them anyway (their signal is already delivered when the wait runs), and a partly
             # known frontier is waited for as a whole: so every consumer of the same producers,
             # on whatever SM, shares one counter.
-            if not any(q > mine[x] for x, q in key if x != s):
+            for x, q in key:
+                if q > mine[x]:
+                    break
+            else:
                 continue
             if key not in keys:
                 keys.append(key)
         for key in keys:
             uses[key] = uses.get(key, 0) + 1
-            cc = clock_of(key)
-            mine = list(map(max, mine, cc))
+            for x, q in key:
+                if q > mine[x]:
+                    mine[x] = q
         needs[old] = keys
-        known[s] = mine
-        clk[old] = mine
 
     # Pass 2: merge a task's private frontiers into one; number the counters.
     counter_id: dict[tuple, int] = {}

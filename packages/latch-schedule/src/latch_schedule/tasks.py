@@ -119,6 +119,14 @@ class GroupTiler:
 
     def footprint(self, box: Box) -> tuple[dict[str, Box], dict[str, Box]]:
         plan = self.plan
+        if len(plan.nodes) == 1:  # the common case: no propagation, no hulls unless repeated
+            node = plan.nodes[0]
+            ins, outs = self.tilings[0].footprint(box)
+            reads: dict[str, Box] = {}
+            for v, b in zip(node.inputs, ins):
+                if v is not None and b is not None:
+                    reads[v] = hull(reads[v], b) if v in reads else b
+            return reads, {o: b for o, b in zip(node.outputs, outs) if o in self.outputs}
         need: dict[str, Box] = {plan.primary: box}
         reads: dict[str, Box] = {}
         writes: dict[str, Box] = {}
@@ -226,13 +234,13 @@ def _dependencies(graph: Graph, plans: list[GroupPlan], group_of: list[int], rea
     w_index = {v: BoxIndex(items) for v, items in writers.items()}
     sets = _Sets()
     task_deps: list[list[int]] = [[] for _ in reads]
-    cache: dict[tuple, int] = {}  # (value, box) -> set id (-1: no producers)
+    cache: dict[int, int] = {}  # access -> set id (-1: no producers)
     for t, rs in enumerate(reads):
         for a in rs:
             idx = w_index.get(a.value)
             if idx is None:
                 continue
-            key = (a.value, a.box)
+            key = id(a)  # accesses are interned by build(): equal accesses are one object
             d = cache.get(key)
             if d is None:
                 # a group never reads its own outputs, so t is not among the producers
