@@ -142,3 +142,30 @@ def test_the_key_covers_every_header_of_the_include_dirs(tmp_path, monkeypatch):
     assert builder.build_key(gen, flags, "12.8") != builder.build_key(gen, flags, "13.0")
     real = generate(_small_doc(), jobs=1)
     assert any(h.endswith("latch_matmul.cuh") for h in real.headers)  # not named by these ops' lowerings
+
+
+def test_a_third_party_lowering_brings_its_own_header(tmp_path, cache):
+    """A plugin package ships an op body as a .cuh in its own folder; the build finds it through
+    the lowering's include_dirs and its text is part of the cache key."""
+    inc = tmp_path / "acme_cuda"
+    inc.mkdir()
+    (inc / "acme_twice.cuh").write_text(
+        "#pragma once\n#include \"latch_common.cuh\"\n"
+        "namespace acme { template <class T> __device__ void twice(const T* x, T* y, long long lo, long long hi) {\n"
+        "  for (long long i = lo + threadIdx.x; i < hi; i += blockDim.x) latch::st<T>(y, i, 2 * latch::ld<T>(x, i)); } }\n")
+
+    class Acme:
+        @hookimpl
+        def latch_register_lowerings(register):
+            register("acme::twice", Lowering(
+                "acme::twice", headers=("acme_twice.cuh",), include_dirs=(str(inc),),
+                body=lambda ctx: f"acme::twice<{ctx.inputs[0].ctype}>({ctx.inputs[0].ptr}, {ctx.outputs[0].ptr}, "
+                                 "c.t->lo[0], c.t->hi[0]);"))
+
+    regs = load_with(("acme", Acme), ("codegen", __import__("latch_codegen_h100.plugin").plugin), entry_points=False)
+    values = [Value("x", (40,), F, "batch"), Value("y", (40,), F)]
+    g = H.graph("update", values, [("n0", "acme::twice", ("x",), ("y",))], [("batch", ["x"])], [("metrics", ["y"])])
+    gen = generate(H.planned([g]), jobs=1, regs=regs)
+    assert str(inc / "acme_twice.cuh") in gen.headers
+    res = builder.compile_generated(gen, tmp_path / "b", jobs=2)
+    assert (res.directory / "program.so").exists()
