@@ -74,3 +74,23 @@ def test_master_dtype_is_checked():
     vals = [attrs.evolve(v, dtype="bf16") if v.name == "g1" else v for v in prog.values]
     with pytest.raises(PolicyError, match="gradient 'g1' is bf16"):
         apply_policy(attrs.evolve(g, programs=[attrs.evolve(prog, values=vals)]), REG)
+
+
+def test_repeat_regions_get_the_policy_inside():
+    from latch_core.ir import Graph, Group, Node, Value
+    from latch_memory.remat import remat_program
+
+    body = Graph("body", [Value("h", (4, 4), "f32", "param"), Value("w", (4, 4), "f32", "param"),
+                          Value("h2", (4, 4), "f32")],
+                 [Node("mm", "test::matmul", ("h", "w"), ("h2",))],
+                 [Group("params", ("h", "w"))], [Group("out", ("h2",))])
+    top = Graph("loop", [Value("h0", (4, 4), "f32", "param"), Value("w", (4, 4), "f32", "param"),
+                         Value("hN", (4, 4), "f32")],
+                [Node("rep", "latch::repeat", ("h0", "w"), ("hN",), {"region": "body", "times": 3})],
+                [Group("params", ("h0", "w"))], [Group("out", ("hN",))], regions=[body])
+    sec, _ = apply_policy(program_doc(top).graph, REG)
+    prog = sec.program("loop")
+    assert prog.nodes[0].attr_dict == {"region": "body", "times": 3}
+    assert prog.region("body").nodes[0].attr_dict == {"operand_dtype": "bf16", "accum_dtype": "f32"}
+    g2, st = remat_program(prog, REG, budget_bytes=0)  # nothing to recompute, and no error
+    assert g2 == prog and st["recomputed"] == 0

@@ -80,7 +80,12 @@ def _all_nodes(g: Graph):
         yield from _all_nodes(r)
 
 
+REPEAT_OP = "latch::repeat"  # IR structure (a repeated region), not an op: its region's nodes get the policy
+
+
 def node_policy(node: Node, ops: Registry, table: dict, op_over: dict, node_over: dict, prog: str) -> dict:
+    if node.op == REPEAT_OP:
+        return dict(node_over.get(node.name, {}))
     if node.op not in ops:
         src = f" (from {node.source})" if node.source else ""
         raise PolicyError(

@@ -33,6 +33,8 @@ from latch_core.document import Document
 from latch_core.ir import CONST, Graph, GraphSection, Node, Value
 from latch_core.registry import ELEMENTWISE, NORM, RANDOM, VIEW, Registry
 
+from .policy import REPEAT_OP  # a repeated region: never recomputed, its body left as it is
+
 DEFAULT_TAGS = (ELEMENTWISE, VIEW, NORM)
 
 
@@ -229,11 +231,12 @@ def remat_program(g: Graph, ops: Registry, budget_bytes: int, *, tags: Iterable[
     values = list(g.values)
     names = {v.name for v in values} | {nd.name for nd in g.nodes}
     for nd in g.nodes:
-        if nd.op not in ops:
+        if nd.op not in ops and nd.op != REPEAT_OP:
             src = f" (from {nd.source})" if nd.source else ""
             raise RematError(f"memory.remat: program {g.name!r} node {nd.name!r}{src} uses op {nd.op!r}, which no "
                              "installed plugin registers; install the plugin that provides it")
-    eligible_op = {op: (bool(ops.get(op).tags & cheap) and RANDOM not in ops.get(op).tags) for op in {nd.op for nd in g.nodes}}
+    eligible_op = {op: op != REPEAT_OP and bool(ops.get(op).tags & cheap) and RANDOM not in ops.get(op).tags
+                   for op in {nd.op for nd in g.nodes}}
 
     def eligible(nd: Node) -> bool:
         return eligible_op[nd.op]
