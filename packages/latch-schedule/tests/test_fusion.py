@@ -104,3 +104,46 @@ def test_equal_groups_share_a_body_key(ops):
     assert plans["r1"].body == plans["r2"].body  # same ops, types and wiring, other value names
     assert plans["r1"].body != plans["c3"].body
     assert plans["r1"].body.startswith("add+relu/")
+
+
+def test_in_place_safety_looks_only_at_what_is_computed_from_the_old_value():
+    """Gradient accumulation: new_acc = acc + reshape(g). The view is on the other operand, so a
+    task may overwrite acc element by element; through a view of acc itself it may not."""
+    from latch_core.ir import Graph, Group, Node, Value
+    from latch_core.plugins import load_with
+    from latch_core.registry import ELEMENTWISE, VIEW, OpSpec
+    from latch_core.ir import TensorType
+
+    specs = [OpSpec("v::add", "add", lambda i, a: [i[0]], tags={ELEMENTWISE}),
+             OpSpec("latch::reshape", "reshape", lambda i, a: [TensorType(tuple(a["shape"]), i[0].dtype)], tags={VIEW}),
+             OpSpec("latch::permute", "permute", lambda i, a: [TensorType(tuple(i[0].shape[p] for p in a["perm"]),
+                                                                           i[0].dtype)], tags={VIEW})]
+
+    class P:
+        from latch_core.hookspecs import hookimpl
+
+        @hookimpl
+        def latch_register_ops(self, register):
+            for s in specs:
+                register(s)
+
+    ops = load_with(("p", P()), entry_points=False).ops
+
+    def graph(view_on_old: bool):
+        vals = [Value("acc", (4, 6), "f32", "state"), Value("g", (24,), "f32", "batch"),
+                Value("r", (4, 6), "f32"), Value("new", (4, 6), "f32")]
+        if view_on_old:  # new = permute(acc) + reshape-free: the old value itself goes through a view
+            nodes = [Node("r", "latch::permute", ["acc"], ["r"], {"perm": (0, 1)}),
+                     Node("new", "v::add", ["r", "r"], ["new"])]
+        else:
+            nodes = [Node("r", "latch::reshape", ["g"], ["r"], {"shape": (4, 6)}),
+                     Node("new", "v::add", ["acc", "r"], ["new"])]
+        return Graph("p", vals, nodes, [Group("state", ["acc"]), Group("batch", ["g"])],
+                     [Group("new_state", ["new"])], inplace=[("new", "acc")])
+
+    g = graph(False)
+    (plan,) = fuse(g, ops)
+    assert not plan.pointwise and plan.inplace_safe(g, "acc", "new")
+    g = graph(True)
+    (plan,) = fuse(g, ops)
+    assert len(plan.nodes) == 2 and not plan.inplace_safe(g, "acc", "new")

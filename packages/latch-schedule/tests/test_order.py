@@ -303,3 +303,18 @@ def test_scales_to_forty_thousand_tasks():
     assert time.perf_counter() - t0 < 5
     first_on_sm1 = (per // nb) * nb
     assert o.before(0, tid - 1) and not o.ordered(0, first_on_sm1) and o.before(0, first_on_sm1 + per // nb)
+
+
+def test_sequence_is_a_linear_extension():
+    ps, _ = _random_schedule(random.Random(7), sms=4, steps=80)
+    o = Order.from_schedule(ps)
+    seq = o.sequence()
+    assert sorted(seq) == list(range(len(ps.tasks)))
+    where = {t: i for i, t in enumerate(seq)}
+    n = len(ps.tasks)
+    assert all(where[a] < where[b] for a in range(n) for b in range(n) if o.before(a, b))
+
+
+def test_from_schedule_shares_one_order_per_schedule_object():
+    ps, _ = _random_schedule(random.Random(8), sms=3, steps=30)
+    assert Order.from_schedule(ps) is Order.from_schedule(ps)

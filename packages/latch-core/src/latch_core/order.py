@@ -37,6 +37,7 @@ API::
     f = order.frontier(tasks_a); m = order.meet(tasks_b); Order.precedes(f, m)
                                            # the same, with both sides computed once and reused
     order.position(t) -> (sm, index); order.clock(t) -> tuple
+    order.sequence() -> list[int]          # the tasks in one legal execution order
     legal_order(ps, seed) -> list[int]     # the tasks in a random order the GPU could run them in
     find_deadlock(ps) -> str | None
 
@@ -342,6 +343,12 @@ class Order:
         self._sm = sim.pos_sm
         self._idx = sim.pos_idx
         self._clk = sim.clk
+        self._trace = sim.trace
+
+    def sequence(self) -> list[int]:
+        """The task ids in one order the lists can run in (the abstract execution's): a linear
+        extension of happens-before, free to ask for (no clock arithmetic)."""
+        return list(self._trace)
 
     @classmethod
     def from_schedule(cls, ps: ProgramSchedule) -> "Order":

@@ -45,6 +45,28 @@ class GroupPlan:
     primary: str
     body: str
     pointwise: bool  # every node elementwise/copy: output element i needs operand elements at i only
+    pointwise_nodes: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)  # by name
+
+    def inplace_safe(self, graph: Graph, old: str, new: str) -> bool:
+        """May one task of this group read ``old`` and write ``new`` over the same bytes?
+
+        Yes when ``new`` has ``old``'s type and everything in the group computed from ``old`` is
+        pointwise at ``new``'s shape: element i of ``new`` then needs element i of ``old`` only,
+        which the body reads before it writes element i. Views elsewhere in the group (on other
+        operands) do not matter; a view, broadcast or reduction on the path from ``old`` does."""
+        if not graph.has_value(old) or not graph.has_value(new) or graph.value(old).type != graph.value(new).type:
+            return False
+        shape = graph.value(new).shape
+        tainted = {old}
+        reached_new = False
+        for n in self.nodes:  # graph order: producers before consumers
+            if not any(v in tainted for v in n.inputs if v is not None):
+                continue
+            if n.name not in self.pointwise_nodes or any(graph.value(o).shape != shape for o in n.outputs):
+                return False
+            tainted.update(n.outputs)
+            reached_new = reached_new or new in n.outputs
+        return reached_new
 
 
 def _spec(ops: Registry | None, op: str) -> OpSpec | None:
@@ -166,5 +188,6 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True) -> list[Group
             primary=tail.outputs[0] if tail.outputs else "",
             body=body_key(graph, gnodes, ins),
             pointwise=all(pointwise[i] for i in m),
+            pointwise_nodes={nodes[i].name for i in m if pointwise[i]},
         ))
     return plans

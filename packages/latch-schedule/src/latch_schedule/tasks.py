@@ -8,8 +8,8 @@ dependencies derived from footprints alone:
   overlapping the box it reads (an overlap index per value, not all pairs);
 - write-after-read for in-place pairs (``Graph.inplace``: ``new`` overwrites ``old``'s buffer):
   a task writing a box of ``new`` depends on every other task reading an overlapping box of
-  ``old``. The task itself may read ``old`` where it writes ``new`` only when its body is
-  pointwise (element i read before element i is written, nothing else touched).
+  ``old``. The task itself may read ``old`` where it writes ``new`` only when everything its body
+  computes from ``old`` is pointwise (element i read before element i is written).
 
 Tasks are numbered group by group (graph order); strategies renumber them so ids follow the order
 they run in. A cycle (possible only through in-place pairs) is an error naming the nodes.
@@ -278,11 +278,12 @@ def _dependencies(graph: Graph, plans: list[GroupPlan], group_of: list[int], rea
                             f"program {graph.name!r} {_where(node)}: its tiles overwrite elements of %{old} (in place, "
                             f"as %{a.value}) that other tiles of the same node still read; an in-place update "
                             "must be elementwise")
-                    if not plans[g].pointwise:
+                    if not plans[g].inplace_safe(graph, old, a.value):
                         raise ScheduleError(
                             f"program {graph.name!r} {_where(node)}: writes %{a.value} in place of %{old} while "
-                            f"reading %{old}, and its body is not elementwise, so it could overwrite elements it "
-                            "has yet to read; compute the update elementwise or give the op the elementwise tag")
+                            f"reading %{old}, and what it computes from %{old} is not elementwise, so it could "
+                            "overwrite elements it has yet to read; compute the update elementwise or give the op "
+                            "the elementwise tag")
                 if others:
                     d = sets.add(others, old)
                     if d not in task_deps[t]:

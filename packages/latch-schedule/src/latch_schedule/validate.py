@@ -206,10 +206,10 @@ class ProgramValidator:
             needed = {v for n in gnodes for v in n.inputs if v is not None and v not in produced}
             if needed - set(grp.inputs):
                 p(f"{self.name} group {i}: reads {sorted(needed - set(grp.inputs))[:4]} without listing them as inputs")
-            pointwise = all(is_pointwise(self.ops.get(n.op) if self.ops is not None and n.op in self.ops else None)
-                            for n in gnodes)
+            pw = {n.name for n in gnodes
+                  if is_pointwise(self.ops.get(n.op) if self.ops is not None and n.op in self.ops else None)}
             self.plans.append(GroupPlan(gnodes, grp.inputs, grp.outputs, internal, grp.primary,
-                                        grp.body, pointwise))
+                                        grp.body, len(pw) == len(gnodes), pw))
         allowed_in = [set(grp.inputs) for grp in ps.groups]
         allowed_out = [set(grp.outputs) for grp in ps.groups]
         checked: set = set()  # (kind, group, access): tiles of a group repeat whole-value accesses
@@ -415,7 +415,7 @@ class ProgramValidator:
             hits = r_index.query(wbox)
             if w in hits:  # the task reads the old value where it writes the new one
                 group = tasks[w].group
-                if group >= len(self.plans) or not self.plans[group].pointwise:
+                if group >= len(self.plans) or not self.plans[group].inplace_safe(self.g, u, v):
                     return False
                 hits = [a for a in hits if a != w]
             if w_index is not None:
