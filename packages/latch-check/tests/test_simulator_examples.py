@@ -62,9 +62,7 @@ def test_example_matches_fp64(case, strategy):
 
 @pytest.mark.parametrize("strategy", ["barrier", "dataflow"])
 def test_microbatch_programs_accumulate_in_place(strategy):
-    # fuse=False: with fusion, latch-schedule currently refuses the fused gradient + accumulate
-    # group as a non-pointwise in-place update (reported to its owner)
-    ex, doc = _run("mlp_k2", strategy, fuse=False)
+    ex, doc = _run("mlp_k2", strategy)
     stats = dict(dict(doc.memory.stats)["programs"])
     acc = dict(stats["accumulate"])
     pairs = doc.graph.program("accumulate").inplace

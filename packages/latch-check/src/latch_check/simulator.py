@@ -84,6 +84,7 @@ class ArenaSimulator:
         self.ps = doc.schedule.program(program)
         self.pm = doc.memory.program(program)
         self.nodes = {n.name: n for n in g.nodes}
+        self.groups = {grp.id: grp for grp in self.ps.groups}
         self.copy_back = [(new, old) for prog, new, old in dict(doc.memory.stats).get("copy_back", ()) if prog == program]
 
         self.place = {}
@@ -266,7 +267,9 @@ class ArenaSimulator:
     # ---- execution -------------------------------------------------------------------------------
     def _run_task(self, tid: int) -> None:
         t = self.ps.tasks[tid]
-        grp = self.ps.groups[t.group]
+        grp = self.groups.get(t.group)
+        if grp is None:
+            raise SimulationError(f"task {tid} names group {t.group}, which the schedule does not declare")
         boxes: dict[str, list] = {}
         for a in t.reads:
             if a.value not in grp.inputs:

@@ -211,18 +211,31 @@ def boxes_overlap(a: Box, b: Box) -> bool:
 POINTWISE_TAGS = frozenset({ELEMENTWISE, COPY})  # output element i needs operand elements at i only
 
 
-def pointwise_groups(ps: ProgramSchedule, graph: Graph, ops: Registry) -> set[int]:
-    """Ids of the groups whose every node is elementwise or a copy (ops unknown to ``ops``: not)."""
-    op_of = {n.name: n.op for n in graph.nodes}
-    out = set()
-    for grp in ps.groups:
-        for name in grp.nodes:
-            if name not in op_of:
-                raise LivenessError(f"program {graph.name!r}: group {grp.id} of the schedule names node {name!r}, "
-                                    "which the graph lacks; reschedule the current graph")
-        if all(op_of[n] in ops and ops.get(op_of[n]).tags & POINTWISE_TAGS for n in grp.nodes):
-            out.add(grp.id)
-    return out
+def self_update_ok(grp, nodes: dict, graph: Graph, ops: Registry, old: str, new: str) -> bool:
+    """May one task of fusion group ``grp`` read ``old`` and write ``new`` over the same bytes?
+    Yes when everything the group computes from ``old`` is pointwise (elementwise/copy ops, per
+    the op tags) at ``new``'s shape: element i of ``new`` then needs element i of ``old`` only,
+    which the body reads before it writes element i. A view, broadcast or reduction on the path
+    from ``old`` disqualifies the group; nodes on other operands do not matter. (The schedulers
+    apply the same rule, latch_schedule.fusion.GroupPlan.inplace_safe; this is the planner's own.)
+    ``nodes``: the graph's nodes by name."""
+    if graph.value(old).type != graph.value(new).type:
+        return False
+    shape = graph.value(new).shape
+    tainted, reached = {old}, False
+    for name in grp.nodes:  # graph order: producers before consumers
+        n = nodes.get(name)
+        if n is None:
+            raise LivenessError(f"program {graph.name!r}: group {grp.id} of the schedule names node {name!r}, "
+                                "which the graph lacks; reschedule the current graph")
+        if not any(v in tainted for v in n.inputs if v is not None):
+            continue
+        pointwise = n.op in ops and bool(ops.get(n.op).tags & POINTWISE_TAGS)
+        if not pointwise or any(graph.value(o).shape != shape for o in n.outputs):
+            return False
+        tainted.update(n.outputs)
+        reached = reached or new in n.outputs
+    return reached
 
 
 class _WriteIndex:
@@ -251,13 +264,14 @@ class _WriteIndex:
             j -= 1
 
 
-def inplace_hazards(live: Liveness, new: str, old: str, pointwise: set[int], limit: int = 5) -> list[str]:
+def inplace_hazards(live: Liveness, new: str, old: str, self_update: set[int], limit: int = 5) -> list[str]:
     """Why ``new`` may not take over ``old``'s buffer: reads of ``old`` not ordered before an
     overlapping write of ``new`` (empty when the in-place update is safe).
 
     Every reader of ``old[R]`` must happen before every writer of ``new[W]`` with ``R`` and ``W``
-    overlapping, except the writer itself when its group is pointwise (its body reads element i
-    before it writes element i, and touches nothing else). Boxes compare directly: in-place pairs
+    overlapping, except the writer itself when its group is in ``self_update``
+    (:func:`self_update_ok`: it reads element i of ``old`` before it writes element i of
+    ``new`` and needs no other element of ``old``). Boxes compare directly: in-place pairs
     have one type. The schedulers enforce the same rule (latch_schedule.tasks); this is the
     planner's own check, so a schedule from elsewhere cannot make it unsafe.
     """
@@ -280,10 +294,10 @@ def inplace_hazards(live: Liveness, new: str, old: str, pointwise: set[int], lim
         for rbox in (a.box for a in ps.tasks[r].reads if a.value == old):
             for w, wbox in index.overlapping(rbox):
                 if r == w:
-                    if ps.tasks[r].group in pointwise:
+                    if ps.tasks[r].group in self_update:
                         continue
                     problems.append(f"task {r} reads {old!r}{list(rbox)} and writes {new!r}{list(wbox)}, and its "
-                                    f"group {ps.tasks[r].group} is not pointwise (it may store before it has read "
+                                    f"group {ps.tasks[r].group} computes it through more than elementwise ops (it may store before it has read "
                                     "everything)")
                 elif not order.before(r, w):
                     problems.append(f"task {r} reads {old!r}{list(rbox)} unordered with task {w} writing {new!r}{list(wbox)}")

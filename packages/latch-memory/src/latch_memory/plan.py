@@ -30,7 +30,7 @@ from latch_core.registry import Registry
 from latch_core.sections import MemorySection, Placement, ProgramMemory, ProgramSchedule
 
 from .arena import align_up, assign_offsets
-from .liveness import Liveness, inplace_hazards, pointwise_groups
+from .liveness import Liveness, inplace_hazards, self_update_ok
 
 ARENA = "arena"
 DEFAULT_ALIGNMENT = 256
@@ -63,13 +63,15 @@ def _constants(doc: Document) -> list[tuple[str, int]]:
 
 def plan_program(graph: Graph, ps: ProgramSchedule, ops: Registry, const_offsets: dict[str, int], const_end: int,
                  alignment: int = DEFAULT_ALIGNMENT) -> tuple[ProgramMemory, dict]:
-    """The memory plan of one program (and its stats). ``ops`` tells which groups are pointwise."""
+    """The memory plan of one program (and its stats). ``ops``: the op tags decide which groups may
+    update a value in place within one task."""
     t0 = time.perf_counter()
     live = Liveness(graph, ps)
-    pointwise = pointwise_groups(ps, graph, ops) if graph.inplace else set()
     t_live = time.perf_counter() - t0
     inputs = set(graph.input_names())
     inplace = dict(graph.inplace)  # new -> old
+    groups = {grp.id: grp for grp in ps.groups}
+    nodes = {n.name: n for n in graph.nodes}
     placements: list[Placement] = []
     arena_items: list[tuple[str, int]] = []
     copy_back: list[tuple[str, str]] = []
@@ -85,7 +87,9 @@ def plan_program(graph: Graph, ps: ProgramSchedule, ops: Registry, const_offsets
             placements.append(Placement(name, name, 0, life.nbytes, -1, last))
         elif name in inplace:
             old = inplace[name]
-            hazards = inplace_hazards(live, name, old, pointwise)
+            writers = {ps.tasks[t].group for t in life.writers}
+            ok = {gid for gid in writers if self_update_ok(groups[gid], nodes, graph, ops, old, name)}
+            hazards = inplace_hazards(live, name, old, ok)
             if hazards:
                 refused[name] = hazards
                 copy_back.append((name, old))
