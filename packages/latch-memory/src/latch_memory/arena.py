@@ -90,3 +90,53 @@ def assign_offsets(
         placed.append((name, base + off, base + off + size, start, end))
         top = max(top, base + off + size)
     return offsets, top
+
+
+# --------------------------------------------------------------------------------------------
+# Lower bounds over the same items
+
+
+def profile(items: Sequence[tuple[Hashable, int, int, int]]) -> list[tuple[int, int]]:
+    """(position, summed size of the items live from there on), at every change."""
+    events: dict[int, int] = {}
+    for _, size, start, end in items:
+        events[start] = events.get(start, 0) + size
+        events[end + 1] = events.get(end + 1, 0) - size
+    out, cur = [], 0
+    for p in sorted(events):
+        cur += events[p]
+        out.append((p, cur))
+    return out
+
+
+def peak(items: Sequence[tuple[Hashable, int, int, int]]) -> int:
+    """The largest summed size of items live at one position (a lower bound on any placement)."""
+    return max((cur for _, cur in profile(items)), default=0)
+
+
+def clique_bound(items: Sequence[tuple[Hashable, int, int, int]], ordered: Callable[[Hashable, Hashable], bool],
+                 *, positions: int = 8, candidates: int = 200) -> int:
+    """A lower bound on any placement: the summed size of a set of items that pairwise conflict.
+
+    Items live at one position conflict pairwise; to the live set of each of the ``positions``
+    fullest positions are added, largest first, those of the ``candidates`` largest items that
+    conflict with every member although their intervals are disjoint (``ordered`` says no: e.g.
+    values of phases with no barrier between them). At least :func:`peak`. ``ordered`` is asked
+    about disjoint pairs only, as in :func:`assign_offsets`.
+    """
+    tops = sorted(profile(items), key=lambda pc: -pc[1])[:positions]
+    big = sorted(items, key=lambda it: -it[1])[:candidates]
+    best = 0
+    for p, _ in tops:
+        members = [it for it in items if it[2] <= p <= it[3]]
+        weight = sum(it[1] for it in members)
+        inside = {it[0] for it in members}
+        for c in big:
+            if c[0] in inside:
+                continue
+            if all((c[2] <= m[3] and m[2] <= c[3]) or not ordered(c[0], m[0]) for m in members):
+                members.append(c)
+                inside.add(c[0])
+                weight += c[1]
+        best = max(best, weight)
+    return best

@@ -153,56 +153,6 @@ class Liveness:
             late._meet = self.order.meet(late.writers)
         return Order.precedes(early._frontier, late._meet)
 
-    def profile(self, names) -> list[tuple[int, int]]:
-        """(position, summed bytes of ``names`` live from there on), at every change."""
-        events: dict[int, int] = {}
-        for n in names:
-            life = self.lives[n]
-            events[life.start] = events.get(life.start, 0) + life.nbytes
-            events[life.end + 1] = events.get(life.end + 1, 0) - life.nbytes
-        out, cur = [], 0
-        for p in sorted(events):
-            cur += events[p]
-            out.append((p, cur))
-        return out
-
-    def peak(self, names) -> tuple[int, int]:
-        """(peak of the summed bytes of ``names`` live at one execution position, that position)."""
-        best, at = 0, -1
-        for p, cur in self.profile(names):
-            if cur > best:
-                best, at = cur, p
-        return best, at
-
-    def clique_bound(self, names, *, positions: int = 8, candidates: int = 200) -> int:
-        """A lower bound on the bytes any legal plan needs for ``names``: the weight of a set of
-        values that pairwise may not share bytes. Values live at one position of the execution
-        order conflict pairwise; to the live set of each of the ``positions`` fullest positions
-        are added, largest first, those of the ``candidates`` largest values that conflict with
-        every member (disjoint in this order but unordered by happens-before: e.g. values of
-        phases with no barrier between them). At least the plain peak; cheap (cached summaries).
-        """
-        names = list(names)
-        lives = self.lives
-        prof = self.profile(names)
-        tops = sorted(prof, key=lambda pc: -pc[1])[:positions]
-        big = sorted(names, key=lambda n: -lives[n].nbytes)[:candidates]
-        best = 0
-        for p, _ in tops:
-            members = [lives[n] for n in names if lives[n].start <= p <= lives[n].end]
-            weight = sum(m.nbytes for m in members)
-            inside = {m.value for m in members}
-            for c in big:
-                if c in inside:
-                    continue
-                lc = lives[c]
-                if all(not self.compatible(lc, m) for m in members):
-                    members.append(lc)
-                    inside.add(c)
-                    weight += lc.nbytes
-            best = max(best, weight)
-        return best
-
 
 def boxes_overlap(a: Box, b: Box) -> bool:
     return all(lo1 < hi2 and lo2 < hi1 for (lo1, hi1), (lo2, hi2) in zip(a, b))

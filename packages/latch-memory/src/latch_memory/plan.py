@@ -10,12 +10,16 @@ Placement rules (docs/CONTRACTS.md section 4):
 - constants of every program share one constant area at the bottom of the arena, written once at
   load and never reused (one arena serves every program of the layout);
 - everything else a task writes lives in the arena, offsets assigned per program by
-  :func:`latch_memory.arena.assign_offsets` above the constant area.
+  :func:`latch_memory.arena.assign_offsets` above the constant area; a value computed pointwise
+  from an operand that dies into it (every reader of the operand writes the value) takes over
+  the operand's bytes (:func:`_handoffs`: gradient sums, optimizer temporaries), so the two count
+  once.
 
 ``peak_live_bytes`` is a lower bound any legal plan must meet (constants included): the weight of
-a set of arena values that pairwise may not share bytes (:meth:`Liveness.clique_bound`: the values
-live at one position of the execution order, extended by values unordered with all of them). The
-stat ``peak_live_bytes_one_order`` is the plain peak of that one order (a weaker bound).
+a set of arena slots (hand-off chains count once) that pairwise may not share bytes
+(:func:`latch_memory.arena.clique_bound`: the slots live at one position of the execution order,
+extended by slots unordered with all of them). The stat ``peak_live_bytes_one_order`` is the plain
+peak of that one order (a weaker bound).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from latch_core.ir import CONST, Graph
 from latch_core.registry import Registry
 from latch_core.sections import MemorySection, Placement, ProgramMemory, ProgramSchedule
 
-from .arena import align_up, assign_offsets
+from .arena import align_up, assign_offsets, clique_bound, peak
 from .liveness import Liveness, inplace_hazards, self_update_ok
 
 ARENA = "arena"
@@ -101,22 +105,27 @@ def plan_program(graph: Graph, ps: ProgramSchedule, ops: Registry, const_offsets
 
     lives = live.lives
     t1 = time.perf_counter()
-    offsets, top = assign_offsets(
-        [(n, size, lives[n].start, lives[n].end) for n, size in arena_items],
-        ordered=lambda a, b: live.compatible(lives[a], lives[b]),
-        alignment=alignment,
-        base=align_up(const_end, alignment),
-    )
+    handoff = _handoffs(live, ps, graph, ops, groups, nodes, {n for n, _ in arena_items})
+    slots = _slots([n for n, _ in arena_items], handoff, lives)
+    items = [(root, lives[root].nbytes, min(lives[m].start for m in ms), max(lives[m].end for m in ms))
+             for root, ms in slots.items()]
+
+    def slots_compatible(a: str, b: str) -> bool:
+        return all(live.compatible(lives[x], lives[y]) for x in slots[a] for y in slots[b])
+
+    offsets, top = assign_offsets(items, ordered=slots_compatible, alignment=alignment,
+                                  base=align_up(const_end, alignment))
     t_arena = time.perf_counter() - t1
-    for name, _ in arena_items:
-        life = lives[name]
-        placements.append(Placement(name, ARENA, offsets[name], life.nbytes, live.first_task(life), live.last_task(life)))
+    for root, members in slots.items():
+        for name in members:
+            life = lives[name]
+            placements.append(Placement(name, ARENA, offsets[root], life.nbytes, live.first_task(life),
+                                        live.last_task(life)))
     placements.sort(key=lambda p: p.value)
 
-    names = [n for n, _ in arena_items]
-    peak_linear, _ = live.peak(names)
     t2 = time.perf_counter()
-    bound = max(live.clique_bound(names), peak_linear)
+    peak_linear = peak(items)
+    bound = max(clique_bound(items, slots_compatible), peak_linear)
     t_bound = time.perf_counter() - t2
     const_bytes = sum(live[n].nbytes for n in lives if graph.value(n).role == CONST)
     arena_bytes = max(top, const_end) if (arena_items or const_end) else 0
@@ -126,6 +135,7 @@ def plan_program(graph: Graph, ps: ProgramSchedule, ops: Registry, const_offsets
         "peak_live_bytes": bound + const_bytes,
         "peak_live_bytes_one_order": peak_linear + const_bytes,
         "arena_values": len(arena_items),
+        "arena_handoffs": len(handoff),
         "inplace": sorted(n for n in inplace if n not in refused and n in lives),
         "copy_back": sorted(copy_back),
         "copy_back_reasons": {n: r[0] for n, r in sorted(refused.items())},
@@ -134,6 +144,48 @@ def plan_program(graph: Graph, ps: ProgramSchedule, ops: Registry, const_offsets
         "seconds_bound": round(t_bound, 4),
     }
     return pm, stats
+
+
+def _handoffs(live: Liveness, ps: ProgramSchedule, graph: Graph, ops: Registry, groups: dict, nodes: dict,
+              arena: set[str]) -> dict[str, str]:
+    """Arena values that take over the bytes of an operand dying into them: ``{new: old}``.
+
+    ``new`` may be written over ``old`` when both live in the arena with one type, every task
+    that reads ``old`` writes ``new`` (nothing else still needs ``old``), the group computes
+    ``new`` from ``old`` pointwise (:func:`self_update_ok`) and no read of ``old`` is unordered
+    with an overlapping write of ``new`` by another task (:func:`inplace_hazards`): the same rule
+    as for in-place parameter updates, applied to gradients and other intermediates.
+    """
+    out: dict[str, str] = {}
+    taken: set[str] = set()
+    for new in sorted(arena, key=lambda n: live[n].start):
+        ln = live[new]
+        for gid in sorted({ps.tasks[t].group for t in ln.writers}):
+            for old in groups[gid].inputs:
+                lo = live.lives.get(old)
+                if (old not in arena or old in taken or lo.live_out or not lo.readers
+                        or graph.value(old).type != graph.value(new).type
+                        or not set(lo.readers) <= set(ln.writers)):
+                    continue
+                if self_update_ok(groups[gid], nodes, graph, ops, old, new) and \
+                        not inplace_hazards(live, new, old, {gid}):
+                    out[new] = old
+                    taken.add(old)
+                    break
+            if new in out:
+                break
+    return out
+
+
+def _slots(names: list[str], handoff: dict[str, str], lives) -> dict[str, list[str]]:
+    """Values that share bytes through hand-offs, as chains {first value: [values in order]}."""
+    root: dict[str, str] = {}
+    for name in sorted(names, key=lambda n: lives[n].start):
+        root[name] = root[handoff[name]] if name in handoff else name
+    slots: dict[str, list[str]] = {}
+    for name in sorted(names, key=lambda n: lives[n].start):
+        slots.setdefault(root[name], []).append(name)
+    return slots
 
 
 def plan(doc: Document, alignment: int = DEFAULT_ALIGNMENT, registry: Registry | None = None) -> Document:
