@@ -248,3 +248,16 @@ def test_bad_custom_tiling_is_named(ops):
     bad = OpSpec("x::bad", "bad(x)", lambda i, a: [i[0]], extra={"tiling": lambda i, o, a: "nope"})
     with pytest.raises(TypeError, match="x::bad"):
         tiling.tiling_for(bad, [TensorType((2,), "f32")], [TensorType((2,), "f32")], {}, CostModel())
+
+
+def test_scatter_tiles_read_every_source_and_write_only_their_tile():
+    x, idx, src = TensorType((10, 4), "f32"), TensorType((6,), "i64"), TensorType((6, 4), "f32")
+    t = tiling_ops.scatter_like([x, idx, src], [x], {"dim": 0})
+    assert t.split_dims == (0,)
+    for box in split((10, 4), t, 3):
+        ins, outs = t.footprint(box)
+        assert ins[0] == box and ins[1] == full_box((6,)) and ins[2] == full_box((6, 4)) and outs == [box]
+    g, ix = TensorType((2, 3, 4), "f32"), TensorType((2, 3), "i64")
+    t = tiling_ops.scatter_like([g, ix], [TensorType((50, 4), "f32")], {"num_weights": 50})
+    ins, outs = t.footprint(((0, 25), (0, 4)))
+    assert ins == [full_box((2, 3, 4)), full_box((2, 3))] and outs == [((0, 25), (0, 4))]

@@ -140,6 +140,9 @@ class BoxIndex(Generic[T]):
             self._grid = cells
             self._starts_d = [[lo for lo, _ in ivs] for ivs in per_dim]
             self._ends_d = [[hi for _, hi in ivs] for ivs in per_dim]
+            # the hull of all items: a query containing it hits everything (whole-value reads)
+            self._hull = tuple((ivs[0][0], ivs[-1][1]) for ivs in per_dim)
+            self._all = sorted(i for hit in cells.values() for i in hit)
             return
         best = max(range(rank), key=lambda k: len(per_dim[k]))
         self._dim = best
@@ -159,6 +162,11 @@ class BoxIndex(Generic[T]):
         if not self.items:
             return []
         if self._grid is not None:
+            for (lo, hi), (hlo, hhi) in zip(box, self._hull):
+                if lo > hlo or hi < hhi:
+                    break
+            else:
+                return list(self._all)
             ranges = []
             size = 1
             ends, starts = self._ends_d, self._starts_d

@@ -2,8 +2,10 @@
 
 - ``schedule`` (requires graph, ensures schedule): runs the scheduler named by option
   ``scheduler``, else ``LATCH_SCHEDULER``, else ``barrier``; other options go to the scheduler
-  (``num_sms`` default 132, ``fuse``, ...). A new schedule invalidates any memory plan and build,
-  so the result drops those sections.
+  (``num_sms`` default 132, ``fuse``, ...). First, unless ``split_reductions=False``, full
+  reductions costing more than ``split_factor`` (4) minimum tasks become two-level ones (:mod:`latch_schedule.split`; the graph section changes, the
+  schedule's stats list the nodes). A new schedule invalidates any memory plan and build, so the
+  result drops those sections.
 - ``schedule.validate`` (validator; requires graph, schedule, memory): the full static hazard
   check (:mod:`latch_schedule.validate`), run by ``latch-pipeline validate`` and by the pipeline
   before code generation.
@@ -34,12 +36,23 @@ def scheduler_name(option: str | None = None) -> str:
     return env or DEFAULT
 
 
-def _schedule(doc: Document, scheduler: str | None = None, **options) -> Document:
+def _schedule(doc: Document, scheduler: str | None = None, split_reductions: bool = True, split_factor: float = 4.0,
+              **options) -> Document:
     from latch_core.plugins import registries
+
+    from .schedulers import DEFAULT_NUM_SMS, _bool, _ops
+    from .split import split_document
+    from .tasks import options_cost
 
     name = scheduler_name(scheduler)
     fn = registries().schedulers.get(name)  # unknown name: RegistryError listing the registered ones
+    split = {}
+    if _bool(split_reductions) and doc.graph is not None:
+        doc, split = split_document(doc, _ops(options), cost=options_cost(options),
+                                    num_sms=int(options.get("num_sms", DEFAULT_NUM_SMS)), factor=float(split_factor))
     section = fn(doc, dict(options))
+    if split:
+        section = attrs.evolve(section, stats=dict(section.stats, split_reductions=split))
     return attrs.evolve(doc, schedule=section, memory=None, build=None)
 
 

@@ -216,6 +216,25 @@ def gather(ins, outs, attrs) -> Tiling:
     return Tiling(_rows(R), fp, kind="gather")
 
 
+def scatter_like(ins, outs, attrs) -> Tiling:
+    """Scatters (embedding_backward, index_add, scatter, scatter_add): where a source element
+    lands is data, so a tile of the output reads every source and index element and applies those
+    that fall inside it (latch-codegen-h100's bodies do exactly that); the base operand, where
+    there is one, is read at the tile. Tiles never write each other's bytes."""
+    P = outs[0].shape
+    if len(P) < 1:
+        return None
+    base = len(ins) == 3  # (x, idx, src): out starts as x
+
+    def fp(box):
+        reads = [None if t is None else full_box(t.shape) for t in ins]
+        if base and ins[0] is not None and tuple(ins[0].shape) == tuple(P):
+            reads[0] = box
+        return reads, [box]
+
+    return Tiling(_rows(len(P)), fp, kind="scatter")
+
+
 def nll_loss_backward(ins, outs, attrs) -> Tiling:
     """grad_input[N, C] row by row: each row needs its target, the scalar grad and total weight."""
     P = outs[0].shape
@@ -251,6 +270,10 @@ BY_NAME: dict[str, Callable] = {
     "latch::index_select": index_select,
     "latch::gather": gather,
     "latch::nll_loss_backward": nll_loss_backward,
+    "latch::embedding_backward": scatter_like,
+    "latch::index_add": scatter_like,
+    "latch::scatter": scatter_like,
+    "latch::scatter_add": scatter_like,
 }
 
 # Views that read each input element at most once per output element and never broadcast: an
