@@ -120,7 +120,6 @@ class _RangeMax:
 class Step:
     chain: tuple[int, ...]  # indices of the nodes to clone, in order; the last is the head
     at: int  # index of the head's first consumer after the peak: the clones go just before it
-    peak: int  # estimated peak after the step
 
 
 def _chain(est: Estimate, head: int, p: int, eligible, depth: int) -> list[int]:
@@ -266,7 +265,7 @@ def remat_program(g: Graph, ops: Registry, budget_bytes: int, *, tags: Iterable[
         for new_peak, _, _, chain, q in options[:8]:
             if new_peak > peak:
                 break
-            nodes, new_vals = _apply(work, est, Step(chain, q, new_peak), names, steps)
+            nodes, new_vals = _apply(work, est, Step(chain, q), names, steps)
             trial_graph = attrs.evolve(work, values=values + new_vals, nodes=nodes)
             trial = estimate(trial_graph)
             if (trial.peak, trial.profile.count(trial.peak)) < (peak, len(at_peak)):

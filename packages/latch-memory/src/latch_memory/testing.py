@@ -1,8 +1,9 @@
-"""Test support: small ops with torch references, a naive scheduler, and a two-weight update.
+"""Test support: small ops with torch references, a naive scheduler, two-weight and MLP updates.
 
 Used by latch-memory's and latch-check's tests so they do not depend on the real op library or
-schedulers. Nothing here is on a production path. torch is imported only inside the op
-references, so importing this module keeps latch-memory torch-free.
+schedulers. Nothing here is on a production path. The op references use tensor methods only and
+torch is imported inside ``evaluate`` and ``random_inputs``, so importing this module keeps
+latch-memory torch-free.
 
 The naive scheduler puts every node in its own fusion group, cuts the primary output into row
 tiles, and gives each task an exact footprint for row-wise ops (elementwise with equal shapes,
@@ -62,9 +63,8 @@ def _rmsnorm(inputs, attrs):
 
 
 def _ref(fn_name):
+    """The reference of ``test::<fn_name>``: tensor methods only, so no torch import here."""
     def ref(inputs, attrs):
-        import torch  # noqa: F401 (only when a reference runs)
-
         return _REFS[fn_name](inputs, dict(attrs))
     return ref
 
