@@ -344,6 +344,7 @@ class Order:
         self._idx = sim.pos_idx
         self._clk = sim.clk
         self._trace = sim.trace
+        self._meets: dict[tuple, list[int]] = {}  # first task per SM -> meet (callers must not mutate it)
 
     def sequence(self) -> list[int]:
         """The task ids in one order the lists can run in (the abstract execution's): a linear
@@ -407,19 +408,26 @@ class Order:
     def meet(self, tasks: Iterable[int]) -> list[int]:
         """Per SM, the largest instruction index known to happen-before EVERY one of ``tasks``
         (``[inf] * S`` for no tasks). An SM's clock only grows along its list, so the earliest
-        of the tasks on each SM decides that SM's contribution."""
+        of the tasks on each SM decides that SM's contribution. The result is shared between
+        callers asking about the same tasks: read it, do not modify it."""
         first: dict[int, int] = {}
         sm, idx = self._sm, self._idx
         for t in tasks:
             s = sm[t]
             if s not in first or idx[t] < idx[first[s]]:
                 first[s] = t
-        m: list[int] | None = None
+        key = tuple(sorted(first.values()))
+        m = self._meets.get(key)  # the planner and the validator ask for the same sets
+        if m is not None:
+            return m
         for s, t in first.items():
             c = list(self._clk[t])
             c[s] = idx[t] - 1
             m = c if m is None else list(map(min, m, c))
-        return m if m is not None else [1 << 62] * self.num_sms
+        if m is None:
+            m = [1 << 62] * self.num_sms
+        self._meets[key] = m
+        return m
 
     @staticmethod
     def precedes(frontier: Frontier, meet: Sequence[int]) -> bool:

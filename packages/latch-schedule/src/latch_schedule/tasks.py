@@ -258,6 +258,7 @@ def _dependencies(graph: Graph, plans: list[GroupPlan], group_of: list[int], rea
                     readers.setdefault(a.value, []).append((a.box, t, group_of[t]))
         r_index = {v: MultiIndex(items) for v, items in readers.items()}
         wcache: dict[tuple, tuple] = {}
+        safe: dict[tuple, bool] = {}  # (group, old, new) -> may a task update in place
         for t, ws in enumerate(writes):
             g = group_of[t]
             for a in ws:
@@ -278,7 +279,10 @@ def _dependencies(graph: Graph, plans: list[GroupPlan], group_of: list[int], rea
                             f"program {graph.name!r} {_where(node)}: its tiles overwrite elements of %{old} (in place, "
                             f"as %{a.value}) that other tiles of the same node still read; an in-place update "
                             "must be elementwise")
-                    if not plans[g].inplace_safe(graph, old, a.value):
+                    ok = safe.get((g, old, a.value))
+                    if ok is None:
+                        ok = safe[(g, old, a.value)] = plans[g].inplace_safe(graph, old, a.value)
+                    if not ok:
                         raise ScheduleError(
                             f"program {graph.name!r} {_where(node)}: writes %{a.value} in place of %{old} while "
                             f"reading %{old}, and what it computes from %{old} is not elementwise, so it could "
