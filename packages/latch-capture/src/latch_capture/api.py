@@ -2,7 +2,7 @@
 
     doc = capture_module(model, objective, inputs, targets,
                          optimizer=tensor_update(update, init_state=init, forward_state=None),
-                         state=None, hyper={"lr": 0.1}, microbatches=1, grads=False)
+                         state=None, hyper={"lr": 0.1}, microbatches=1, grads=False, routing=False)
 
 Arguments (README.md has the long form):
 - ``model``: an ``nn.Module``; its parameters are the ``params`` (on any device, including
@@ -23,6 +23,10 @@ Arguments (README.md has the long form):
   (CONTRACTS.md section 2): the step's gradient is the mean of the K microbatch gradients and its
   loss the mean of the K losses.
 - ``grads``: also output the gradients the optimizer receives (group ``grads``), for checking.
+- ``routing``: also output every routing decision (group ``routing``): the ``indices`` output of
+  each ``latch::token_topk`` node, named ``routing.<node name>``, in every program. A checker
+  needs them to tell a near-tie routing flip under a reduced-precision policy from a kernel error
+  (``latch_check.gpu``); an update without a ``token_topk`` node is an error.
 """
 
 from __future__ import annotations
@@ -125,8 +129,8 @@ class Example:
 
 def capture_module(model, objective: Callable, inputs: Any, targets: Any, *, optimizer: TensorUpdate,
                    state: Any = None, hyper: Mapping[str, float] | None = None, microbatches: int = 1,
-                   grads: bool = False, example: str = "", progress: Callable[[str], None] | None = None,
-                   ops=None):
+                   grads: bool = False, routing: bool = False, example: str = "",
+                   progress: Callable[[str], None] | None = None, ops=None):
     """Capture one training update of ``model`` as a Latch document (graph section only).
 
     See the module docstring for the arguments. ``progress`` receives one-line messages during long
@@ -159,7 +163,8 @@ def capture_module(model, objective: Callable, inputs: Any, targets: Any, *, opt
         f"{len(spec.state)} state tensors, microbatches {microbatches}")
     fb = trace.trace_forward_backward(spec, model, objective, optimizer.forward_state, ops, say)
     opt = trace.trace_update(spec, optimizer.update, ops, say)
-    section = programs.assemble(spec, fb, opt, microbatches=microbatches, grads=grads, example=example, ops=ops)
+    section = programs.assemble(spec, fb, opt, microbatches=microbatches, grads=grads, routing=routing,
+                                example=example, ops=ops)
     from latch_core.lint import lint_section
 
     from .lower import LoweringBug

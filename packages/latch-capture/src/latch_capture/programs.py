@@ -9,7 +9,8 @@
   is the full-batch gradient when the objective is a mean over equal microbatches.
 
 Output value names are fixed: ``new.<name>`` for new params and state, ``loss``, ``grad.<param>``,
-``metric.<name>``. An update that returns an input unchanged does not write it (no output, no
+``routing.<token_topk node>`` (``routing=True``: the expert indices each ``latch::token_topk`` node
+chooses, output by every program so a checker can replay them), ``metric.<name>``. An update that returns an input unchanged does not write it (no output, no
 in-place pair). Dead nodes (unused pieces of splits, unused metrics) are removed.
 """
 
@@ -21,12 +22,18 @@ import torch
 
 from latch_core.ir import BATCH, CONST, HYPER, INTERMEDIATE, PARAM, STATE, Graph, GraphSection, Group, Node, Value
 
+from latch_ops.moe.specs import TOKEN_TOPK
+
 from .errors import CaptureError
 from .lower import Fragment
 from .trace import CaptureInputs, Traced
 
 GRAD_ACC = "grad_acc."
 LOSS_ACC = "loss_acc"
+ROUTING = "routing."
+# Routing decisions: op -> index of the output that holds the decision (token_topk's expert indices;
+# its gate values follow from them and the probabilities, so they are not a decision of their own).
+DECISIONS = {TOKEN_TOPK: 1}
 
 
 class Builder:
@@ -136,12 +143,18 @@ class Builder:
         )
 
 
+def routing_outputs(b: Builder, first: int) -> list[str]:
+    """Output every routing decision made by the nodes ``b.nodes[first:]`` (one forward+backward) as
+    ``routing.<node name>``; the decision values keep feeding their consumers under the new name."""
+    return [b.output(n.outputs[DECISIONS[n.op]], ROUTING + n.name) for n in b.nodes[first:] if n.op in DECISIONS]
+
+
 def _types(spec: CaptureInputs, names: Sequence[str]):
     return [(n, spec.types[n]) for n in names]
 
 
 def assemble(spec: CaptureInputs, fb: Traced, opt: Traced, *, microbatches: int, grads: bool, example: str,
-             ops) -> GraphSection:
+             ops, routing: bool = False) -> GraphSection:
     pnames, snames = spec.names("params"), spec.names("state")
     bnames = spec.names("batch_in") + spec.names("batch_tg")
     hnames = [n for n, _ in spec.hyper]
@@ -180,10 +193,17 @@ def assemble(spec: CaptureInputs, fb: Traced, opt: Traced, *, microbatches: int,
         b.add_inputs("hyper", HYPER, _types(spec, hnames))
         return b
 
-    def run_fb(b: Builder) -> tuple[str, dict[str, str], list[str]]:
+    if routing and not any(n.op in DECISIONS for n in fb.fragment.nodes):
+        raise CaptureError("routing=True, but the update makes no routing decision (no latch::token_topk node)",
+                           hint="capture without routing, or route tokens with latch_ops.moe.torch_ops.token_topk")
+
+    def run_fb(b: Builder) -> tuple[str, dict[str, str], list[str], list[str]]:
+        """(loss, metrics, gradients, routing outputs: empty unless ``routing``)."""
         bind = {n: n for n in pnames + snames + bnames + hnames}
+        first = len(b.nodes)
         outs = dict(zip(fb.output_keys, b.instantiate(fb.fragment, bind)))
-        return outs["loss"], {k: outs[k] for k in fb_metrics}, [outs[f"grad.{p}"] for p in pnames]
+        decisions = routing_outputs(b, first) if routing else []
+        return outs["loss"], {k: outs[k] for k in fb_metrics}, [outs[f"grad.{p}"] for p in pnames], decisions
 
     def run_opt(b: Builder, grads_in: list[str]) -> tuple[list, list, dict]:
         bind = {n: n for n in pnames + snames + hnames}
@@ -209,27 +229,29 @@ def assemble(spec: CaptureInputs, fb: Traced, opt: Traced, *, microbatches: int,
     programs = []
     if K == 1:
         b = start("update")
-        loss, m1, g = run_fb(b)
+        loss, m1, g, r = run_fb(b)
         new_p, new_s, m2 = run_opt(b, g)
         np_names, ip1 = written(b, new_p)
         ns_names, ip2 = written(b, new_s)
         outs = [("new_params", np_names), ("new_state", ns_names), ("loss", [b.output(loss, "loss")])]
         if grads:
             outs.append(("grads", [b.output(x, f"grad.{p}") for p, x in zip(pnames, g)]))
+        outs.append(("routing", r))
         outs.append(("metrics", metrics_out(b, {**m1, **m2})))
         programs.append(b.finish(outs, ip1 + ip2))
     else:
         # accumulate: grads and loss added into the accumulators
         b = start("accumulate")
-        loss, m1, g = run_fb(b)
+        loss, m1, g, r = run_fb(b)
         acc = [(GRAD_ACC + p, b.emit("latch::add", [GRAD_ACC + p, x])) for p, x in zip(pnames, g)]
         acc.append((LOSS_ACC, b.emit("latch::add", [LOSS_ACC, loss])))
         ns_names, ip = written(b, acc)
-        outs = [("new_state", ns_names), ("loss", [b.output(loss, "loss")]), ("metrics", metrics_out(b, m1))]
+        outs = [("new_state", ns_names), ("loss", [b.output(loss, "loss")]), ("routing", r),
+                ("metrics", metrics_out(b, m1))]
         programs.append(b.finish(outs, ip))
         # accumulate_and_update: the last microbatch, the mean, the optimizer, accumulators reset
         b = start("accumulate_and_update")
-        loss, m1, g = run_fb(b)
+        loss, m1, g, r = run_fb(b)
         mean_g = [b.emit("latch::div", [b.emit("latch::add", [GRAD_ACC + p, x])], {"scalar": float(K)}, base="grad_mean")
                   for p, x in zip(pnames, g)]
         mean_loss = b.emit("latch::div", [b.emit("latch::add", [LOSS_ACC, loss])], {"scalar": float(K)}, base="loss_mean")
@@ -241,6 +263,7 @@ def assemble(spec: CaptureInputs, fb: Traced, opt: Traced, *, microbatches: int,
         outs = [("new_params", np_names), ("new_state", ns_names), ("loss", [b.output(mean_loss, "loss")])]
         if grads:
             outs.append(("grads", [b.output(x, f"grad.{p}") for p, x in zip(pnames, mean_g)]))
+        outs.append(("routing", r))
         outs.append(("metrics", metrics_out(b, {**m1, **m2})))
         programs.append(b.finish(outs, ip1 + ip2))
     metadata = {
