@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from latch_core.document import Document
-from latch_core.ir import GraphSection
 from latch_schedule.fusion import fuse
 from latch_schedule.testing import Builder
 

@@ -18,7 +18,6 @@ import zlib
 from collections import Counter
 from pathlib import Path
 
-import attrs
 import pytest
 
 pytest.importorskip("torch")

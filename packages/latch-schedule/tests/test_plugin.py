@@ -8,7 +8,6 @@ import importlib
 import random
 import textwrap
 
-import attrs
 import pytest
 from click.testing import CliRunner
 

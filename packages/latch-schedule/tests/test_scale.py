@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 
 import attrs
-import pytest
 
 from latch_schedule import testing
 from latch_schedule.schedulers import dataflow_scheduler

@@ -6,7 +6,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from latch_core.sections import Access, Placement
+from latch_core.sections import Access
 from latch_schedule import testing
 from latch_schedule.schedulers import barrier_scheduler, dataflow_scheduler
 from latch_schedule.validate import ValidationError, check, validate

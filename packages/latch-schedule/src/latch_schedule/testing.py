@@ -21,7 +21,7 @@ from latch_core.ir import Graph, GraphSection, Group, Node, TensorType, Value
 from latch_core.order import Order
 from latch_core.registry import COPY, ELEMENTWISE, MATMUL, NORM, REDUCTION, OpSpec, ShapeError
 from latch_core.sections import (
-    BARRIER, SIGNAL, TASK, WAIT, MemorySection, Placement, ProgramMemory, ProgramSchedule, ScheduleSection,
+    BARRIER, SIGNAL, WAIT, MemorySection, Placement, ProgramMemory, ProgramSchedule,
 )
 
 NS = "sched_test"

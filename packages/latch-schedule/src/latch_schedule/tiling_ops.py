@@ -12,7 +12,6 @@ The attribute conventions are latch-ops' (``latch_ops.views``, ``latch_ops.index
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 from latch_core.ir import TensorType

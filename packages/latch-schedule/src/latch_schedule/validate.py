@@ -34,8 +34,8 @@ from latch_core.order import Order, ScheduleOrderError
 from latch_core.registry import Registry
 from latch_core.sections import Placement, ProgramMemory, ProgramSchedule
 
-from .boxes import BoxIndex, MultiIndex, contains, covered, full_box, is_empty, overlaps, volume, within
-from .fusion import GroupPlan, body_key, is_pointwise
+from .boxes import BoxIndex, MultiIndex, contains, covered, full_box, is_empty, within
+from .fusion import GroupPlan, is_pointwise
 from .tasks import GroupTiler
 from .tiling import CostModel
 
