@@ -43,10 +43,12 @@ def summary(doc) -> list[str]:
 @click.option("-o", "--output", "out", required=True, type=click.Path(dir_okay=False), help="document to write")
 @click.option("--scheduler", default=None, help="strategy name (default: $LATCH_SCHEDULER, else barrier)")
 @click.option("--num-sms", default=132, show_default=True, help="SMs of the target GPU")
-@click.option("--fuse/--no-fuse", default=True, show_default=True, help="fuse elementwise chains")
+@click.option("--fuse/--no-fuse", default=True, show_default=True, help="fuse elementwise/view chains")
+@click.option("--split-reductions/--no-split-reductions", default=True, show_default=True,
+              help="rewrite big full reductions into two levels (changes the graph section)")
 @click.option("--validate/--no-validate", "check", default=True, show_default=True,
               help="run the static validator (without memory) on the result")
-def schedule_cmd(inp, out, scheduler, num_sms, fuse, check):
+def schedule_cmd(inp, out, scheduler, num_sms, fuse, split_reductions, check):
     """Schedule every program: fusion, tiles, SM assignment, barriers or counters."""
     from latch_core.cli import load_or_exit
     from latch_core.document import save
@@ -56,7 +58,7 @@ def schedule_cmd(inp, out, scheduler, num_sms, fuse, check):
     name = scheduler_name(scheduler)
     t0 = time.perf_counter()
     try:
-        doc = run_pass(SCHEDULE, doc, scheduler=name, num_sms=num_sms, fuse=fuse)
+        doc = run_pass(SCHEDULE, doc, scheduler=name, num_sms=num_sms, fuse=fuse, split_reductions=split_reductions)
         if check:
             run_pass(VALIDATE_ORDER, doc)
     except (PassError, ValueError) as e:
