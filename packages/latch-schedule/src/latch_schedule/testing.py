@@ -279,6 +279,7 @@ def mutants(doc: Document, rng: random.Random, per_kind: int = 3) -> Iterator[Mu
     waits = [(s, i) for s, sm in enumerate(ps.sms) for i, ins in enumerate(sm) if ins[0] == WAIT]
     if waits:
         # a wait is needed when the task after it reads from a producer it alone orders
+        made = 0
         for s, i in rng.sample(waits, min(len(waits), per_kind * 4)):
             sms = [list(sm) for sm in ps.sms]
             del sms[s][i]
@@ -292,10 +293,9 @@ def mutants(doc: Document, rng: random.Random, per_kind: int = 3) -> Iterator[Mu
                 w, r, v = broken[0]
                 yield Mutant("drop_wait", f"SM {s} instruction {i} (task {r} reads %{v} from task {w})",
                              _with_program(doc, mps))
-                per_kind -= 1
-                if per_kind <= 0:
+                made += 1
+                if made >= per_kind:
                     break
-        per_kind = max(per_kind, 1)
     signals = [(s, i) for s, sm in enumerate(ps.sms) for i, ins in enumerate(sm) if ins[0] == SIGNAL]
     for s, i in rng.sample(signals, min(len(signals), per_kind)):
         sms = [list(sm) for sm in ps.sms]
