@@ -8,6 +8,11 @@ Groups of a training update: ``loss``, ``grad <param>`` (one gate per gradient),
 ``param_update`` (new - old params: far more sensitive than the params themselves, whose
 relative error is diluted by their size), ``new_state``, ``metric <name>``. A gate passes when
 rel_l2 <= its threshold; a failed gate stays in the table, marked FAIL.
+
+Routing gates (``routing <node>``, :func:`routing_gate`) judge a discrete decision instead: the
+experts a program chose per token against the FP64 reference's top-k of the same router
+probabilities. A differing choice (a *flip*) passes only as a near-tie; the table prints them
+after the relative-L2 rows, with the number of flips, the worst probability gap and its margin.
 """
 
 from __future__ import annotations
@@ -56,10 +61,110 @@ class Gate:
         return not math.isnan(self.rel_l2) and self.rel_l2 <= self.threshold
 
 
+# ---------------------------------------------------------------------------------------------
+# Routing: near-tie flips of a top-k choice
+
+BF16_SPACING = 2.0 ** -7  # bfloat16 keeps 8 significant bits: its spacing at 1 (relative resolution)
+ROUTING_FACTOR = 4.0
+"""The routing margin is ``ROUTING_FACTOR * BF16_SPACING * p`` with ``p`` the larger of the two
+probabilities in a flip: the FP64 gap ``p_ref - p_chosen`` a BF16 program may get wrong.
+
+Why: near a tie the gap between two softmax probabilities moves by ``p * (dz_a - dz_b)``, ``dz`` the
+error of the logits; relative to ``p`` it is the logit error itself. Under the BF16 policy the
+router's logits carry its own operand rounding (2^-9 relative per operand) and the error its input
+brings from every upstream BF16 product, so the relative gap moves by a few 2^-7 and grows with
+depth and width. Measured on the CPU (the FP64 reference with BF16-rounded operands,
+``gpu.policy_faithful_ops``, against plain FP64, same routing; largest relative change of any
+probability pair of any token): 0.35 x 2^-7 on TinyMoE SMALL over 10 updates, 1.3 x 2^-7 at
+d_model 256 / 4 layers / 16 experts, 2.0 x 2^-7 at d_model 768 / 8 layers (TinyMoE-200M's width and
+depth, 8 experts) at initialisation. A factor 4 covers the model sizes Latch targets with room to
+spare; a flip beyond it (3% of the probability at p) is not rounding and fails. A router whose
+logits grow far beyond unit scale in training moves its probabilities more: its flips would fail
+this gate loudly (a false alarm to investigate), never pass silently."""
+
+
+@attrs.frozen
+class Flip:
+    """One token whose chosen expert set differs from the reference's: the program chose
+    ``chosen`` where the reference chose ``instead``; ``gap`` = the largest FP64 probability among
+    ``instead`` minus the smallest among ``chosen`` (the amount by which the program's set is worse
+    than the best; inf for an invalid choice), ``margin`` the near-tie allowance at that token."""
+
+    token: int
+    chosen: tuple[int, ...]
+    instead: tuple[int, ...]
+    gap: float
+    margin: float
+
+    @property
+    def near_tie(self) -> bool:
+        return self.gap <= self.margin  # NaN compares false: a NaN probability fails
+
+
+@attrs.frozen
+class RoutingGate:
+    """The routing decisions of one ``token_topk`` node (``group`` = ``routing <node>``): ``numel``
+    (token, slot) choices, ``flipped`` of which differ from the reference's; passes when every flip
+    is a near-tie."""
+
+    group: str
+    numel: int
+    flipped: int
+    flips: tuple[Flip, ...] = attrs.field(converter=tuple)
+    step: int | None = None
+    note: str = ""  # why the gate fails beyond its flips (e.g. non-finite probabilities)
+
+    @property
+    def passed(self) -> bool:
+        return not self.note and all(f.near_tie for f in self.flips)
+
+    @property
+    def worst(self) -> Flip | None:
+        """The flip closest to (or furthest beyond) its margin: the one the table prints."""
+        def ratio(f: Flip) -> float:
+            return f.gap / f.margin if f.margin > 0 and not math.isnan(f.gap) else math.inf
+        return max(self.flips, key=ratio, default=None)
+
+
+def routing_gate(group: str, probs: torch.Tensor, chosen: torch.Tensor, reference: torch.Tensor, *,
+                 step: int | None = None, factor: float = ROUTING_FACTOR) -> RoutingGate:
+    """Gate a program's top-k choice ``chosen`` [N, k] against the FP64 reference's ``reference``
+    [N, k] of the same probabilities ``probs`` [N, E] (FP64, computed from the same upstream
+    decisions). Choices are compared as sets per token (slot order does not change the result).
+    An index outside [0, E) or repeated within a token is a flip with an infinite gap."""
+    if probs.dim() != 2 or chosen.shape != reference.shape or chosen.dim() != 2 or chosen.shape[0] != probs.shape[0]:
+        raise ValueError(f"routing gate {group!r}: probabilities {list(probs.shape)}, choices {list(chosen.shape)} "
+                         f"and reference {list(reference.shape)} do not fit [N, E], [N, k], [N, k]")
+    p = probs.detach().to(torch.float64).cpu()
+    if bool((p < 0).any()):
+        raise ValueError(f"routing gate {group!r}: the ranked scores have negative entries; the near-tie margin "
+                         "is defined for probabilities (route on softmax outputs)")
+    N, E = p.shape
+    note = "" if bool(torch.isfinite(p).all()) else "non-finite FP64 probabilities"
+    got = chosen.detach().cpu().long().tolist()
+    want = reference.detach().cpu().long().tolist()
+    flips, flipped = [], 0
+    for t in range(N):
+        g, r = got[t], want[t]
+        if set(g) == set(r) and len(set(g)) == len(g):
+            continue
+        valid = len(set(g)) == len(g) and all(0 <= e < E for e in g)
+        mine = sorted(set(g) - set(r)) if valid else sorted(set(g))
+        theirs = sorted(set(r) - set(g))
+        flipped += max(len(theirs), 1)
+        if not valid:
+            flips.append(Flip(t, tuple(g), tuple(theirs), math.inf, 0.0))
+            continue
+        top = max(float(p[t, e]) for e in theirs)
+        gap = top - min(float(p[t, e]) for e in mine)
+        flips.append(Flip(t, tuple(mine), tuple(theirs), gap, factor * BF16_SPACING * top))
+    return RoutingGate(group, N * chosen.shape[1], flipped, flips, step, note)
+
+
 @attrs.frozen
 class GateTable:
     title: str
-    gates: tuple[Gate, ...] = attrs.field(converter=tuple)
+    gates: tuple[Gate | RoutingGate, ...] = attrs.field(converter=tuple)
 
     @property
     def passed(self) -> bool:
@@ -70,26 +175,49 @@ class GateTable:
 
     def format(self) -> str:
         has_step = any(g.step is not None for g in self.gates)
-        head = (["step"] if has_step else []) + ["group", "elements", "rel L2", "gate", "result"]
-        rows = []
-        for g in self.gates:
-            row = ([str(g.step)] if has_step else []) + [
-                g.group, f"{g.numel:,}", _num(g.rel_l2), f"{g.threshold:.0e}", "ok" if g.passed else "FAIL"]
-            rows.append(row)
-        widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
-        right = {"elements", "rel L2", "gate", "step"}
-
-        def line(cells):
-            return "  ".join(c.rjust(w) if h in right else c.ljust(w) for c, w, h in zip(cells, widths, head)).rstrip()
-
-        out = [self.title, line(head), line(["-" * w for w in widths])]
-        out += [line(r) for r in rows]
+        st = ["step"] if has_step else []
+        l2 = [g for g in self.gates if isinstance(g, Gate)]
+        rows = [([str(g.step)] if has_step else []) + [
+            g.group, f"{g.numel:,}", _num(g.rel_l2), f"{g.threshold:.0e}", "ok" if g.passed else "FAIL"] for g in l2]
+        out = [self.title] + _block(st + ["group", "elements", "rel L2", "gate", "result"], rows)
+        routing = [g for g in self.gates if isinstance(g, RoutingGate)]
+        if routing:
+            rows, details = [], []
+            for g in routing:
+                w = g.worst
+                rows.append(([str(g.step)] if has_step else []) + [
+                    g.group, f"{g.numel:,}", str(g.flipped), "-" if w is None else _num(w.gap),
+                    "-" if w is None else f"{w.margin:.1e}", "ok" if g.passed else "FAIL"])
+                details += [f"  {g.group}: {g.note}"] if g.note else []
+                for f in g.flips[:_SHOWN_FLIPS]:
+                    details.append(f"  {g.group}: token {f.token} chose {list(f.chosen)} where FP64 chose "
+                                   f"{list(f.instead)}: gap {_num(f.gap)}, margin {f.margin:.1e}, "
+                                   + ("near-tie" if f.near_tie else "NOT a near-tie"))
+                if len(g.flips) > _SHOWN_FLIPS:
+                    details.append(f"  {g.group}: ... {len(g.flips) - _SHOWN_FLIPS} more tokens")
+            out.append(f"routing: choices that differ from FP64's top-k (flips); a flip passes when its FP64 "
+                       f"probability gap <= margin = {ROUTING_FACTOR:g} x 2^-7 x the larger probability "
+                       "(worst gap: the flip nearest its margin)")
+            out += _block(st + ["group", "choices", "flips", "worst gap", "margin", "result"], rows) + details
         n_fail = len(self.failures())
         out.append(f"{len(self.gates)} gates, " + ("all passed" if not n_fail else f"{n_fail} FAILED"))
         return "\n".join(out)
 
     def __str__(self) -> str:
         return self.format()
+
+
+_SHOWN_FLIPS = 8  # flips listed per routing gate (all are counted)
+_RIGHT = {"elements", "rel L2", "gate", "step", "choices", "flips", "worst gap", "margin"}
+
+
+def _block(head: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
+
+    def line(cells):
+        return "  ".join(c.rjust(w) if h in _RIGHT else c.ljust(w) for c, w, h in zip(cells, widths, head)).rstrip()
+
+    return [line(head), line(["-" * w for w in widths])] + [line(r) for r in rows]
 
 
 def _num(x: float) -> str:

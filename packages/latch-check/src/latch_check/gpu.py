@@ -7,6 +7,22 @@ one step cannot hide in, or blame, a later one). Groups: loss, every gradient (t
 be captured with ``grads``), new params, the param update (new - old), new state, metrics; each
 step prints a gate table (``latch_check.gates``).
 
+Routing (a document captured with ``routing=True``, whose programs output each ``token_topk``
+node's expert choice): under a reduced-precision policy the program may pick another expert than
+FP64 for a token whose top-k probabilities nearly tie; everything downstream of that discrete
+choice then differs by O(1), and gating it against pure FP64 would blame the kernel for rounding.
+So each program run of the update is checked in two parts (:func:`reference_gates`):
+- routing gates: per decision node, the program's choice against FP64's top-k of the FP64
+  probabilities computed from the SAME upstream decisions (the reference replaying the program's
+  routing up to that node), so each decision is judged on its own and a legitimate flip in layer 0
+  cannot make layer 1's comparison meaningless; a flip passes only as a near-tie
+  (``gates.ROUTING_FACTOR``);
+- every continuous group, with the unchanged thresholds, against the FP64 reference run with the
+  program's routing forced (``reference.run(..., force=...)``): what FP64 computes given the
+  program's discrete decisions.
+Routing a program could not have chosen (an index out of range or repeated) cannot be replayed:
+its gate fails and the continuous groups are gated against the free reference, said in the title.
+
 Thresholds (relative L2) depend on the numerical policy the document carries, and are fixed here,
 not tuned per run: an all-FP32 program (``GATES_F32``) is held to about 100x the rounding error of
 FP32 arithmetic over these reductions; a program with BF16 operands in its matrix products or
@@ -37,7 +53,7 @@ from latch_core.document import Document, load
 
 from . import reference
 from .compare import CompareResult
-from .gates import GateTable, program_gates
+from .gates import Gate, GateTable, RoutingGate, program_gates, routing_gate
 
 GATES_F32 = {"loss": 1e-5, "grad": 1e-4, "new_params": 1e-5, "param_update": 1e-3, "new_state": 1e-4,
              "metric": 1e-4}
@@ -139,41 +155,153 @@ class GpuRun:
         gb = [self.gpu_batch(b) for b in batches]
         return self.prog.run(self.layout, self.layout, gb if self.K > 1 else gb[0], self.hyper, check=check)
 
+    def update_each(self, batches, *, check: bool = True) -> list[dict[str, torch.Tensor]]:
+        """One update like :meth:`update`, returning the outputs of EVERY program it launches (the
+        K-1 ``accumulate`` runs too: their routing decisions are needed to replay them)."""
+        seq = ["accumulate"] * (self.K - 1) + ["accumulate_and_update"] if self.K > 1 else ["update"]
+        return [self.prog.run_program(name, self.layout, self.layout, self.gpu_batch(b), self.hyper, check=check)
+                for name, b in zip(seq, batches)]
+
+
+# ------------------------------------------------------------------------------------------
+# One update's gates: free FP64 reference, or routing gates + the reference replaying the routing
+
+
+def has_routing(graph) -> bool:
+    return any(g.name == "routing" for g in graph.outputs)
+
+
+def decision_nodes(graph) -> list[tuple[Any, str]]:
+    """(node, decision value) of every routing decision of ``graph``; each must be in its routing
+    group, or the reference could not replay it (e.g. a recomputed copy of a token_topk)."""
+    from latch_capture.programs import DECISIONS
+
+    routed = set(graph.group("routing", outputs=True).values)
+    out = []
+    for n in graph.nodes:
+        if n.op in DECISIONS:
+            v = n.outputs[DECISIONS[n.op]]
+            if v not in routed:
+                src = f" (from {n.source})" if n.source else ""
+                raise ValueError(f"program {graph.name!r}: node {n.name!r} ({n.op}){src} decides routing, but its "
+                                 f"output {v!r} is not in the routing group, so its decision cannot be replayed; "
+                                 "capture with routing=True, and keep passes that copy nodes (memory.remat) away "
+                                 "from routing ops")
+            out.append((n, v))
+    return out
+
+
+def _valid_choice(idx: torch.Tensor, experts: int) -> bool:
+    if idx.numel() == 0:
+        return True
+    srt = torch.sort(idx.long(), dim=1).values
+    return bool(((idx >= 0) & (idx < experts)).all()) and not bool((srt[:, 1:] == srt[:, :-1]).any())
+
+
+def _routed_run(doc, graph, ins, outputs, ops, *, step, suffix) -> tuple[dict, list[RoutingGate], str]:
+    """The reference of one program run replaying ``outputs``' routing, and its routing gates."""
+    nodes = decision_nodes(graph)
+    missing = [v for _, v in nodes if v not in outputs]
+    if missing:
+        raise KeyError(f"program {graph.name!r}: the program's outputs lack the routing decisions {missing[:4]}")
+    chosen = {v: outputs[v].detach().cpu() for _, v in nodes}
+    probs = [n.inputs[0] for n, _ in nodes]
+    bad = [v for n, v in nodes if not _valid_choice(chosen[v], graph.value(n.inputs[0]).shape[1])]
+    note = ""
+    if bad:
+        note = (f"routing {bad[:3]} names experts out of range or twice: continuous groups against the FREE FP64 "
+                "reference")
+        ref = reference.run(doc, graph.name, ins, ops=ops, keep=probs)
+    else:
+        ref = reference.run(doc, graph.name, ins, ops=ops, force=chosen, keep=probs)
+    gates = []
+    for n, v in nodes:
+        p = ref[n.inputs[0]]
+        fp64_choice = ops.get(n.op).extra["reference"]([p], n.attr_dict)[n.outputs.index(v)]
+        gates.append(routing_gate(f"routing {n.name}{suffix}", p, chosen[v], fp64_choice, step=step))
+    return ref, gates, note
+
+
+def reference_gates(doc, flat: Mapping[str, torch.Tensor], batches: list, outputs: list[Mapping[str, torch.Tensor]], *,
+                    thresholds: Mapping[str, float], step: int | None = None,
+                    ops=None) -> tuple[list[Gate | RoutingGate], str]:
+    """The gates of one update, on the CPU: ``(gates, note)``, ``note`` non-empty when the title
+    must say how the reference was run.
+
+    ``flat``: the update's inputs (layout values and hyper-parameters; floats in FP64) before it;
+    ``batches``: its K microbatches ``(inputs, targets)``; ``outputs``: what the program returned,
+    one dict per program run in order (K-1 ``accumulate`` then the last; only the last is needed
+    without routing), the last with the in-place new values added. Without a routing group the
+    last program's groups are gated against the free FP64 reference; with one, see the module
+    docstring (routing gates of every run, then the continuous groups of the last run).
+    """
+    from latch_capture import advance, batch_inputs, program_inputs
+
+    if ops is None:
+        from latch_core.plugins import registries
+
+        ops = registries().ops
+    section = doc.graph
+    K = int(section.meta("microbatches", 1))
+    if len(batches) != K:
+        raise ValueError(f"the document was captured with {K} microbatches per update, got {len(batches)} batches")
+    last = section.program("update" if K == 1 else "accumulate_and_update")
+    seq = ([section.program("accumulate")] * (K - 1) if K > 1 else []) + [last]
+    routed = has_routing(last)
+    if routed and len(outputs) != K:
+        raise ValueError(f"the document routes tokens: give the outputs of all {K} program runs of the update "
+                         f"(GpuRun.update_each), got {len(outputs)}")
+    flat = dict(flat)
+    gates: list[Gate | RoutingGate] = []
+    notes = []
+    for k, (graph, mb) in enumerate(zip(seq, batches)):
+        flat.update(batch_inputs(*mb))
+        ins = program_inputs(graph, flat)
+        if routed:
+            suffix = f" [microbatch {k}]" if K > 1 else ""
+            ref, rg, note = _routed_run(doc, graph, ins, outputs[k], ops, step=step, suffix=suffix)
+            gates += rg
+            notes += [note + suffix] if note else []
+        else:
+            ref = reference.run(doc, graph.name, ins, ops=ops)
+        if k < K - 1:
+            flat = advance(graph, flat, ref)
+    gates = program_gates(last, outputs[-1], ref, thresholds=thresholds, step=step, previous=ins) + gates
+    return gates, "; ".join(notes)
+
 
 def gpu_compare(example, build_dir: str | Path, *, steps: int = 10, thresholds: Mapping[str, float] | None = None,
                 progress: Callable[[str], None] | None = None) -> CompareResult:
     """Gate ``steps`` consecutive GPU updates against the FP64 reference (module docstring)."""
-    from latch_capture import advance, batch_inputs, program_inputs
+    from latch_capture.programs import DECISIONS
 
     say = progress or (lambda m: None)
     run = GpuRun(example, build_dir)
     doc = run.doc
     th = dict(thresholds or thresholds_for(doc))
     last = doc.graph.program("update" if run.K == 1 else "accumulate_and_update")
-    acc_prog = doc.graph.program("accumulate") if run.K > 1 else None
     if "grads" not in {g.name for g in last.outputs}:
         say("gpu: the document has no gradient outputs (capture with grads=True to gate gradients)")
+    routed = has_routing(last)
+    if routed:
+        decision_nodes(last)  # refuse an unreplayable document before running anything
+    elif any(n.op in DECISIONS for n in last.nodes):
+        say("gpu: the program routes tokens but outputs no routing decisions; a near-tie routing flip will show as "
+            "O(1) errors downstream (capture with routing=True to gate routing separately)")
     tables = []
     for step in range(steps):
         batches = run.batches(step)
-        before = {n: t.detach().cpu().double() if t.is_floating_point() else t.detach().cpu()
-                  for n, t in run.layout.items()}
-        flat = dict(before)
+        flat = {n: t.detach().cpu().double() if t.is_floating_point() else t.detach().cpu()
+                for n, t in run.layout.items()}
         flat.update({n: torch.tensor(float(v), dtype=torch.float64) for n, v in run.hyper.items()})
-        for k in range(run.K - 1):
-            flat.update(batch_inputs(*batches[k]))
-            out = reference.run(doc, acc_prog.name, program_inputs(acc_prog, flat))
-            flat = advance(acc_prog, flat, out)
-        flat.update(batch_inputs(*batches[-1]))
-        ins = program_inputs(last, flat)
-        ref = reference.run(doc, last.name, ins)
-        gpu_out = run.update(batches)
-        outputs = {n: t.detach().cpu() for n, t in gpu_out.items()}
+        runs = run.update_each(batches) if routed and run.K > 1 else [run.update(batches)]
+        outputs = [{n: t.detach().cpu() for n, t in out.items()} for out in runs]
         for new, old in last.inplace:
-            outputs[new] = run.layout[old].detach().cpu()
-        gates = program_gates(last, outputs, ref, thresholds=th, step=step, previous=ins)
+            outputs[-1][new] = run.layout[old].detach().cpu()
+        gates, note = reference_gates(doc, flat, batches, outputs, thresholds=th, step=step)
         title = (f"{example.name or 'example'}: step {step} ({last.name}, K={run.K}, {doc.schedule.strategy}, "
-                 f"policy {policy_of(doc)}) GPU vs FP64 reference")
+                 f"policy {policy_of(doc)}) GPU vs FP64 reference"
+                 + (" replaying the GPU's routing" if routed else "") + (f" ({note})" if note else ""))
         tables.append(GateTable(title, gates))
         say(f"gpu: step {step}: {'ok' if tables[-1].passed else 'FAILED'}")
     return CompareResult(tuple(tables))
@@ -351,8 +479,9 @@ def bench(example, build_dir: str | Path, *, iters: int = 50, warmup: int = 10) 
 
 
 def prepare(example_path: str, out_dir: str | Path, *, scheduler: str = "barrier", policy: bool = False,
-            overrides: Mapping[str, Any] | None = None, say: Callable[[str], None] = print):
-    """Capture (with gradients), optionally apply memory.policy, schedule, plan, build."""
+            overrides: Mapping[str, Any] | None = None, say: Callable[[str], None] = print, routing: bool = False):
+    """Capture (with gradients, and routing decisions where ``routing``), optionally apply
+    memory.policy, schedule, plan, build."""
     from latch_capture.examples import load_example
     from latch_codegen_h100 import build
     from latch_core.passes import run_pipeline
@@ -360,7 +489,7 @@ def prepare(example_path: str, out_dir: str | Path, *, scheduler: str = "barrier
 
     ex = load_example(example_path, **dict(overrides or {}))
     t0 = time.perf_counter()
-    doc = ex.capture(grads=True)
+    doc = ex.capture(grads=True, routing=routing)
     t_capture = time.perf_counter() - t0
     passes = registries().passes
     seq = ([passes.get("memory.policy")] if policy else []) + [passes.get("schedule"), passes.get("memory.plan")]
@@ -383,6 +512,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default=None, help="build directory (default: build/<example>-<scheduler>)")
     ap.add_argument("--scheduler", default="barrier")
     ap.add_argument("--policy", action="store_true", help="apply memory.policy (BF16 matmul/attention operands)")
+    ap.add_argument("--routing", action="store_true",
+                    help="output routing decisions; gate them as near-ties and replay them in the reference (MoE)")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--iters", type=int, default=50)
@@ -393,10 +524,10 @@ def main(argv: list[str] | None = None) -> int:
     name = Path(args.example).stem
     out = Path(args.dir or f"build/{name}-{args.scheduler}{'-policy' if args.policy else ''}")
     ex, doc, times = prepare(args.example, out, scheduler=args.scheduler, policy=args.policy,
-                             overrides=parse_overrides(args.overrides))
+                             overrides=parse_overrides(args.overrides), routing=args.routing)
     t0 = time.perf_counter()
     _, _, again = prepare(args.example, out, scheduler=args.scheduler, policy=args.policy,
-                          overrides=parse_overrides(args.overrides), say=lambda m: None)
+                          overrides=parse_overrides(args.overrides), say=lambda m: None, routing=args.routing)
     print(f"{name}: cached rebuild {again['build_s']:.3f} s (cached: {again['cached']}); "
           f"whole second pipeline {time.perf_counter() - t0:.2f} s")
     ok = True
@@ -405,8 +536,9 @@ def main(argv: list[str] | None = None) -> int:
         print(result.format())
         ok = result.passed
         fails = sum(len(t.failures()) for t in result.tables)
-        print(f"GATES {name} {args.scheduler} policy={policy_of(doc)}: {'PASS' if ok else f'FAIL ({fails} gates)'} "
-              f"over {args.steps} updates")
+        routed = " routing=replayed" if has_routing(doc.graph.programs[-1]) else ""
+        print(f"GATES {name} {args.scheduler} policy={policy_of(doc)}{routed}: "
+              f"{'PASS' if ok else f'FAIL ({fails} gates)'} over {args.steps} updates")
     if args.bench:
         r = bench(ex, out, iters=args.iters)
         def ms(key):

@@ -12,11 +12,20 @@ references (``OpSpec.extra["reference"]``, CONTRACTS.md sections 1 and 5).
   wrong shape rule or reference is caught at the node that produced it (named, with its source).
 - Values are released after their last reader, so large graphs run in bounded memory.
 - ``float_dtype`` selects another float width (e.g. ``torch.float32`` to emulate a GPU run).
+- ``force={value: tensor}`` replaces values nodes compute by given tensors: the node still runs (so
+  its errors surface and its other outputs exist), then each forced output takes the given tensor
+  (checked against the value's shape and dtype kind, cast like an input). Checks of a reduced-
+  precision program use it to replay the program's own discrete decisions (its routing) in FP64.
+  Forcing one output of a multi-output node needs a rule that makes the other outputs agree with
+  it (``FORCE_RULES``: ``latch::token_topk`` given its expert ``indices`` re-gathers its gate
+  ``values`` from the probabilities); without one it is an error naming the node, never a node
+  whose outputs contradict each other.
+- ``keep=(value, ...)`` also returns those intermediate values (e.g. router probabilities).
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Iterable, Mapping
 
 import torch
 
@@ -69,9 +78,75 @@ def _const(v, fdt) -> torch.Tensor:
     return torch.tensor(list(v.data), dtype=dt).reshape(v.shape)
 
 
+def _topk_given_indices(node, args: list, results: list, forced: dict[int, torch.Tensor]) -> list | None:
+    """token_topk(probs) -> (values, indices) with ``indices`` forced: values = probs at those
+    indices (slot order kept), after checking each row names distinct experts in [0, E). Forced
+    values alone determine no indices: None."""
+    if 1 not in forced:
+        return None
+    probs, idx = args[0], forced[1]
+    name = node.outputs[1]
+    E = probs.shape[1]
+    bad = (idx < 0) | (idx >= E)
+    if bool(bad.any()):
+        pos = [int(i) for i in bad.nonzero()[0]]
+        raise ReferenceError(f"forced value {name!r} of {_where(node)}: [{pos[0]}, {pos[1]}] = {int(idx[tuple(pos)])} is "
+                             f"not an expert index in [0, {E})")
+    srt = torch.sort(idx, dim=1).values
+    dup = (srt[:, 1:] == srt[:, :-1]).any(dim=1)
+    if bool(dup.any()):
+        row = int(dup.nonzero()[0, 0])
+        raise ReferenceError(f"forced value {name!r} of {_where(node)}: row {row} chooses an expert twice "
+                             f"({idx[row].tolist()}); each token's k choices must be distinct")
+    return [probs.gather(1, idx.long()), idx]
+
+
+# op -> rule(node, operands, computed results, {output index: forced tensor}) -> results (None: this
+# subset determines no consistent results), for ops whose outputs must agree with each other when
+# only some of them are forced.
+FORCE_RULES: dict[str, Callable] = {"latch::token_topk": _topk_given_indices}
+
+
+def _check_force(graph: Graph, force: Mapping[str, torch.Tensor], fdt: torch.dtype) -> dict[str, torch.Tensor]:
+    produced = {o for n in graph.nodes for o in n.outputs}
+    out = {}
+    for name, t in force.items():
+        if not graph.has_value(name):
+            raise ReferenceError(f"force names {name!r}, which is no value of program {graph.name!r}")
+        v = graph.value(name)
+        if name not in produced:
+            raise ReferenceError(f"force names {name!r}, a {v.role} value of program {graph.name!r} that no node "
+                                 "computes; give program inputs through inputs, force only node results")
+        if not isinstance(t, torch.Tensor):
+            raise ReferenceError(f"forced value {name!r} is a {type(t).__name__}, not a tensor")
+        if tuple(t.shape) != tuple(v.shape):
+            raise ReferenceError(f"forced value {name!r} has shape {list(t.shape)}, the program declares {v.type}")
+        if _tkind(t) != _kind(v.dtype):
+            raise ReferenceError(f"forced value {name!r} is {t.dtype}, the program declares {v.dtype} ({_kind(v.dtype)})")
+        out[name] = t.detach().to(device="cpu", dtype=fdt if v.dtype in FLOAT_DTYPES else torch_dtype(v.dtype))
+    return out
+
+
+def _forced_results(node, args: list, results: list, force: Mapping[str, torch.Tensor]) -> list:
+    forced = {i: force[o] for i, o in enumerate(node.outputs) if o in force}
+    if len(forced) == len(node.outputs):
+        return [forced[i] for i in range(len(results))]
+    rule = FORCE_RULES.get(node.op)
+    out = None if rule is None else rule(node, args, results, forced)
+    if out is None:
+        given = [node.outputs[i] for i in forced]
+        rest = [o for o in node.outputs if o not in force]
+        raise ReferenceError(f"{_where(node)}: forcing {given} would leave its other outputs {rest} computed from "
+                             f"its own results; force every output of the node (no rule derives {node.op}'s other "
+                             "outputs from these)")
+    return list(out)
+
+
 def run(doc_or_graph, program: str | None, inputs: Mapping[str, torch.Tensor], *, ops: Registry | None = None,
-        float_dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
-    """Run ``program`` of a document (or a Graph) on ``inputs``; returns every output by name."""
+        float_dtype: torch.dtype = torch.float64, force: Mapping[str, torch.Tensor] | None = None,
+        keep: Iterable[str] = ()) -> dict[str, torch.Tensor]:
+    """Run ``program`` of a document (or a Graph) on ``inputs``; returns every output by name, and
+    the values named in ``keep``. ``force`` replaces computed values (module docstring)."""
     graph = _graph(doc_or_graph, program)
     if ops is None:
         from latch_core.plugins import registries
@@ -105,7 +180,12 @@ def run(doc_or_graph, program: str | None, inputs: Mapping[str, torch.Tensor], *
         if v.role == "const":
             env[v.name] = _const(v, float_dtype)
 
-    outputs = set(graph.output_names())
+    force = _check_force(graph, force or {}, float_dtype)
+    keep = list(keep)
+    for name in keep:
+        if not graph.has_value(name):
+            raise ReferenceError(f"keep names {name!r}, which is no value of program {graph.name!r}")
+    outputs = set(graph.output_names()) | set(keep)
     last_use: dict[str, int] = {}
     for i, node in enumerate(graph.nodes):
         for name in node.inputs:
@@ -133,6 +213,8 @@ def run(doc_or_graph, program: str | None, inputs: Mapping[str, torch.Tensor], *
                 raise ReferenceError(f"{_where(node)}: the reference raised {type(e).__name__}: {e}") from e
             if len(results) != len(node.outputs):
                 raise ReferenceError(f"{_where(node)}: the reference gave {len(results)} results for {len(node.outputs)} outputs")
+            if force and any(o in force for o in node.outputs):
+                results = _forced_results(node, args, list(results), force)
             for name, r in zip(node.outputs, results):
                 v = graph.value(name)
                 want = float_dtype if v.dtype in FLOAT_DTYPES else torch_dtype(v.dtype)
@@ -143,7 +225,7 @@ def run(doc_or_graph, program: str | None, inputs: Mapping[str, torch.Tensor], *
             for name in node.inputs:
                 if name is not None and last_use.get(name) == i and name not in outputs:
                     env.pop(name, None)
-    missing = [n for n in graph.output_names() if n not in env]
+    missing = [n for n in graph.output_names() + keep if n not in env]
     if missing:
         raise ReferenceError(f"program {graph.name!r}: outputs {missing[:6]} were never computed")
-    return {n: env[n] for n in graph.output_names()}
+    return {n: env[n] for n in graph.output_names() + keep}
