@@ -6,7 +6,9 @@
 #      the second cached), then the GPU program against the FP64 reference over 10 updates under
 #      both scheduling strategies (python -m latch_check.gpu prints every gate table): two_weight,
 #      the MLP (FP32; also timed against eager PyTorch and a CUDA graph of the same eager update),
-#      the small dense transformer and a small TinyMoE (BF16 matmul/attention operands);
+#      the small dense transformer and a small TinyMoE (BF16 matmul/attention operands; TinyMoE with
+#      --routing: its expert choices are program outputs, gated as near-ties against FP64's top-k,
+#      and the FP64 reference replays them for every other gate, see latch_check/gpu.py);
 #   3. pytest -m gpu (the op-by-op, runtime and acceptance tests; the 10-update gate tests are
 #      deselected here because step 2 runs exactly those and prints their tables);
 #   4. compute-sanitizer memcheck and racecheck on two MLP updates;
@@ -64,8 +66,8 @@ run_example 100 transformer barrier 10 --policy
 run_example 80 transformer dataflow 10 --policy
 MOE_SMALL=(--set vocab=256 --set d_model=64 --set layers=2 --set heads=4 --set experts=4 --set expert_hidden=32
            --set seq=32 --set device=cpu)
-run_example 100 tinymoe barrier 10 --policy "${MOE_SMALL[@]}"
-run_example 80 tinymoe dataflow 10 --policy "${MOE_SMALL[@]}"
+run_example 100 tinymoe barrier 10 --policy --routing "${MOE_SMALL[@]}"
+run_example 80 tinymoe dataflow 10 --policy --routing "${MOE_SMALL[@]}"
 
 say "pytest -m gpu"
 timeout 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors packages tests \

@@ -230,3 +230,66 @@ def test_bf16_emulation_flips_a_near_tie_that_fails_against_free_fp64_and_passes
     routing = [x for x in gates if isinstance(x, RoutingGate)]
     assert note == "" and len(routing) == 2 and sum(x.flipped for x in routing) >= 1
     assert all(x.passed for x in gates), "\n".join(str(x) for x in gates if not x.passed)
+
+
+class _Float32Run:
+    """A stand-in for ``gpu.GpuRun`` on the CPU: the program run by the reference interpreter in
+    float32 (routing included), in place on a float32 layout, like the GPU runtime."""
+
+    def __init__(self, example, build_dir, doc):
+        self.example, self.doc = example, doc
+        self.K = int(doc.graph.meta("microbatches", 1))
+        self.hyper = dict(doc.graph.meta("hyper", ()) or ())
+        flat = bind_inputs(doc, params=example.params(), state=example.initial_state(), inputs=example.inputs,
+                           targets=example.targets, hyper=self.hyper)
+        self.layout = {v.name: flat[v.name].detach().float().clone() for v in doc.graph.layout}
+        self.launched: list[str] = []
+
+    def batches(self, step):
+        return [self.example.microbatch(step * self.K + k) for k in range(self.K)]
+
+    def update_each(self, batches, *, check=True):
+        seq = ["accumulate"] * (self.K - 1) + ["accumulate_and_update"] if self.K > 1 else ["update"]
+        outs = []
+        for name, mb in zip(seq, batches):
+            g = self.doc.graph.program(name)
+            hyper = {n: torch.tensor(float(v)) for n, v in self.hyper.items()}
+            ins = program_inputs(g, {**self.layout, **hyper, **batch_inputs(*mb)})
+            out = reference.run(self.doc, name, ins, float_dtype=torch.float32)
+            self.layout.update({old: out[new].clone() for new, old in g.inplace})
+            outs.append({n: t for n, t in out.items() if n not in dict(g.inplace)})
+            self.launched.append(name)
+        return outs
+
+    def update(self, batches, *, check=True):
+        return self.update_each(batches)[-1]
+
+
+@pytest.mark.parametrize("K", [1, 2])
+def test_gpu_compare_gates_a_routed_program_over_several_updates(monkeypatch, K):
+    """The GPU loop itself (steps, per-program outputs, in-place values read from the layout, the
+    title), with a float32 CPU stand-in for the runtime."""
+    from latch_capture import Example
+    from latch_core.sections import ScheduleSection
+
+    ex = Example(model=Routed(), objective=mse, inputs=_batch(0)[0], targets=_batch(0)[1],
+                 optimizer=tensor_update(sgd), hyper={"lr": 0.1}, microbatches=K, name="routed", batch=_batch)
+    doc = ex.capture(grads=True, routing=True)
+    doc = attrs.evolve(doc, schedule=ScheduleSection("stand-in", 1, ()))
+    runs = []
+
+    def stand_in(example, build_dir):
+        runs.append(_Float32Run(example, build_dir, doc))
+        return runs[-1]
+
+    monkeypatch.setattr(gpu, "GpuRun", stand_in)
+    result = gpu.gpu_compare(ex, "no-build-dir", steps=2, thresholds=gpu.GATES_F32)
+    assert len(result.tables) == 2 and result.passed, result.format()
+    assert runs[0].launched == (["accumulate"] * (K - 1) + ["accumulate_and_update"] if K > 1 else ["update"]) * 2
+    t = result.tables[1]
+    assert t.title == (f"routed: step 1 ({'update' if K == 1 else 'accumulate_and_update'}, K={K}, stand-in, "
+                       "policy f32) GPU vs FP64 reference replaying the GPU's routing")
+    routing = [g.group for g in t.gates if isinstance(g, RoutingGate)]
+    assert len(routing) == 2 * K and all(g.step == 1 for g in t.gates)
+    assert {"loss", "grad w1", "new_params", "param_update"} <= {g.group for g in t.gates}
+    assert "routing: choices that differ from FP64's top-k" in t.format()

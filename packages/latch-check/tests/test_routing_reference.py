@@ -71,7 +71,8 @@ def test_forcing_every_output_needs_no_rule_and_a_single_output_node_can_be_forc
 @pytest.mark.parametrize("force, message", [
     ({"nope": torch.zeros(1)}, "force names 'nope', which is no value of program 'update'"),
     ({"logits": torch.zeros(5, 4)}, "force names 'logits', a batch value of program 'update' that no node computes"),
-    ({"idx": torch.zeros(5, 3, dtype=torch.int64)}, "forced value 'idx' has shape [5, 3], the program declares i64[5,2]"),
+    ({"idx": torch.zeros(5, 3, dtype=torch.int64)},
+     "forced value 'idx' has shape [5, 3], the program declares i64[5,2]"),
     ({"idx": torch.zeros(5, 2)}, "forced value 'idx' is torch.float32, the program declares i64 (int)"),
     ({"idx": [[0, 1]] * 5}, "forced value 'idx' is a list, not a tensor"),
     ({"idx": torch.tensor([[0, 1]] * 4 + [[0, 4]])},

@@ -10,8 +10,9 @@
 
 Output value names are fixed: ``new.<name>`` for new params and state, ``loss``, ``grad.<param>``,
 ``routing.<token_topk node>`` (``routing=True``: the expert indices each ``latch::token_topk`` node
-chooses, output by every program so a checker can replay them), ``metric.<name>``. An update that returns an input unchanged does not write it (no output, no
-in-place pair). Dead nodes (unused pieces of splits, unused metrics) are removed.
+chooses, output by every program so a checker can replay them), ``metric.<name>``. An update that
+returns an input unchanged does not write it (no output, no in-place pair). Dead nodes (unused
+pieces of splits, unused metrics) are removed.
 """
 
 from __future__ import annotations

@@ -71,16 +71,17 @@ probabilities in a flip: the FP64 gap ``p_ref - p_chosen`` a BF16 program may ge
 
 Why: near a tie the gap between two softmax probabilities moves by ``p * (dz_a - dz_b)``, ``dz`` the
 error of the logits; relative to ``p`` it is the logit error itself. Under the BF16 policy the
-router's logits carry its own operand rounding (2^-9 relative per operand) and the error its input
-brings from every upstream BF16 product, so the relative gap moves by a few 2^-7 and grows with
-depth and width. Measured on the CPU (the FP64 reference with BF16-rounded operands,
-``gpu.policy_faithful_ops``, against plain FP64, same routing; largest relative change of any
-probability pair of any token): 0.35 x 2^-7 on TinyMoE SMALL over 10 updates, 1.3 x 2^-7 at
-d_model 256 / 4 layers / 16 experts, 2.0 x 2^-7 at d_model 768 / 8 layers (TinyMoE-200M's width and
-depth, 8 experts) at initialisation. A factor 4 covers the model sizes Latch targets with room to
-spare; a flip beyond it (3% of the probability at p) is not rounding and fails. A router whose
-logits grow far beyond unit scale in training moves its probabilities more: its flips would fail
-this gate loudly (a false alarm to investigate), never pass silently."""
+router's logits carry the rounding of its own operands (up to 2^-8 relative each, half of BF16's
+spacing) and the error its input brings from every upstream BF16 product; it is relative to the
+size of the logits' terms, so it grows with width and depth. Measured on the CPU (the FP64
+reference with BF16-rounded operands, ``gpu.policy_faithful_ops``, against plain FP64 with the same
+routing; the largest change of any probability pair of any token, relative to the larger one):
+0.35 x 2^-7 on TinyMoE SMALL (64 tokens) over 10 updates, 1.3 x 2^-7 at d_model 256 / 4 layers /
+16 experts, 2.0 x 2^-7 at d_model 768 / 8 layers / 8 experts (TinyMoE-200M's width and depth) at
+initialisation. A factor 4 leaves at least 2x room over all of them; a flip beyond it (3% of the
+larger probability) is not rounding and fails. A router whose logits grow far beyond these scales
+in training moves its probabilities more: its flips would then fail this gate loudly (a false alarm
+to investigate), never pass silently."""
 
 
 @attrs.frozen

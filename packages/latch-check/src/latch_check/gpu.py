@@ -291,7 +291,8 @@ def gpu_compare(example, build_dir: str | Path, *, steps: int = 10, thresholds: 
     tables = []
     for step in range(steps):
         batches = run.batches(step)
-        flat = {n: t.detach().cpu().double() if t.is_floating_point() else t.detach().cpu()
+        # a copy taken before the program overwrites the layout in place
+        flat = {n: (t.detach().double() if t.is_floating_point() else t.detach()).cpu().clone()
                 for n, t in run.layout.items()}
         flat.update({n: torch.tensor(float(v), dtype=torch.float64) for n, v in run.hyper.items()})
         runs = run.update_each(batches) if routed and run.K > 1 else [run.update(batches)]

@@ -90,8 +90,8 @@ def _topk_given_indices(node, args: list, results: list, forced: dict[int, torch
     bad = (idx < 0) | (idx >= E)
     if bool(bad.any()):
         pos = [int(i) for i in bad.nonzero()[0]]
-        raise ReferenceError(f"forced value {name!r} of {_where(node)}: [{pos[0]}, {pos[1]}] = {int(idx[tuple(pos)])} is "
-                             f"not an expert index in [0, {E})")
+        raise ReferenceError(f"forced value {name!r} of {_where(node)}: [{pos[0]}, {pos[1]}] = "
+                             f"{int(idx[tuple(pos)])} is not an expert index in [0, {E})")
     srt = torch.sort(idx, dim=1).values
     dup = (srt[:, 1:] == srt[:, :-1]).any(dim=1)
     if bool(dup.any()):
@@ -122,7 +122,8 @@ def _check_force(graph: Graph, force: Mapping[str, torch.Tensor], fdt: torch.dty
         if tuple(t.shape) != tuple(v.shape):
             raise ReferenceError(f"forced value {name!r} has shape {list(t.shape)}, the program declares {v.type}")
         if _tkind(t) != _kind(v.dtype):
-            raise ReferenceError(f"forced value {name!r} is {t.dtype}, the program declares {v.dtype} ({_kind(v.dtype)})")
+            raise ReferenceError(f"forced value {name!r} is {t.dtype}, the program declares {v.dtype} "
+                                 f"({_kind(v.dtype)})")
         out[name] = t.detach().to(device="cpu", dtype=fdt if v.dtype in FLOAT_DTYPES else torch_dtype(v.dtype))
     return out
 
