@@ -72,6 +72,7 @@ run_example 80 tinymoe dataflow 10 --policy --routing "${MOE_SMALL[@]}"
 say "pytest -m gpu"
 timeout 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors packages tests \
     --deselect "packages/latch-check/tests/test_gpu_compare.py::test_gates_over_ten_updates" \
+    --deselect "packages/latch-check/tests/test_routing_gpu.py::test_tinymoe_bf16_with_routing_passes_its_gates_on_the_gpu" \
     > "$OUT/pytest_gpu.log" 2>&1
 echo "pytest exit $?"
 grep -E "passed|failed|error" "$OUT/pytest_gpu.log" | tail -3

@@ -293,3 +293,16 @@ def test_gpu_compare_gates_a_routed_program_over_several_updates(monkeypatch, K)
     assert len(routing) == 2 * K and all(g.step == 1 for g in t.gates)
     assert {"loss", "grad w1", "new_params", "param_update"} <= {g.group for g in t.gates}
     assert "routing: choices that differ from FP64's top-k" in t.format()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_tinymoe_bf16_with_routing_passes_its_gates_on_the_gpu(tmp_path):
+    """The H200 acceptance of this gate (tools/gpu_check.sh runs the same with both strategies and
+    prints the tables, so it deselects this test)."""
+    small = dict(vocab=256, d_model=64, layers=2, heads=4, experts=4, expert_hidden=32, seq=32, device="cpu")
+    ex, doc, _ = gpu.prepare(str(EXAMPLES / "tinymoe.py"), tmp_path, policy=True, routing=True, overrides=small,
+                             say=lambda m: None)
+    result = gpu.gpu_compare(ex, tmp_path, steps=10)
+    assert result.passed, result.format()
+    assert all(any(isinstance(g, RoutingGate) for g in t.gates) for t in result.tables)
