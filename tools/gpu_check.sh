@@ -12,7 +12,9 @@
 #   3. pytest -m gpu (the op-by-op, runtime and acceptance tests; the 10-update gate tests are
 #      deselected here because step 2 runs exactly those and prints their tables);
 #   4. compute-sanitizer memcheck and racecheck on two MLP updates;
-#   5. a short summary table, LAST.
+#   5. the MLP with 4 microbatches (both strategies), the README's main command with --target gpu,
+#      and a first timing of the full TinyMoE-200M at 2 x 1024 (LATCH_GPU_FULL=0 skips it);
+#   6. a short summary table, LAST.
 # Logs go to $OUT (default ./gpu-check-out), in few files (the device tool returns at most 8):
 # gpu.txt, install.log, examples.log, pytest_gpu.log, sanitizer.log, summary.txt.
 set -uo pipefail
@@ -69,6 +71,18 @@ MOE_SMALL=(--set vocab=256 --set d_model=64 --set layers=2 --set heads=4 --set e
 run_example 100 tinymoe barrier 10 --policy --routing "${MOE_SMALL[@]}"
 run_example 80 tinymoe dataflow 10 --policy --routing "${MOE_SMALL[@]}"
 
+# Microbatches: `accumulate` K-1 times, then `accumulate_and_update`, gated per update.
+run_example 120 mlp barrier 5 --set microbatches=4
+run_example 100 mlp dataflow 5 --set microbatches=4
+
+say "README's main command on the GPU"
+timeout 150 "$PY" -m latch_core.cli compile examples/mlp.py --target gpu --steps 2 \
+    --build-dir "$WORK/build/readme-mlp" > "$WORK/readme.log" 2>&1
+rc=$?
+{ echo "===== latch-pipeline compile examples/mlp.py --target gpu (exit $rc)"; cat "$WORK/readme.log"; } >> "$OUT/examples.log"
+tail -3 "$WORK/readme.log"
+row "  README main command on the GPU (exit $rc): $(grep -E '^latch compile' "$WORK/readme.log" | tail -1)"
+
 say "pytest -m gpu"
 timeout 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors packages tests \
     --deselect "packages/latch-check/tests/test_gpu_compare.py::test_gates_over_ten_updates" \
@@ -93,6 +107,16 @@ if command -v compute-sanitizer > /dev/null && [ -f "$MLP_DIR/program.so" ]; the
     done
 else
     row "  compute-sanitizer: not run (tool or MLP build missing)"
+fi
+
+# TinyMoE-200M at 2 x 1024, full size: a first timing of the simple bodies (no gates: the FP64
+# reference of 200M parameters on this CPU would take minutes). Not a speed claim against the
+# strongest control (torch.compile + one CUDA graph); eager and its CUDA graph are timed alongside.
+LEFT=$(( ${LATCH_GPU_BUDGET_S:-570} - SECONDS ))
+if [ "${LATCH_GPU_FULL:-1}" = 1 ] && [ "$LEFT" -gt 60 ]; then
+    run_example "$LEFT" tinymoe barrier 0 --policy --bench --iters 5
+else
+    row "  tinymoe-200M: not run (LATCH_GPU_FULL=${LATCH_GPU_FULL:-1}, ${LEFT}s left of the call)"
 fi
 
 rm -rf "$WORK"
