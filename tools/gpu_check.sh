@@ -72,8 +72,9 @@ run_example 100 tinymoe barrier 10 --policy --routing "${MOE_SMALL[@]}"
 run_example 80 tinymoe dataflow 10 --policy --routing "${MOE_SMALL[@]}"
 
 # Microbatches: `accumulate` K-1 times, then `accumulate_and_update`, gated per update.
-run_example 120 mlp barrier 5 --set microbatches=4
-run_example 100 mlp dataflow 5 --set microbatches=4
+# (own build directories: the sanitizer below runs the K = 1 MLP build of mlp-barrier)
+run_example 120 mlp barrier 5 --set microbatches=4 --dir "$WORK/build/mlp-k4-barrier"
+run_example 100 mlp dataflow 5 --set microbatches=4 --dir "$WORK/build/mlp-k4-dataflow"
 
 say "README's main command on the GPU"
 timeout 150 "$PY" -m latch_core.cli compile examples/mlp.py --target gpu --steps 2 \
