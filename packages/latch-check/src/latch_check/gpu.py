@@ -482,29 +482,18 @@ def bench(example, build_dir: str | Path, *, iters: int = 50, warmup: int = 10) 
 def prepare(example_path: str, out_dir: str | Path, *, scheduler: str = "barrier", policy: bool = False,
             overrides: Mapping[str, Any] | None = None, say: Callable[[str], None] = print, routing: bool = False):
     """Capture (with gradients, and routing decisions where ``routing``), optionally apply
-    memory.policy, schedule, plan, build."""
-    from latch_capture.examples import load_example
-    from latch_codegen_h100 import build
-    from latch_core.passes import run_pipeline
-    from latch_core.plugins import registries
+    memory.policy, schedule, plan, validate, build: ``latch_check.pipeline.compile_example``."""
+    from .pipeline import compile_example
 
-    ex = load_example(example_path, **dict(overrides or {}))
-    t0 = time.perf_counter()
-    doc = ex.capture(grads=True, routing=routing)
-    t_capture = time.perf_counter() - t0
-    passes = registries().passes
-    seq = ([passes.get("memory.policy")] if policy else []) + [passes.get("schedule"), passes.get("memory.plan")]
-    t0 = time.perf_counter()
-    doc = run_pipeline(seq, doc, {"schedule": {"scheduler": scheduler, "num_sms": torch.cuda.get_device_properties(0).multi_processor_count
-                                               if torch.cuda.is_available() else 132}})
-    t_plan = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    doc = build(doc, out_dir)
-    t_build = time.perf_counter() - t0
-    stats = dict(doc.build.stats)
-    say(f"{ex.name}: capture {t_capture:.2f} s, schedule+plan {t_plan:.2f} s ({scheduler}), build {t_build:.2f} s "
-        f"(cached: {stats.get('cached')}, {stats.get('bodies')} bodies)")
-    return ex, doc, {"capture_s": t_capture, "plan_s": t_plan, "build_s": t_build, "cached": stats.get("cached")}
+    c = compile_example(example_path, overrides=overrides, scheduler=scheduler, policy=policy, routing=routing,
+                        build_dir=out_dir)
+    t = c.times
+    plan_s = sum(v for k, v in t.items() if k not in ("capture", "build"))
+    stats = dict(c.doc.build.stats)
+    say(f"{c.example.name}: capture {t['capture']:.2f} s, schedule+plan {plan_s:.2f} s ({scheduler}), build "
+        f"{t['build']:.2f} s (cached: {stats.get('cached')}, {stats.get('bodies')} bodies)")
+    return c.example, c.doc, {"capture_s": t["capture"], "plan_s": plan_s, "build_s": t["build"],
+                              "cached": stats.get("cached")}
 
 
 def main(argv: list[str] | None = None) -> int:

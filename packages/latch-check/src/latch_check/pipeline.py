@@ -59,8 +59,11 @@ def _device_sms() -> int | None:
 def compile_example(example_path: str | Path, *, overrides: Mapping[str, Any] | None = None,
                     scheduler: str | None = None, num_sms: int | None = None, policy: bool = True,
                     remat_budget: int | None = None, build_dir: str | Path | None = None, build: bool = True,
-                    say: Callable[[str], None] = lambda m: None) -> Compiled:
-    """Capture, plan, validate and (unless ``build=False``) build one example."""
+                    routing: bool | None = None, say: Callable[[str], None] = lambda m: None) -> Compiled:
+    """Capture, plan, validate and (unless ``build=False``) build one example.
+
+    ``routing``: expose routing decisions as outputs (``None``: exactly when the update routes tokens).
+    """
     from latch_capture.examples import load_example
     from latch_core.plugins import registries
 
@@ -68,8 +71,8 @@ def compile_example(example_path: str | Path, *, overrides: Mapping[str, Any] | 
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     ex = load_example(str(example_path), **dict(overrides or {}))
-    doc = ex.capture(grads=True)
-    if any(n.op in DECISIONS for g in doc.graph.programs for n in g.nodes):
+    doc = ex.capture(grads=True, routing=bool(routing))
+    if routing is None and any(n.op in DECISIONS for g in doc.graph.programs for n in g.nodes):
         # Routing decisions are discrete: a BF16 near-tie may pick another expert than FP64 does.
         # Expose them as outputs so the check replays them (latch_check.gpu.reference_gates).
         doc = ex.capture(grads=True, routing=True)
