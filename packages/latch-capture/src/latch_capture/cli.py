@@ -8,23 +8,7 @@ import time
 import click
 
 
-class InterspersedCommand(click.Command):
-    """Lets options follow the positional argument (``capture ex.py -o out.json``) inside the chained
-    ``latch-pipeline`` group, where click would otherwise stop at the first positional. Parsing of
-    this command ends at the first token that names another latch-pipeline command, so chaining
-    (``capture a.py -o a.json show a.json``) keeps working."""
-
-    def parse_args(self, ctx, args):
-        names: set[str] = set()
-        parent = ctx.parent
-        if parent is not None and isinstance(parent.command, click.Group):
-            names = set(parent.command.list_commands(parent))
-        cut = next((i for i, a in enumerate(args) if i > 0 and a in names), len(args))
-        head, tail = list(args[:cut]), list(args[cut:])
-        ctx.allow_interspersed_args = True
-        super().parse_args(ctx, head)
-        ctx.args = [*ctx.args, *tail]
-        return ctx.args
+from latch_core.cli import InterspersedCommand
 
 
 @click.command("capture", cls=InterspersedCommand)

@@ -174,7 +174,7 @@ def compare(example: Example, doc=None, *, steps: int = 3, thresholds: float | M
 
 import click  # noqa: E402
 
-from latch_capture.cli import InterspersedCommand  # noqa: E402
+from latch_core.cli import InterspersedCommand  # noqa: E402
 
 
 @click.command("check", cls=InterspersedCommand)

@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping
 import attrs
 import click
 
-from latch_capture.cli import InterspersedCommand
+from latch_core.cli import InterspersedCommand
 from latch_capture.programs import DECISIONS
 from latch_core.document import Document, save
 from latch_core.passes import run_pass

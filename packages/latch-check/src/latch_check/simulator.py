@@ -415,7 +415,7 @@ import click  # noqa: E402
 
 
 def _simulate_command():
-    from latch_capture.cli import InterspersedCommand
+    from latch_core.cli import InterspersedCommand
 
     @click.command("simulate", cls=InterspersedCommand)
     @click.argument("example", type=click.Path(dir_okay=False))
