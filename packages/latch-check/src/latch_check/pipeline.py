@@ -101,7 +101,11 @@ def compile_example(example_path: str | Path, *, overrides: Mapping[str, Any] | 
         if shutil.which("nvcc") is None:
             raise PipelineError("nvcc is not on PATH, so the kernel cannot be compiled; install the CUDA "
                                 "toolkit (nvcc 12.4+ for sm_90a) or pass --no-build to stop after planning")
-        from latch_codegen_h100 import build as _build
+        try:
+            from latch_codegen_h100 import build as _build
+        except ModuleNotFoundError as e:
+            raise PipelineError(f"building the kernel needs the latch-codegen-h100 package ({e}); install it, "
+                                "or pass --no-build to stop after planning") from None
 
         out_dir = Path(build_dir or Path("build") / f"{Path(example_path).stem}-{doc.schedule.strategy}")
         t0 = time.perf_counter()
