@@ -38,6 +38,9 @@ from .codegen import Generated, generate
 ARCH = "-gencode=arch=compute_90a,code=sm_90a"
 COMPILE_FLAGS = (ARCH, "-rdc=true", "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-lineinfo")
 LIBRARY = "program.so"
+# A profiling build (build(..., profile=True)) adds only this define: the kernel then records per
+# instruction timestamps (cuda/latch_kernel_main.cuh). It is a flag, so it is part of the cache key.
+PROFILE_FLAG = "-DLATCH_PROFILE=1"
 
 
 class BuildError(RuntimeError):
@@ -95,8 +98,8 @@ def cache_dir() -> Path:
     return Path(d) if d else Path.home() / ".cache" / "latch" / "h100"
 
 
-def _flags(gen: Generated) -> list[str]:
-    return list(COMPILE_FLAGS) + [f"-I{d}" for d in gen.include_dirs]
+def _flags(gen: Generated, profile: bool = False) -> list[str]:
+    return list(COMPILE_FLAGS) + ([PROFILE_FLAG] if profile else []) + [f"-I{d}" for d in gen.include_dirs]
 
 
 def build_key(gen: Generated, flags: list[str], toolkit: str) -> str:
@@ -217,12 +220,12 @@ def write_sources(gen: Generated, out_dir: Path, doc: Document | None = None) ->
 
 
 def compile_generated(gen: Generated, out_dir: str | Path, *, jobs: int | None = None, use_cache: bool = True,
-                      doc: Document | None = None) -> BuildResult:
+                      doc: Document | None = None, profile: bool = False) -> BuildResult:
     t0 = time.perf_counter()
     out_dir = Path(out_dir).resolve()
     nvcc = find_nvcc()
     toolkit = toolkit_version(nvcc)
-    flags = _flags(gen)
+    flags = _flags(gen, profile)
     key = build_key(gen, flags, toolkit)
     manifest = dict(gen.manifest, key=key, library=LIBRARY, toolkit=toolkit, flags=flags)
     write_sources(gen, out_dir, doc)
@@ -267,14 +270,18 @@ def compile_generated(gen: Generated, out_dir: str | Path, *, jobs: int | None =
 
 
 def build(doc: Document, out_dir: str | Path, *, jobs: int | None = None, use_cache: bool = True,
-          bodies_per_unit: int | None = None) -> Document:
+          bodies_per_unit: int | None = None, profile: bool = False) -> Document:
     """Generate, compile and link ``doc``'s programs into ``out_dir``; returns ``doc`` with a
-    ``build`` section. Raises CodegenError (lowering) or BuildError (toolchain)."""
+    ``build`` section. Raises CodegenError (lowering) or BuildError (toolchain).
+
+    ``profile=True``: a profiling build (units compiled with ``-DLATCH_PROFILE=1``, its own cache
+    key; the runtime then records per-instruction timestamps, see latch_codegen_h100.profile). The
+    generated sources are the same either way; a normal build compiles no profiling code."""
     t0 = time.perf_counter()
     gen = generate(doc, bodies_per_unit=bodies_per_unit, jobs=jobs)
     t_gen = time.perf_counter() - t0
     stub = attrs.evolve(doc, build=None)
-    res = compile_generated(gen, out_dir, jobs=jobs, use_cache=use_cache, doc=stub)
+    res = compile_generated(gen, out_dir, jobs=jobs, use_cache=use_cache, doc=stub, profile=profile)
     section = BuildSection(
         directory=str(res.directory), key=res.key, units=res.units, flags=res.flags, toolkit=res.toolkit,
         stats={"generate_seconds": round(t_gen, 4), "compile_seconds": round(res.seconds, 4),
@@ -286,4 +293,5 @@ def build(doc: Document, out_dir: str | Path, *, jobs: int | None = None, use_ca
     return out
 
 
-__all__ = ["build", "compile_generated", "BuildError", "CodegenError", "BuildResult", "find_nvcc", "build_key"]
+__all__ = ["build", "compile_generated", "BuildError", "CodegenError", "BuildResult", "find_nvcc", "build_key",
+           "PROFILE_FLAG"]

@@ -11,6 +11,16 @@
 // Counters and the barrier word are never reset between launches: launch number ``epoch`` of a
 // program waits for ``epoch * expected[c] + n`` signals on counter c, and for
 // ``(epoch * num_barriers + k + 1) * gridDim.x`` arrivals at barrier k (unsigned, wrap-safe).
+//
+// Profiling build (compiled with -DLATCH_PROFILE=1; a normal build compiles none of it): the kernel
+// takes a second argument, ``prof``, an array of (begin, end) u64 pairs in %globaltimer nanoseconds
+// (one clock for every SM, so records of different SMs compare; its update granularity is the
+// device's, see latch_codegen_h100.profile). Record ``pc`` (the instruction's index in Args::instrs)
+// holds that instruction's interval as thread 0 saw it: a task from before its record is loaded to
+// after the block's __syncthreads that ends its body; a barrier or counter wait from arrival to
+// release; a signal around its fence and release add. Record ``n_instrs + blockIdx.x`` holds the
+// block's entry and its exit (written only when the block finishes its list without an abort).
+// Unwritten records stay as the runtime zeroed them. ``prof`` may be null (no records).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -40,7 +50,26 @@ extern "C" __device__ void latch_report(int code, long long a, long long b) {
   atomicExch(&e->abort, 1);
 }
 
+#ifdef LATCH_PROFILE
+#define LATCH_PROF_PARAM , unsigned long long* prof
+// Thread 0 takes the begin time; the other threads never use it.
+#define LATCH_PROF_BEGIN() const unsigned long long prof_t0 = threadIdx.x == 0 ? latch::globaltimer() : 0ull
+#define LATCH_PROF_END(index) \
+  if (threadIdx.x == 0 && prof) latch::prof_store(prof, (index), prof_t0, latch::globaltimer())
+#else
+#define LATCH_PROF_PARAM
+#define LATCH_PROF_BEGIN() ((void)0)
+#define LATCH_PROF_END(index) ((void)0)
+#endif
+
 namespace latch {
+
+#ifdef LATCH_PROFILE
+__device__ __forceinline__ void prof_store(unsigned long long* prof, long long index, unsigned long long t0,
+                                           unsigned long long t1) {
+  reinterpret_cast<ulonglong2*>(prof)[index] = make_ulonglong2(t0, t1);  // one 16-byte store
+}
+#endif
 
 // Thread 0 spins until *p reaches target (wrap-safe); false when it timed out or another block
 // aborted the launch. Every thread of the block gets the same answer.
@@ -89,11 +118,15 @@ __device__ __noinline__ bool spin_until(const uint32_t* p, uint32_t target, uint
 
 }  // namespace latch
 
-extern "C" __global__ void __launch_bounds__(LATCH_THREADS, 1) latch_kernel(latch::Args a) {
+extern "C" __global__ void __launch_bounds__(LATCH_THREADS, 1) latch_kernel(latch::Args a LATCH_PROF_PARAM) {
   using namespace latch;
   extern __shared__ __align__(16) char latch_smem[];
   __shared__ Task task;
   __shared__ char* ops[LATCH_MAX_OPERANDS];
+#ifdef LATCH_PROFILE
+  const unsigned long long prof_entry = threadIdx.x == 0 ? globaltimer() : 0ull;
+  const long long prof_block = (long long)a.sm_begin[a.num_lists] + blockIdx.x;  // after every instruction
+#endif
 
   // Every block writes the same values, so each block sees them before any of its bodies reports.
   if (threadIdx.x == 0) {
@@ -114,12 +147,16 @@ extern "C" __global__ void __launch_bounds__(LATCH_THREADS, 1) latch_kernel(latc
       }
       if (!spin_until(a.barrier, base + grid, base, a, ERR_BARRIER_TIMEOUT, -1, (int)k)) return;
     }
+#ifdef LATCH_PROFILE
+    if (threadIdx.x == 0 && prof) prof_store(prof, prof_block, prof_entry, globaltimer());
+#endif
     return;
   }
 
   const int begin = a.sm_begin[blockIdx.x], end = a.sm_begin[blockIdx.x + 1];
   for (int pc = begin; pc < end; ++pc) {
     const Instr ins = a.instrs[pc];
+    LATCH_PROF_BEGIN();
     if (ins.kind == I_TASK) {
       if (threadIdx.x == 0) {
         task = a.tasks[ins.a];
@@ -134,6 +171,7 @@ extern "C" __global__ void __launch_bounds__(LATCH_THREADS, 1) latch_kernel(latc
       Ctx c{&task, ops, latch_smem};
       latch_dispatch(task.body, c);
       __syncthreads();
+      LATCH_PROF_END(pc);
       if (threadIdx.x == 0) latch_current_task[blockIdx.x % 1024] = -1;
       if (ld_volatile(&a.error->abort)) return;  // a body reported an error: stop early
     } else if (ins.kind == I_SIGNAL) {
@@ -141,10 +179,12 @@ extern "C" __global__ void __launch_bounds__(LATCH_THREADS, 1) latch_kernel(latc
         __threadfence();
         red_release(a.counters + ins.a, 1u);
       }
+      LATCH_PROF_END(pc);
     } else if (ins.kind == I_WAIT) {
       const uint32_t base = a.epoch * a.expected[ins.a];
       if (!spin_until(a.counters + ins.a, base + (uint32_t)ins.b, base, a, ERR_WAIT_TIMEOUT, pc - begin, ins.a))
         return;
+      LATCH_PROF_END(pc);
     } else {  // I_BARRIER
       const uint32_t base = (a.epoch * a.num_barriers + (uint32_t)ins.a) * grid;
       __syncthreads();
@@ -153,8 +193,12 @@ extern "C" __global__ void __launch_bounds__(LATCH_THREADS, 1) latch_kernel(latc
         red_release(a.barrier, 1u);
       }
       if (!spin_until(a.barrier, base + grid, base, a, ERR_BARRIER_TIMEOUT, pc - begin, ins.a)) return;
+      LATCH_PROF_END(pc);
     }
   }
+#ifdef LATCH_PROFILE
+  if (threadIdx.x == 0 && prof) prof_store(prof, prof_block, prof_entry, globaltimer());
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -196,10 +240,29 @@ int latch_prepare(int device, long long smem, int* blocks_per_sm, int* num_regs)
 int latch_launch(const latch::Args* args, int device, int grid, long long smem, void* stream) {
   cudaError_t e = cudaSetDevice(device);
   if (e != cudaSuccess) return (int)e;
+#ifdef LATCH_PROFILE
+  unsigned long long* prof = nullptr;  // a profiling build launched without a record buffer
+  void* params[] = {(void*)args, (void*)&prof};
+#else
   void* params[] = {(void*)args};
+#endif
   e = cudaLaunchCooperativeKernel((const void*)latch_kernel, dim3(grid), dim3(LATCH_THREADS), params, (size_t)smem,
                                   (cudaStream_t)stream);
   return (int)e;
 }
+
+#ifdef LATCH_PROFILE
+// Profiling builds only (the runtime finds this symbol to know it has one): like latch_launch, with
+// ``prof`` pointing at (sm_begin[num_lists] + grid) zeroed 16-byte records (see the top of this file).
+int latch_launch_profile(const latch::Args* args, unsigned long long* prof, int device, int grid, long long smem,
+                         void* stream) {
+  cudaError_t e = cudaSetDevice(device);
+  if (e != cudaSuccess) return (int)e;
+  void* params[] = {(void*)args, (void*)&prof};
+  e = cudaLaunchCooperativeKernel((const void*)latch_kernel, dim3(grid), dim3(LATCH_THREADS), params, (size_t)smem,
+                                  (cudaStream_t)stream);
+  return (int)e;
+}
+#endif
 
 }  // extern "C"
