@@ -8,6 +8,10 @@ One update = one cooperative launch per program run (``update``; or ``accumulate
 ``accumulate_and_update``), plus, where the memory plan asks for it, copy-backs of in-place values.
 Counters and the barrier word are never reset between launches (per-launch epochs, see the
 kernel); after a launch that reported an error they are zeroed and the epochs restart.
+
+A profiling build (``build(..., profile=True)``) is recognised by its flag in the manifest; every
+launch then gets a zeroed record buffer and is bracketed by CUDA events, and :meth:`Program.profile`
+returns the records (latch_codegen_h100.profile aggregates them). A normal build takes none of it.
 """
 
 from __future__ import annotations
@@ -15,13 +19,15 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
 
 from . import tables as T
+from .builder import PROFILE_FLAG
+from .profile import LaunchRecords
 
 DTYPES = {
     "f64": torch.float64, "f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16,
@@ -30,6 +36,7 @@ DTYPES = {
 }
 ERR_WAIT_TIMEOUT, ERR_BARRIER_TIMEOUT, ERR_BAD_BODY, ERR_INDEX_RANGE = 1, 2, 3, 4
 DEFAULT_TIMEOUT_S = 10.0
+PROFILE_KEEP = 64  # launches whose records a profiling build keeps until profile() reads them
 
 
 class ProgramError(RuntimeError):
@@ -99,6 +106,8 @@ class _ProgramTables:
         n = max(1, info["num_counters"])
         self.sync = torch.zeros(n + 1, dtype=torch.int32, device=device)  # counters..., barrier word
         self.epoch = 0
+        sm_begin = self.raw["sm_begin"]
+        self.num_instrs = int.from_bytes(sm_begin[-4:], "little", signed=True) if sm_begin else 0
 
 
 class Program:
@@ -119,6 +128,13 @@ class Program:
         self.root = root
         self.lib = ctypes.CDLL(str(lib_path.resolve()))
         self.lib.latch_error_string.restype = ctypes.c_char_p
+        self.profiling = PROFILE_FLAG in self.manifest.get("flags", ())
+        if self.profiling != hasattr(self.lib, "latch_launch_profile"):
+            raise ProgramError(f"{lib_path}: the manifest says {'a' if self.profiling else 'no'} profiling build "
+                               f"({PROFILE_FLAG}), the library {'lacks' if self.profiling else 'has'} "
+                               "latch_launch_profile: they come from different builds; rebuild the directory")
+        # Records of profiled launches not yet read back: (program, buffer, start event, end event).
+        self._profiled: deque = deque(maxlen=PROFILE_KEEP)
         abi = self.lib.latch_abi_version()
         if abi != T.ABI_VERSION or self.manifest.get("abi") != T.ABI_VERSION:
             raise ProgramError(f"{lib_path}: ABI version {abi} (manifest {self.manifest.get('abi')}), this runtime "
@@ -304,14 +320,50 @@ class Program:
             self._args_cache[(prog, ptrs.data_ptr())] = a
         a.epoch = p.epoch & 0xFFFFFFFF
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        code = self.lib.latch_launch(ctypes.byref(a), self.device.index, self.num_sms,
-                                     ctypes.c_longlong(self.smem), ctypes.c_void_p(stream))
+        if self.profiling:
+            code = self._launch_profiled(prog, a, stream)
+        else:
+            code = self.lib.latch_launch(ctypes.byref(a), self.device.index, self.num_sms,
+                                         ctypes.c_longlong(self.smem), ctypes.c_void_p(stream))
         self._check(code, f"launching program {prog!r} ({self.num_sms} blocks x 256 threads, {self.smem} B smem)")
         p.epoch += 1
         self.launches += 1
         for cb in info["copy_back"]:
             dst = bound[cb["old"]].view(-1).view(torch.uint8)
             dst.copy_(self.arena[cb["offset"]:cb["offset"] + cb["nbytes"]])
+
+    def _launch_profiled(self, prog: str, a: _Args, stream: int) -> int:
+        """The profiling build's launch: records for every instruction, then every block (see
+        cuda/latch_kernel_main.cuh), zeroed first (zero marks a record the kernel did not write),
+        and CUDA events around exactly the kernel launch."""
+        n = self.programs[prog].num_instrs + self.num_sms
+        buf = torch.zeros((n, 2), dtype=torch.int64, device=self.device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        code = self.lib.latch_launch_profile(ctypes.byref(a), ctypes.c_void_p(buf.data_ptr()), self.device.index,
+                                             self.num_sms, ctypes.c_longlong(self.smem), ctypes.c_void_p(stream))
+        end.record()
+        if code == 0:
+            self._profiled.append((prog, buf, start, end))
+        return code
+
+    def profile(self, *, clear: bool = True) -> list[LaunchRecords]:
+        """The records of the launches since the last call (at most the last PROFILE_KEEP), in launch
+        order; waits for them. Only for a profiling build (``build(..., profile=True)``). Aggregate
+        them with ``latch_codegen_h100.profile.report(doc, records)``."""
+        if not self.profiling:
+            raise ProgramError(f"{self.root} is not a profiling build: rebuild it with build(doc, out_dir, "
+                               "profile=True) (tools/profile_report.py does) to get per-instruction records")
+        out = []
+        for prog, buf, start, end in self._profiled:
+            end.synchronize()
+            host = buf.cpu()
+            n = self.programs[prog].num_instrs
+            pairs = [tuple(x) for x in host.tolist()]
+            out.append(LaunchRecords(prog, pairs[:n], pairs[n:], float(start.elapsed_time(end))))
+        if clear:
+            self._profiled.clear()
+        return out
 
     def _read_outputs(self, prog: str, bound: dict[str, torch.Tensor], groups=None) -> dict[str, torch.Tensor]:
         out = {}
@@ -380,6 +432,7 @@ class Program:
         if e[0] == 0:
             return
         self.error.zero_()
+        self._profiled.clear()  # an aborted launch's records are incomplete
         for p in self.programs.values():  # counters are inconsistent after an aborted launch
             p.sync.zero_()
             p.epoch = 0
