@@ -13,7 +13,9 @@
 #      deselected here because step 2 runs exactly those and prints their tables);
 #   4. compute-sanitizer memcheck and racecheck on two MLP updates;
 #   5. the MLP with 4 microbatches (both strategies), the README's main command with --target gpu,
-#      and a first timing of the full TinyMoE-200M at 2 x 1024 (LATCH_GPU_FULL=0 skips it);
+#      profiling builds (tools/profile_report.py: time per op, waiting at synchronisation) of the MLP
+#      and of the full TinyMoE-200M, and a first timing of the full TinyMoE-200M at 2 x 1024
+#      (LATCH_GPU_FULL=0 skips both full-size steps);
 #   6. a short summary table, LAST.
 # Logs go to $OUT (default ./gpu-check-out), in few files (the device tool returns at most 8):
 # gpu.txt, install.log, examples.log, pytest_gpu.log, sanitizer.log, summary.txt.
@@ -108,6 +110,36 @@ if command -v compute-sanitizer > /dev/null && [ -f "$MLP_DIR/program.so" ]; the
     done
 else
     row "  compute-sanitizer: not run (tool or MLP build missing)"
+fi
+
+# Profiling builds (tools/profile_report.py, -DLATCH_PROFILE=1): where the kernel's time goes per op,
+# and the share of SM-time spent waiting at barriers and counters (TARGETS.md: < 5%). The MLP under
+# both strategies, then the full TinyMoE-200M at 2 x 1024 (barrier, BF16 policy), bounded by what is
+# left of the call minus what the timing step below needs. Tables go to the summary too.
+run_profile() {  # limit tag example args...
+    local limit="$1" tag="$2" name="$3"; shift 3
+    local log="$WORK/profile-$tag.log"
+    say "profile $tag"
+    timeout "$limit" "$PY" tools/profile_report.py "examples/$name.py" --dir "$WORK/build/profile-$tag" "$@" \
+        > "$log" 2>&1
+    local rc=$?
+    { echo "===== profile $tag (exit $rc)"; cat "$log"; } >> "$OUT/examples.log"
+    if grep -q "^PROFILE" "$log"; then
+        sed -n '/^PROFILE/,$p' "$log"
+        { echo "  PROFILE TABLES $tag (exit $rc):"; sed -n '/^PROFILE/,$p' "$log" | sed 's/^/    /'; } >> "$SUMMARY"
+    else
+        echo "gpu_check: profile $tag exited $rc; last lines:"; tail -25 "$log"
+        row "  PROFILE $tag: no result (rc $rc): $(tail -1 "$log")"
+    fi
+}
+run_profile 90 mlp-barrier mlp --scheduler barrier --updates 3
+run_profile 90 mlp-dataflow mlp --scheduler dataflow --updates 3
+TIMING_S=150  # what the full TinyMoE-200M timing step below takes (capture + build twice + bench)
+LEFT=$(( ${LATCH_GPU_BUDGET_S:-570} - SECONDS - TIMING_S ))
+if [ "${LATCH_GPU_FULL:-1}" = 1 ] && [ "$LEFT" -gt 60 ]; then
+    run_profile "$LEFT" tinymoe-200M-barrier tinymoe --scheduler barrier --policy --updates 2
+else
+    row "  PROFILE tinymoe-200M: not run (LATCH_GPU_FULL=${LATCH_GPU_FULL:-1}, ${LEFT}s left of the call after the timing's ${TIMING_S}s)"
 fi
 
 # TinyMoE-200M at 2 x 1024, full size: a first timing of the simple bodies (no gates: the FP64

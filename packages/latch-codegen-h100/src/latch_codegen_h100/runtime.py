@@ -37,6 +37,7 @@ DTYPES = {
 ERR_WAIT_TIMEOUT, ERR_BARRIER_TIMEOUT, ERR_BAD_BODY, ERR_INDEX_RANGE = 1, 2, 3, 4
 DEFAULT_TIMEOUT_S = 10.0
 PROFILE_KEEP = 64  # launches whose records a profiling build keeps until profile() reads them
+PROFILE_SLEEP_CYCLES = 200_000  # ~0.1 ms of GPU sleep before a profiled launch (longer than the launch call)
 
 
 class ProgramError(RuntimeError):
@@ -335,10 +336,13 @@ class Program:
     def _launch_profiled(self, prog: str, a: _Args, stream: int) -> int:
         """The profiling build's launch: records for every instruction, then every block (see
         cuda/latch_kernel_main.cuh), zeroed first (zero marks a record the kernel did not write),
-        and CUDA events around exactly the kernel launch."""
+        and CUDA events around exactly the kernel launch. On an idle GPU the start event would fire
+        before the host has even submitted the kernel, so a short GPU sleep is queued first: the
+        events then time the kernel, not the host's launch call."""
         n = self.programs[prog].num_instrs + self.num_sms
         buf = torch.zeros((n, 2), dtype=torch.int64, device=self.device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(PROFILE_SLEEP_CYCLES)
         start.record()
         code = self.lib.latch_launch_profile(ctypes.byref(a), ctypes.c_void_p(buf.data_ptr()), self.device.index,
                                              self.num_sms, ctypes.c_longlong(self.smem), ctypes.c_void_p(stream))
