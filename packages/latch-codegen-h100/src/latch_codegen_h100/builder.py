@@ -118,6 +118,167 @@ def build_key(gen: Generated, flags: list[str], toolkit: str) -> str:
     return h.hexdigest()
 
 
+# --------------------------------------------------------------------------------------------
+# The request key: what determines a build, computed BEFORE lowering.
+#
+# A cached rebuild of a big program (TinyMoE-200M: 58k tasks) spent seconds generating every unit
+# and table and serialising the document before it could see that nothing changed. The request key
+# hashes the inputs of ``generate`` + ``compile_generated`` instead: the document's graph, schedule
+# and memory sections, the Python sources of codegen and of every package that registers a lowering,
+# the lowerings and op tags registered, every header of the include dirs, the flags, the unit split
+# (``jobs``, ``bodies_per_unit``) and the toolkit. A build directory records the request key it was
+# built from (``build.request``) with the size and mtime of every file it wrote; a build whose key
+# matches, with those files untouched, is reused without lowering anything. Any doubt is a miss:
+# the full path then runs and the content key (``build_key``) decides about compiling.
+
+REQUEST_FILE = "build.request"
+REQUEST_VERSION = 1
+
+# Task fields code generation never reads: footprints and cost-model data serve the validator, the
+# memory planner and the simulator (whose results are in the memory section, which is hashed whole).
+# Hashing 58k tasks' footprints costs seconds, so they are left out; every other Task field (also
+# one added later) is hashed. test_cache.py checks generate()'s output does not depend on these.
+TASK_FIELDS_UNREAD = ("reads", "writes", "cost", "phase")
+
+_FILE_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def _file_digest(path: Path) -> str:
+    """sha256 of a file, memoised by (path, mtime, size) within the process."""
+    st = path.stat()
+    memo = (str(path), st.st_mtime_ns, st.st_size)
+    if memo not in _FILE_DIGESTS:
+        _FILE_DIGESTS[memo] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return _FILE_DIGESTS[memo]
+
+
+def _package_dir(module_name: str) -> Path | None:
+    """The folder of a module's top-level package (a lone module: its file)."""
+    import sys
+
+    top = sys.modules.get(module_name.split(".")[0])
+    f = getattr(top, "__file__", None)
+    if not f:
+        return None
+    f = Path(f).resolve()
+    return f.parent if f.name == "__init__.py" else f
+
+
+def _callable_module(fn) -> str | None:
+    fn = getattr(fn, "func", fn)  # functools.partial
+    return getattr(fn, "__module__", None)
+
+
+def document_digest(doc: Document) -> str:
+    """sha256 over what code generation reads of ``doc``: the graph and memory sections whole, the
+    schedule section with its tasks less TASK_FIELDS_UNREAD. The build section and provenance do not
+    count (they do not change what is generated)."""
+    import operator
+
+    from latch_core.document import _encode
+    from latch_core.sections import Task
+
+    h = hashlib.sha256()
+
+    def put(tag: str, text: str) -> None:
+        data = text.encode()
+        h.update(f"{tag} {len(data)}\n".encode())
+        h.update(data)
+
+    put("graph", json.dumps(_encode(doc.graph), allow_nan=False, separators=(",", ":")))
+    put("memory", json.dumps(_encode(doc.memory), allow_nan=False, separators=(",", ":")))
+    s = doc.schedule
+    put("schedule", json.dumps([s.strategy, s.num_sms, _encode(s.stats)], allow_nan=False))
+    hashed = tuple(f.name for f in attrs.fields(Task) if f.name not in TASK_FIELDS_UNREAD)
+    get = operator.attrgetter(*hashed)
+    for ps in s.programs:
+        put("program", json.dumps([ps.program, ps.num_barriers, _encode(ps.groups), _encode(ps.counters)],
+                                  allow_nan=False))
+        put("sms", repr(ps.sms))  # tuples of str/int: repr is canonical
+        put("tasks " + ",".join(hashed), repr([get(t) for t in ps.tasks]))
+    return h.hexdigest()
+
+
+def environment_digest(*, jobs: int | None, bodies_per_unit: int | None, profile: bool, regs=None) -> str:
+    """sha256 over everything outside the document that determines a build (see the section comment)."""
+    from latch_core.plugins import registries
+
+    from .codegen import headers_of, include_dirs_of
+
+    regs = regs if regs is not None else registries()
+    nvcc = find_nvcc()
+    h = hashlib.sha256()
+    eff_jobs = jobs if jobs is not None else (os.cpu_count() or 1)
+    h.update(f"request {REQUEST_VERSION}\nnvcc {nvcc}\ntoolkit {toolkit_version(nvcc)}\njobs {eff_jobs}\n"
+             f"bodies_per_unit {bodies_per_unit}\nflags {COMPILE_FLAGS!r} {PROFILE_FLAG if profile else ''}\n".encode())
+    modules = {__name__, "latch_core", "latch_ops"}
+    lowerings = dict(regs.lowerings.items())
+    for name, low in lowerings.items():
+        fields = []
+        for f in attrs.fields(type(low)):
+            v = getattr(low, f.name)
+            if callable(v):
+                mod = _callable_module(v)
+                if mod:
+                    modules.add(mod)
+                v = f"{mod}:{getattr(getattr(v, 'func', v), '__qualname__', type(v).__name__)}"
+            fields.append((f.name, v))
+        h.update(f"lowering {name} {regs.lowerings.owner(name)} {fields!r}\n".encode())
+    for name in regs.ops:
+        h.update(f"op {name} {sorted(regs.ops.get(name).tags)!r}\n".encode())
+    dirs = sorted({d for d in (_package_dir(m) for m in modules) if d is not None})
+    for d in dirs:
+        files = [d] if d.is_file() else sorted(d.rglob("*.py"))
+        for f in files:
+            h.update(f"py {f.relative_to(d.parent)} {_file_digest(f)}\n".encode())
+    for p in headers_of(include_dirs_of(lowerings)):
+        h.update(f"header {p} {_file_digest(Path(p))}\n".encode())
+    return h.hexdigest()
+
+
+def request_key(doc: Document, *, jobs: int | None = None, bodies_per_unit: int | None = None,
+                profile: bool = False, regs=None) -> str:
+    """The key of a build request, computable without lowering (see the section comment)."""
+    env = environment_digest(jobs=jobs, bodies_per_unit=bodies_per_unit, profile=profile, regs=regs)
+    return hashlib.sha256(f"{env}\n{document_digest(doc)}\n".encode()).hexdigest()
+
+
+def _stamp(path: Path) -> list[int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _built_files(out_dir: Path, gen: Generated) -> list[str]:
+    files = [f"src/{u.name}" for u in gen.units]
+    files += [f"tables/{prog}.{k}.bin" for prog, tabs in gen.tables.items() for k in tabs.files()]
+    return files + ["consts.bin", "manifest.json", LIBRARY, "build.key", "program.latch.json"]
+
+
+def _write_request(out_dir: Path, request: str, section: BuildSection, files: list[str]) -> None:
+    rec = {"version": REQUEST_VERSION, "request": request, "key": section.key, "units": list(section.units),
+           "flags": list(section.flags), "toolkit": section.toolkit, "stats": dict(section.stats),
+           "files": {f: _stamp(out_dir / f) for f in files}}
+    _write_if_changed(out_dir / REQUEST_FILE, json.dumps(rec, indent=1).encode())
+
+
+def _reuse(out_dir: Path, request: str) -> dict | None:
+    """The record of ``out_dir`` when it was built from ``request`` and every file it wrote is as it
+    was written; else None (and the stale record is removed)."""
+    p = out_dir / REQUEST_FILE
+    try:
+        rec = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    ok = (isinstance(rec, dict) and rec.get("version") == REQUEST_VERSION and rec.get("request") == request
+          and all(_stamp(out_dir / f) == stamp for f, stamp in rec.get("files", {}).items())
+          and _stamp(out_dir / "build.key") is not None
+          and (out_dir / "build.key").read_text().strip() == rec.get("key"))
+    return rec if ok else None
+
+
 def _write_if_changed(path: Path, data: bytes) -> bool:
     if path.exists() and path.read_bytes() == data:
         return False
@@ -278,10 +439,26 @@ def build(doc: Document, out_dir: str | Path, *, jobs: int | None = None, use_ca
     key; the runtime then records per-instruction timestamps, see latch_codegen_h100.profile). The
     generated sources are the same either way; a normal build compiles no profiling code."""
     t0 = time.perf_counter()
+    out_dir = Path(out_dir).resolve()
+    request = None
+    if use_cache:
+        # Checked before lowering: an unchanged request reuses the directory as it is, including its
+        # program.latch.json (whose build section is the build that wrote the directory).
+        request = request_key(doc, jobs=jobs, bodies_per_unit=bodies_per_unit, profile=profile)
+        rec = _reuse(out_dir, request)
+        if rec is not None:
+            st = dict(rec["stats"])
+            section = BuildSection(
+                directory=str(out_dir), key=rec["key"], units=tuple(rec["units"]), flags=tuple(rec["flags"]),
+                toolkit=rec["toolkit"],
+                stats={"generate_seconds": 0.0, "compile_seconds": round(time.perf_counter() - t0, 4),
+                       "cached": "dir", "bodies": st["bodies"], "smem_bytes": st["smem_bytes"], "request": "hit"},
+            )
+            return attrs.evolve(doc, build=section)
+    (out_dir / REQUEST_FILE).unlink(missing_ok=True)  # a failed build below must not leave a valid record
     gen = generate(doc, bodies_per_unit=bodies_per_unit, jobs=jobs)
     t_gen = time.perf_counter() - t0
-    stub = attrs.evolve(doc, build=None)
-    res = compile_generated(gen, out_dir, jobs=jobs, use_cache=use_cache, doc=stub, profile=profile)
+    res = compile_generated(gen, out_dir, jobs=jobs, use_cache=use_cache, profile=profile)
     section = BuildSection(
         directory=str(res.directory), key=res.key, units=res.units, flags=res.flags, toolkit=res.toolkit,
         stats={"generate_seconds": round(t_gen, 4), "compile_seconds": round(res.seconds, 4),
@@ -289,9 +466,11 @@ def build(doc: Document, out_dir: str | Path, *, jobs: int | None = None, use_ca
                "smem_bytes": gen.manifest["smem"]},
     )
     out = attrs.evolve(doc, build=section)
-    save(out, Path(out_dir) / "program.latch.json")
+    save(out, out_dir / "program.latch.json")
+    if request is not None:
+        _write_request(out_dir, request, section, _built_files(out_dir, gen))
     return out
 
 
 __all__ = ["build", "compile_generated", "BuildError", "CodegenError", "BuildResult", "find_nvcc", "build_key",
-           "PROFILE_FLAG"]
+           "PROFILE_FLAG", "request_key", "document_digest", "environment_digest"]

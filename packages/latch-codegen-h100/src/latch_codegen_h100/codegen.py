@@ -194,6 +194,7 @@ def _plan_program(doc: Document, ps: ProgramSchedule, pm: ProgramMemory, ext: di
     operands: list[tuple[int, int]] = []
     group_rec: dict[int, tuple[int, int, int]] = {}  # group id -> (body id, op_begin, op_count)
     groups_info = {}
+    groups_by_id = {grp.id: grp for grp in ps.groups}
     for grp in ps.groups:
         for nn in grp.nodes:
             n = nodes.get(nn)
@@ -239,7 +240,7 @@ def _plan_program(doc: Document, ps: ProgramSchedule, pm: ProgramMemory, ext: di
         if t.group not in group_rec:
             raise CodegenError(f"program {ps.program!r} task {t.id}: no group {t.group}")
         body, ob, oc = group_rec[t.group]
-        grp = next(x for x in ps.groups if x.id == t.group)
+        grp = groups_by_id[t.group]
         prim = g.value(grp.primary)
         if len(t.tile) != len(prim.shape):
             raise CodegenError(f"program {ps.program!r} task {t.id}: tile {t.tile} has rank {len(t.tile)}; the "
@@ -410,6 +411,23 @@ def _kernel_source(body_keys: list[str], specs: dict[str, BodySpec], max_ops: in
     return "\n".join(lines)
 
 
+def include_dirs_of(lowerings: dict[str, Lowering]) -> list[str]:
+    """The include dirs of a build: the kernel's, latch-ops', then each lowering's own (in order)."""
+    include_dirs = [str(CUDA_DIR), str(ops_cuda_dir())]
+    for low in lowerings.values():
+        for d in low.include_dirs:
+            if str(d) not in include_dirs:
+                include_dirs.append(str(d))
+    return include_dirs
+
+
+def headers_of(include_dirs) -> list[str]:
+    """Every header of every include dir: all of them count for the cache keys (headers include
+    each other, so hashing only the ones named by lowerings would miss a change in a transitive
+    include)."""
+    return [str(p) for d in include_dirs for p in sorted(Path(d).glob("*")) if p.suffix in (".cuh", ".h")]
+
+
 def units_for(num_bodies: int, jobs: int) -> int:
     """How many units: enough to keep ``jobs`` compilers busy, but each nvcc run costs seconds of
     fixed overhead, so never fewer than ~6 bodies a unit."""
@@ -465,17 +483,11 @@ def generate(doc: Document, *, bodies_per_unit: int | None = None, jobs: int | N
     kernel_smem = max([1024] + list(smem.values()))
     kernel_smem = (kernel_smem + 127) // 128 * 128
 
-    include_dirs = [str(CUDA_DIR), str(ops_cuda_dir())]
-    for low in lowerings.values():
-        for d in low.include_dirs:
-            if d not in include_dirs:
-                include_dirs.append(str(d))
+    include_dirs = include_dirs_of(lowerings)
     for h in headers:
         if not any((Path(d) / h).exists() for d in include_dirs):
             raise CodegenError(f"header {h!r} of a lowering is in none of the include dirs {include_dirs}")
-    # Every header of every include dir counts for the cache key (headers include each other, so
-    # hashing only the ones named by lowerings would miss a change in a transitive include).
-    header_paths = [str(p) for d in include_dirs for p in sorted(Path(d).glob("*")) if p.suffix in (".cuh", ".h")]
+    header_paths = headers_of(include_dirs)
 
     consts, const_recs = _constants(doc)
     manifest = {
