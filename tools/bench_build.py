@@ -104,6 +104,12 @@ def main(argv=None) -> int:
     if args.save_doc:
         document.save(doc, args.save_doc)
     tasks = sum(len(p.tasks) for p in doc.schedule.programs)
+    # Plugins load once per process (a pipeline has loaded them before it builds): not timed here.
+    from latch_core.plugins import registries
+
+    t0 = time.perf_counter()
+    registries()
+    say(f"load plugins     {time.perf_counter() - t0:7.2f} s")
 
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="latch-bench-build-"))
     work.mkdir(parents=True, exist_ok=True)

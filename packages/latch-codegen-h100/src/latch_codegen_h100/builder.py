@@ -8,6 +8,12 @@ Layout of a build directory::
     tables/<program>.<table>.bin     run-time tables; consts.bin
     manifest.json                    what the runtime needs; program.latch.json: the document
     build.ninja, build.key
+    build.request                    the request key this directory was built from, file stamps
+
+Before anything is lowered, ``build`` computes the request key (``request_key``: the document's
+graph/schedule/memory, the lowering code and headers, flags, toolkit); a directory whose
+``build.request`` matches, with every file it lists untouched, is returned as it is (``cached:
+dir``, ``request: hit``), its program.latch.json included.
 
 Caching: the key is a hash of (generated sources, headers they include, flags, nvcc's version). A
 build directory whose ``build.key`` matches and whose library exists is reused without running
