@@ -88,10 +88,16 @@ class GroupSite:
         return f"program {self.program!r} group {self.group} (nodes {', '.join(self.nodes)}){where}"
 
 
-def group_spec(graph: Graph, group: FusionGroup, aliased: bool = False) -> BodySpec:
-    """The canonical signature of ``group`` in ``graph``."""
-    nodes_by_name = {n.name: n for n in graph.nodes}
-    order = {n.name: i for i, n in enumerate(graph.nodes)}
+def node_index(graph: Graph) -> tuple[dict, dict]:
+    """(node name -> node, node name -> position) of ``graph``, for :func:`group_spec`."""
+    return {n.name: n for n in graph.nodes}, {n.name: i for i, n in enumerate(graph.nodes)}
+
+
+def group_spec(graph: Graph, group: FusionGroup, aliased: bool = False,
+               nodes_index: tuple[dict, dict] | None = None) -> BodySpec:
+    """The canonical signature of ``group`` in ``graph``. ``nodes_index``: :func:`node_index` of ``graph``
+    (computed once by a caller visiting every group of a big graph)."""
+    nodes_by_name, order = nodes_index if nodes_index is not None else node_index(graph)
     try:
         nodes = sorted((nodes_by_name[n] for n in group.nodes), key=lambda n: order[n.name])
     except KeyError as e:

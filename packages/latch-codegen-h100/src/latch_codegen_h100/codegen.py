@@ -30,7 +30,7 @@ from latch_core.registry import VIEW
 from latch_core.sections import BARRIER, SIGNAL, TASK, WAIT, ProgramMemory, ProgramSchedule
 
 from . import tables as T
-from .bodies import BodySpec, CodegenError, GroupSite, group_spec, render_body
+from .bodies import BodySpec, CodegenError, GroupSite, group_spec, node_index, render_body
 from .lowering import Lowering, LoweringError
 
 CUDA_DIR = Path(__file__).parent / "cuda"
@@ -195,6 +195,7 @@ def _plan_program(doc: Document, ps: ProgramSchedule, pm: ProgramMemory, ext: di
     group_rec: dict[int, tuple[int, int, int]] = {}  # group id -> (body id, op_begin, op_count)
     groups_info = {}
     groups_by_id = {grp.id: grp for grp in ps.groups}
+    index = node_index(g)
     for grp in ps.groups:
         for nn in grp.nodes:
             n = nodes.get(nn)
@@ -214,7 +215,7 @@ def _plan_program(doc: Document, ps: ProgramSchedule, pm: ProgramMemory, ext: di
             if is_view and first_in is not None and len(grp.outputs) == 1:
                 aliased = locate(first_in, grp.id) == locate(grp.outputs[0], grp.id)
         try:
-            spec = group_spec(g, grp, aliased)
+            spec = group_spec(g, grp, aliased, index)
         except LoweringError as e:
             raise CodegenError(f"program {ps.program!r} group {grp.id}: {e}") from None
         key = spec.key
