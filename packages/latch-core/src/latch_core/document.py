@@ -59,18 +59,35 @@ class Document:
 # --------------------------------------------------------------------------------------------
 # Generic encode / decode over attrs records
 
+_FIELDS: dict[type, tuple[str, ...] | None] = {}  # per class: its init fields, None for non-records
+
+
+def _record_fields(cls: type) -> tuple[str, ...] | None:
+    try:
+        return _FIELDS[cls]
+    except KeyError:
+        names = tuple(f.name for f in attrs.fields(cls) if f.init) if attrs.has(cls) else None
+        _FIELDS[cls] = names
+        return names
+
+
 def _encode(obj: Any) -> Any:
-    if attrs.has(type(obj)):
-        out = {}
-        for f in attrs.fields(type(obj)):
-            if not f.init:
-                continue
-            out[f.name] = _encode(getattr(obj, f.name))
-        return out
+    # Hot path (a TinyMoE-200M schedule has millions of small records and tuples): scalars first,
+    # then tuples, then records, with the per-class field list looked up once.
+    cls = type(obj)
+    if cls is int or cls is str or cls is bool or obj is None:
+        return obj
+    if cls is tuple:
+        return [_encode(x) for x in obj]
+    if cls is float:
+        return obj if math.isfinite(obj) else {"$float": repr(obj)}  # JSON has no inf/nan: keep them exact
+    names = _record_fields(cls)
+    if names is not None:
+        return {n: _encode(getattr(obj, n)) for n in names}
     if isinstance(obj, tuple):
         return [_encode(x) for x in obj]
     if isinstance(obj, float) and not math.isfinite(obj):
-        return {"$float": repr(obj)}  # JSON has no inf/nan; keep them exact and explicit
+        return {"$float": repr(obj)}
     return obj
 
 
