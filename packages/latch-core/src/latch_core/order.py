@@ -12,7 +12,15 @@ Representation: vector clocks. For a task ``t`` at index ``i`` of SM ``s``, ``cl
 largest instruction index on SM ``k`` known to happen-before ``t`` (``-1``: none), with
 ``clock(t)[s] = i - 1``. Then ``a`` happens-before ``b`` iff ``index(a) <= clock(b)[sm(a)]``: an O(1)
 query. An SM's clock only changes at waits and barriers, so tasks between two synchronisation
-points share one clock list (memory is one list per synchronisation point, not per task).
+points share one clock (memory is one clock per synchronisation point, not per task).
+
+Arithmetic: during the abstract execution a clock is one Python int packing one 32-bit field per
+SM, holding ``clock[k] + 1`` (a count of SM ``k``'s instructions known done, so never negative).
+A join (component-wise max) of two clocks is then a handful of big-int operations (a SWAR max:
+each field's guard bit, bit 31, says which side is larger) instead of one Python call per SM;
+at 132 SMs this is ~8x faster than ``map(max, ...)`` and is what makes ~150,000 waits and signals
+affordable. Tasks keep the unpacked counts (an int array per synchronisation point) for O(1) queries.
+Fields never carry: counts stay below 2**31 (``_structure`` refuses longer lists).
 
 A wait on ``(c, n)`` is guaranteed to follow only the signals that *must* be among the first ``n``:
 with ``n`` equal to the counter's ``expected`` count it follows all of them (the join of their
@@ -48,13 +56,62 @@ O(SMs touched x SMs). This module is torch-free and depends only on the section 
 from __future__ import annotations
 
 import random
+import sys
 import weakref
+from array import array
 from collections import deque
 from typing import Iterable, Sequence
 
 from .sections import BARRIER, SIGNAL, TASK, WAIT, ProgramSchedule
 
 Frontier = dict  # sm -> largest instruction index among some tasks on that SM
+
+# ---- packed clocks (see "Arithmetic" in the module docstring) ---------------------------------
+_W = 32  # bits per SM field; bit 31 is the guard bit of the SWAR comparison
+_FIELD = (1 << _W) - 1
+_LOW = (1 << (_W - 1)) - 1  # a field's value bits
+_MAX_COUNT = _LOW  # counts (instruction index + 1) must stay <= this
+_TC = next(t for t in "ilh" if array(t).itemsize == 4)  # a 4-byte C int array type
+
+
+class _Packed:
+    """Masks for packed clocks of ``S`` SMs."""
+
+    def __init__(self, S: int):
+        self.S = S
+        self.nbytes = 4 * S
+        ones = int.from_bytes(b"\x01\x00\x00\x00" * S, "little")  # 1 in every field
+        self.guard = ones << (_W - 1)
+        self.low = ones * _LOW
+        everything = (1 << (_W * S)) - 1
+        self.clear = [everything ^ (_FIELD << (_W * k)) for k in range(S)]  # all but field k
+
+    def pack(self, counts: Sequence[int]) -> int:
+        return int.from_bytes(array(_TC, counts).tobytes(), sys.byteorder)
+
+    def unpack(self, x: int) -> Sequence[int]:
+        """The counts as a compact int array (indexing it is as fast as a list's; building a
+        list of 132 ints per synchronisation point would cost more than the joins)."""
+        a = array(_TC)
+        a.frombytes(x.to_bytes(self.nbytes, sys.byteorder))
+        return a
+
+    def join(self, x: int, y: int) -> int:
+        """Component-wise max. ``(x | guard) - y`` keeps a field's guard bit iff x >= y there
+        (no borrow crosses fields: every value is below the guard bit)."""
+        keep_x = (((x | self.guard) - y) & self.guard) >> (_W - 1)
+        m = keep_x * _LOW  # _LOW in the fields where x >= y (no carries: one bit per field)
+        return (x & m) | (y & (m ^ self.low))
+
+    def meet(self, x: int, y: int) -> int:
+        """Component-wise min."""
+        keep_x = (((x | self.guard) - y) & self.guard) >> (_W - 1)
+        m = keep_x * _LOW
+        return (y & m) | (x & (m ^ self.low))
+
+    def put(self, x: int, k: int, count: int) -> int:
+        """``x`` with field ``k`` set to ``count``."""
+        return (x & self.clear[k]) | (count << (_W * k))
 
 
 class ScheduleOrderError(ValueError):
@@ -103,6 +160,10 @@ def _structure(ps: ProgramSchedule) -> tuple[list[str], list[str], dict[int, int
     signals: dict[int, int] = {c: 0 for c in expected}
     kinds = (TASK, BARRIER, WAIT, SIGNAL)
     for s, sm in enumerate(ps.sms):
+        if len(sm) >= _MAX_COUNT:
+            problems.append(f"program {ps.program!r} SM {s}: {len(sm)} instructions; at most {_MAX_COUNT - 1} "
+                            "per SM are supported (split the program)")
+            continue
         for i, ins in enumerate(sm):
             kind = ins[0] if ins else None
             if kind not in kinds:
@@ -151,7 +212,11 @@ def _structure(ps: ProgramSchedule) -> tuple[list[str], list[str], dict[int, int
 
 
 class _Sim:
-    """The abstract execution shared by :class:`Order` and :func:`legal_order`."""
+    """The abstract execution shared by :class:`Order` and :func:`legal_order`.
+
+    Clocks here are packed ints of counts (``clock + 1`` per SM, see the module docstring);
+    ``0`` knows nothing. ``known[t]`` is task ``t``'s clock unpacked (an array of counts, shared by
+    the tasks between two synchronisation points of one SM) and ``packed[t]`` the same packed."""
 
     def __init__(self, ps: ProgramSchedule, expected: dict[int, int], rng: random.Random | None):
         self.ps = ps
@@ -159,19 +224,21 @@ class _Sim:
         self.rng = rng
         S = len(ps.sms)
         self.S = S
+        self.pk = _Packed(S)
         self.ptr = [0] * S
-        self.none = none = [-1] * S
-        self.clock: list[list[int]] = [none] * S  # never mutated in place: a change makes a new list
+        self.clock: list[int] = [0] * S  # packed
+        self.counts: list[Sequence[int] | None] = [None] * S  # clock[s] unpacked, made when a task needs it
         self.count = {c: 0 for c in expected}
-        self.cclock = {c: none for c in expected}
-        self.partial = {c: [] for c in expected}  # signal clocks, kept for waits with n < expected
+        self.cclock = {c: 0 for c in expected}  # packed join of the delivered signals' clocks
+        self.partial = {c: [] for c in expected}  # signal clocks (count arrays), for waits with n < expected
         self.waiters: dict[int, list[int]] = {c: [] for c in expected}
         self.barrier_seq: list[int] = []  # the k-th barrier id, as first reached
         self.barrier_k = [0] * S
         self.arrived: dict[int, list[int]] = {}
         self.pos_sm = [-1] * len(ps.tasks)
         self.pos_idx = [-1] * len(ps.tasks)
-        self.clk: list[list[int] | None] = [None] * len(ps.tasks)
+        self.known: list[Sequence[int] | None] = [None] * len(ps.tasks)
+        self.packed: list[int] = [0] * len(ps.tasks)
         self.trace: list[int] = []
         self.problems: list[str] = []
         self._need_partial = {ins[1] for sm in ps.sms for ins in sm
@@ -195,8 +262,10 @@ class _Sim:
         sm = ps.sms[s]
         i = self.ptr[s]
         rng = self.rng
-        pos_sm, pos_idx, clk, trace = self.pos_sm, self.pos_idx, self.clk, self.trace
-        clock, count, cclock, none = self.clock, self.count, self.cclock, self.none
+        pk = self.pk
+        join = pk.join
+        pos_sm, pos_idx, known, packed, trace = self.pos_sm, self.pos_idx, self.known, self.packed, self.trace
+        clock, counts, count, cclock = self.clock, self.counts, self.count, self.cclock
         partial_needed, waiters = self._need_partial, self.waiters
         n_ins = len(sm)
         while i < n_ins:
@@ -206,7 +275,11 @@ class _Sim:
                 t = ins[1]
                 pos_sm[t] = s
                 pos_idx[t] = i
-                clk[t] = clock[s]
+                mine = counts[s]
+                if mine is None:
+                    mine = counts[s] = pk.unpack(clock[s])
+                known[t] = mine
+                packed[t] = clock[s]
                 trace.append(t)
                 i += 1
                 if rng is not None and rng.random() < 0.3:  # interleave SMs at task granularity
@@ -216,15 +289,14 @@ class _Sim:
             elif kind == SIGNAL:
                 c = ins[1]
                 count[c] += 1
+                # The signal publishes everything SM s did before it: its clock with its own
+                # field at instruction i - 1 (count i). Setting, not maxing, is exact: nothing
+                # can know of an SM s instruction at or after i before SM s has run it.
+                own = pk.put(clock[s], s, i)
                 cc = cclock[c]
-                new = list(clock[s]) if cc is none else list(map(max, cc, clock[s]))
-                if new[s] < i - 1:
-                    new[s] = i - 1
-                cclock[c] = new
+                cclock[c] = own if cc == 0 else join(cc, own)
                 if c in partial_needed:
-                    own = list(clock[s])
-                    own[s] = i - 1
-                    self.partial[c].append(own)
+                    self.partial[c].append(pk.unpack(own))
                 ws = waiters[c]
                 if ws:
                     still = []
@@ -245,7 +317,10 @@ class _Sim:
                     if n >= self.expected[c]:
                         src = cclock[c]
                         cur = clock[s]
-                        clock[s] = src if cur is none else list(map(max, cur, src))
+                        new = src if cur == 0 else join(cur, src)
+                        if new != cur:
+                            clock[s] = new
+                            counts[s] = None
                     else:
                         self._acquire(s, c, n)
                 i += 1
@@ -264,9 +339,13 @@ class _Sim:
                 group = self.arrived.setdefault(k, [])
                 group.append(s)
                 if len(group) == self.S:
-                    vec = [self.ptr[x] for x in range(self.S)]
+                    # Everything any SM did before the barrier (index ptr[x] on SM x, the barrier
+                    # itself counting as done) happens-before what follows it; this dominates
+                    # every SM's previous clock, so it replaces it.
+                    vec = pk.pack([self.ptr[x] + 1 for x in range(self.S)])
                     for x in group:
                         self.clock[x] = vec
+                        self.counts[x] = None
                         self.ptr[x] += 1
                         self.barrier_k[x] += 1
                         if x != s:
@@ -284,15 +363,18 @@ class _Sim:
             src = self.cclock[c]
         else:
             # The n-th smallest per component over the delivered signals, with the undelivered
-            # ones counted as knowing nothing (-1).
+            # ones counted as knowing nothing (count 0).
             got = self.partial[c]
             missing = self.expected[c] - len(got)
             if n <= missing:
                 return
             r = n - missing - 1
-            src = [sorted(col)[r] for col in zip(*got)]
+            src = self.pk.pack([sorted(col)[r] for col in zip(*got)])
         cur = self.clock[s]
-        self.clock[s] = src if cur is self.none else list(map(max, cur, src))
+        new = src if cur == 0 else self.pk.join(cur, src)
+        if new != cur:
+            self.clock[s] = new
+            self.counts[s] = None
 
     def stuck(self) -> list[str]:
         """Describe every SM that did not finish (empty when all did)."""
@@ -342,7 +424,9 @@ class Order:
         self.num_sms = sim.S
         self._sm = sim.pos_sm
         self._idx = sim.pos_idx
-        self._clk = sim.clk
+        self._known = sim.known  # per task: clock + 1 per SM (counts), own SM's field not yet set
+        self._packed = sim.packed  # the same, packed (for meets)
+        self._pk = sim.pk
         self._trace = sim.trace
         self._meets: dict[tuple, list[int]] = {}  # first task per SM -> meet (callers must not mutate it)
 
@@ -382,7 +466,7 @@ class Order:
         return self._sm[t], self._idx[t]
 
     def clock(self, t: int) -> tuple[int, ...]:
-        c = list(self._clk[t])
+        c = [k - 1 for k in self._known[t]]
         c[self._sm[t]] = self._idx[t] - 1
         return tuple(c)
 
@@ -390,7 +474,7 @@ class Order:
         sa, sb = self._sm[a], self._sm[b]
         if sa == sb:
             return self._idx[a] < self._idx[b]
-        return self._idx[a] <= self._clk[b][sa]
+        return self._idx[a] < self._known[b][sa]  # index <= clock  <=>  index < clock + 1
 
     def ordered(self, a: int, b: int) -> bool:
         return self.before(a, b) or self.before(b, a)
@@ -420,12 +504,12 @@ class Order:
         m = self._meets.get(key)  # the planner and the validator ask for the same sets
         if m is not None:
             return m
+        pk, packed = self._pk, self._packed
+        p = None
         for s, t in first.items():
-            c = list(self._clk[t])
-            c[s] = idx[t] - 1
-            m = c if m is None else list(map(min, m, c))
-        if m is None:
-            m = [1 << 62] * self.num_sms
+            c = pk.put(packed[t], s, idx[t])  # own field: instruction idx - 1, count idx
+            p = c if p is None else pk.meet(p, c)
+        m = [1 << 62] * self.num_sms if p is None else [k - 1 for k in pk.unpack(p)]
         self._meets[key] = m
         return m
 
@@ -438,14 +522,14 @@ class Order:
         return True
 
     def all_before(self, tasks_a: Iterable[int], b: int) -> bool:
-        sb, ib, cb = self._sm[b], self._idx[b], self._clk[b]
+        sb, ib, kb = self._sm[b], self._idx[b], self._known[b]
         sm, idx = self._sm, self._idx
         for a in tasks_a:
             sa = sm[a]
             if sa == sb:
                 if idx[a] >= ib:
                     return False
-            elif idx[a] > cb[sa]:
+            elif idx[a] >= kb[sa]:
                 return False
         return True
 
