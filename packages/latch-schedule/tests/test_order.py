@@ -318,3 +318,41 @@ def test_sequence_is_a_linear_extension():
 def test_from_schedule_shares_one_order_per_schedule_object():
     ps, _ = _random_schedule(random.Random(8), sms=3, steps=30)
     assert Order.from_schedule(ps) is Order.from_schedule(ps)
+
+
+# ---------------------------------------------------------------------------------------------
+# Packed clocks: the SWAR join/meet must equal the plain component-wise max/min on every count,
+# including the extremes (0: knows nothing; the largest count a field may hold).
+
+_counts = st.integers(min_value=0, max_value=(1 << 31) - 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=1, max_value=140).flatmap(
+    lambda n: st.tuples(st.lists(_counts, min_size=n, max_size=n), st.lists(_counts, min_size=n, max_size=n),
+                        st.integers(min_value=0, max_value=n - 1), _counts)))
+def test_packed_clock_arithmetic_matches_lists(case):
+    from latch_core.order import _Packed
+
+    x, y, k, v = case
+    pk = _Packed(len(x))
+    px, py = pk.pack(x), pk.pack(y)
+    assert list(pk.unpack(px)) == x
+    assert list(pk.unpack(pk.join(px, py))) == [max(a, b) for a, b in zip(x, y)]
+    assert list(pk.unpack(pk.meet(px, py))) == [min(a, b) for a, b in zip(x, y)]
+    want = list(x)
+    want[k] = v
+    assert list(pk.unpack(pk.put(px, k, v))) == want
+
+
+def test_too_long_an_sm_list_is_refused_by_name():
+    from latch_core import order as order_mod
+
+    ps = _ps([[T(0), T(1), T(2)], [T(3)]])
+    old = order_mod._MAX_COUNT
+    order_mod._MAX_COUNT = 3  # stand-in for 2**31 - 1: a field could not count SM 0's list
+    try:
+        with pytest.raises(ScheduleOrderError, match="SM 0: 3 instructions"):
+            Order.from_schedule(ps)
+    finally:
+        order_mod._MAX_COUNT = old
