@@ -411,11 +411,15 @@ class ProgramValidator:
         r_index = MultiIndex((b, t, tasks[t].group) for b, t in self.readers.get(u, []))
         w_index = self.w_index.get(u)
         order = self.order
+        safe: dict[int, bool] = {}  # group -> inplace_safe(u, v): one answer per group, not per tile
         for wbox, w in self.writers.get(v, ()):
             hits = r_index.query(wbox)
             if w in hits:  # the task reads the old value where it writes the new one
                 group = tasks[w].group
-                if group >= len(self.plans) or not self.plans[group].inplace_safe(self.g, u, v):
+                ok = safe.get(group)
+                if ok is None:
+                    ok = safe[group] = group < len(self.plans) and self.plans[group].inplace_safe(self.g, u, v)
+                if not ok:
                     return False
                 hits = [a for a in hits if a != w]
             if w_index is not None:
