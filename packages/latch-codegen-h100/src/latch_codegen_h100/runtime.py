@@ -454,8 +454,14 @@ class Program:
             t = self._next_task(prog, block, pc)
             ids = self.manifest["programs"][prog].get("counter_ids", [])
             cid = ids[counter] if 0 <= counter < len(ids) else counter
-            return (f"spin timeout in program {prog!r}: SM {block}, task {t} ({self._task_desc(prog, t)}) waited on "
-                    f"counter {cid}: value {value} of target {target} after {self.timeout_ns / 1e9:g} s")
+            msg = (f"spin timeout in program {prog!r}: SM {block}, task {t} ({self._task_desc(prog, t)}) waited on "
+                   f"counter {cid}: value {value} of target {target} after {self.timeout_ns / 1e9:g} s")
+            # The SM that reports first need not be the cause (a wait downstream of a stuck SM times
+            # out too): name every wait of the tables that no launch can satisfy.
+            roots = self.unsatisfiable_waits(prog)
+            if roots:
+                msg += "; cause: " + "; ".join(roots[:4]) + (f"; and {len(roots) - 4} more" if len(roots) > 4 else "")
+            return msg
         if code == ERR_BARRIER_TIMEOUT:
             return (f"spin timeout in program {prog!r}: SM {block} waited at barrier {counter}: {value} of {target} "
                     f"blocks arrived after {self.timeout_ns / 1e9:g} s")
@@ -465,6 +471,31 @@ class Program:
             return (f"program {prog!r}: task {task} ({self._task_desc(prog, task)}) read index {a}, outside [0, {b}); "
                     "check the batch's index tensors")
         return f"program {prog!r}: kernel error code {code} (SM {block}, task {task})"
+
+    def unsatisfiable_waits(self, prog: str) -> list[str]:
+        """Waits in ``prog``'s instruction tables whose count exceeds the signals the tables send to
+        that counter in one launch: they can never be satisfied (the tables are corrupt or were
+        built for another schedule). Each is described as "SM s, task t (node, op) waits on counter
+        c for n signals; the program sends k"."""
+        p = self.programs[prog]
+        instrs = T.unpack_instrs(p.raw["instrs"])
+        begins = [int.from_bytes(p.raw["sm_begin"][i:i + 4], "little", signed=True)
+                  for i in range(0, len(p.raw["sm_begin"]), 4)]
+        signals: dict[int, int] = {}
+        for ins in instrs:
+            if ins[0] == T.I_SIGNAL:
+                signals[ins[1]] = signals.get(ins[1], 0) + 1
+        ids = p.info.get("counter_ids", [])
+        out = []
+        for sm in range(len(begins) - 1):
+            for pc in range(begins[sm], begins[sm + 1]):
+                op, c, n = instrs[pc][:3]
+                if op == T.I_WAIT and n > signals.get(c, 0):
+                    t = self._next_task(prog, sm, pc - begins[sm])
+                    cid = ids[c] if 0 <= c < len(ids) else c
+                    out.append(f"SM {sm}, task {t} ({self._task_desc(prog, t)}) waits on counter {cid} for {n} "
+                               f"signals; the program sends {signals.get(c, 0)}")
+        return out
 
     def _next_task(self, prog: str, block: int, pc: int) -> int:
         p = self.programs[prog]
