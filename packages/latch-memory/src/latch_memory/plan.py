@@ -24,7 +24,9 @@ peak of that one order (a weaker bound).
 
 from __future__ import annotations
 
+import gc
 import time
+from contextlib import contextmanager
 
 import attrs
 
@@ -188,9 +190,30 @@ def _slots(names: list[str], handoff: dict[str, str], lives) -> dict[str, list[s
     return slots
 
 
+@contextmanager
+def _paused_gc():
+    """Pause the cyclic garbage collector, restoring its previous state after. Planning allocates
+    many small acyclic records (lives, frontiers, meets) while a large document is alive, and the
+    collector's older-generation passes traverse all of it (the same measure, and the numbers, in
+    latch_schedule.gcpause, which this package may not import). Reference counting still frees
+    acyclic garbage at once; nothing is computed differently."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def plan(doc: Document, alignment: int = DEFAULT_ALIGNMENT, registry: Registry | None = None) -> Document:
     """The ``memory.plan`` pass: a :class:`MemorySection` for every scheduled program.
     ``registry``: the op registry (default: the installed plugins')."""
+    with _paused_gc():
+        return _plan(doc, alignment, registry)
+
+
+def _plan(doc: Document, alignment: int, registry: Registry | None) -> Document:
     if registry is None:
         from latch_core.plugins import registries
 

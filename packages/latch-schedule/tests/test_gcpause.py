@@ -1,0 +1,53 @@
+"""latch_schedule.gcpause: the collector is paused inside, and its previous state comes back after
+(also after an exception, and when it was already off)."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from latch_schedule.gcpause import gc_paused, paused_gc
+
+
+@pytest.fixture
+def restore_gc():
+    was = gc.isenabled()
+    yield
+    (gc.enable if was else gc.disable)()
+
+
+def test_paused_inside_and_restored_after(restore_gc):
+    gc.enable()
+    with paused_gc():
+        assert not gc.isenabled()
+        with paused_gc():  # nested: stays off, and the inner exit does not turn it back on
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+
+
+def test_restored_after_an_exception_and_left_off_when_it_was_off(restore_gc):
+    gc.enable()
+
+    @gc_paused
+    def boom():
+        assert not gc.isenabled()
+        raise RuntimeError("x")
+
+    with pytest.raises(RuntimeError):
+        boom()
+    assert gc.isenabled()
+    gc.disable()
+    with paused_gc():
+        pass
+    assert not gc.isenabled()
+
+
+def test_passes_leave_the_collector_as_they_found_it(restore_gc):
+    from latch_core.document import Document
+    from latch_schedule.validate import validate
+
+    gc.enable()
+    assert validate(Document()) == ["the document needs graph and schedule sections to be validated"]
+    assert gc.isenabled()
