@@ -24,13 +24,12 @@ peak of that one order (a weaker bound).
 
 from __future__ import annotations
 
-import gc
 import time
-from contextlib import contextmanager
 
 import attrs
 
 from latch_core.document import Document
+from latch_core.gcpause import paused_gc
 from latch_core.ir import CONST, Graph
 from latch_core.registry import Registry
 from latch_core.sections import MemorySection, Placement, ProgramMemory, ProgramSchedule
@@ -190,26 +189,10 @@ def _slots(names: list[str], handoff: dict[str, str], lives) -> dict[str, list[s
     return slots
 
 
-@contextmanager
-def _paused_gc():
-    """Pause the cyclic garbage collector, restoring its previous state after. Planning allocates
-    many small acyclic records (lives, frontiers, meets) while a large document is alive, and the
-    collector's older-generation passes traverse all of it (the same measure, and the numbers, in
-    latch_schedule.gcpause, which this package may not import). Reference counting still frees
-    acyclic garbage at once; nothing is computed differently."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def plan(doc: Document, alignment: int = DEFAULT_ALIGNMENT, registry: Registry | None = None) -> Document:
     """The ``memory.plan`` pass: a :class:`MemorySection` for every scheduled program.
     ``registry``: the op registry (default: the installed plugins')."""
-    with _paused_gc():
+    with paused_gc():  # allocation-heavy: see latch_core.gcpause
         return _plan(doc, alignment, registry)
 
 

@@ -23,7 +23,7 @@ import attrs
 from latch_core.document import Document
 from latch_core.passes import Pass
 
-from .gcpause import gc_paused
+from latch_core.gcpause import gc_paused
 from .validate import ValidationError, validate
 
 ENV = "LATCH_SCHEDULER"
@@ -37,7 +37,7 @@ def scheduler_name(option: str | None = None) -> str:
     return env or DEFAULT
 
 
-@gc_paused  # allocation-heavy: see latch_schedule.gcpause
+@gc_paused  # allocation-heavy: see latch_core.gcpause
 def _schedule(doc: Document, scheduler: str | None = None, split_reductions: bool = True, split_factor: float = 4.0,
               **options) -> Document:
     from latch_core.plugins import registries

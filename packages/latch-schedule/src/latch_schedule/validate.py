@@ -36,7 +36,7 @@ from latch_core.sections import Placement, ProgramMemory, ProgramSchedule
 
 from .boxes import BoxIndex, MultiIndex, contains, covered, full_box, is_empty, within
 from .fusion import GroupPlan, is_pointwise
-from .gcpause import gc_paused
+from latch_core.gcpause import gc_paused
 from .tasks import GroupTiler
 from .tiling import CostModel
 
@@ -78,7 +78,7 @@ def _ops(ops):
     return registries().ops
 
 
-@gc_paused  # allocation-heavy: see latch_schedule.gcpause
+@gc_paused  # allocation-heavy: see latch_core.gcpause
 def validate(doc: Document, *, ops: Registry | None = None, check_footprints: bool = True,
              check_memory: bool = True, limit: int = 200) -> list[str]:
     """Every problem found in ``doc`` (empty: proven hazard-free). Needs graph + schedule; the
