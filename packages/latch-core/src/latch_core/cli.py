@@ -80,6 +80,27 @@ def load_or_exit(path: str) -> _document.Document:
         sys.exit(2)
 
 
+def transform_file(inp: str, out: str, steps, summary=None) -> None:
+    """The body of a stage's file-to-file command: load ``inp``, run ``steps`` (``(pass, options)``
+    pairs, with provenance), print ``summary(doc)`` lines and the time, save ``out``. A pass error
+    exits 1 naming the input file."""
+    import time
+
+    doc = load_or_exit(inp)
+    t0 = time.perf_counter()
+    try:
+        for p, options in steps:
+            doc = p(doc, **options)
+    except (PassError, ValueError) as e:
+        click.echo(f"error: {inp}: {e}", err=True)
+        sys.exit(1)
+    for line in summary(doc) if summary else ():
+        click.echo(line)
+    click.echo(f"  took {(time.perf_counter() - t0) * 1000:.1f} ms")
+    _document.save(doc, out)
+    click.echo(f"wrote {out}")
+
+
 @main.command("plugins")
 def plugins_cmd():
     """List installed plugins and what each registers."""

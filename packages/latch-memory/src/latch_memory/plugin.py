@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import sys
-import time
 
 import click
 
@@ -58,22 +56,9 @@ def _summary(doc) -> list[str]:
 @click.option("--alignment", default=DEFAULT_ALIGNMENT, show_default=True, help="arena offset alignment in bytes")
 def plan_cmd(inp, out, alignment):
     """Plan memory: liveness over the schedule, in-place updates, arena offsets."""
-    from latch_core.cli import load_or_exit
-    from latch_core.document import save
-    from latch_core.passes import PassError, run_pass
+    from latch_core.cli import transform_file
 
-    doc = load_or_exit(inp)
-    t0 = time.perf_counter()
-    try:
-        doc = run_pass(PLAN, doc, alignment=alignment)
-    except (PassError, ValueError) as e:
-        click.echo(f"error: {inp}: {e}", err=True)
-        sys.exit(1)
-    for line in _summary(doc):
-        click.echo(line)
-    click.echo(f"  took {(time.perf_counter() - t0) * 1000:.1f} ms")
-    save(doc, out)
-    click.echo(f"wrote {out}")
+    transform_file(inp, out, [(PLAN, {"alignment": alignment})], _summary)
 
 
 @hookimpl

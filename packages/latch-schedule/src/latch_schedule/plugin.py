@@ -3,8 +3,6 @@ and ``dataflow`` schedulers, the ``schedule`` pass and validators, and the ``sch
 
 from __future__ import annotations
 
-import sys
-import time
 
 import click
 
@@ -50,25 +48,13 @@ def summary(doc) -> list[str]:
               help="run the static validator (without memory) on the result")
 def schedule_cmd(inp, out, scheduler, num_sms, fuse, split_reductions, check):
     """Schedule every program: fusion, tiles, SM assignment, barriers or counters."""
-    from latch_core.cli import load_or_exit
-    from latch_core.document import save
-    from latch_core.passes import PassError, run_pass
+    from latch_core.cli import transform_file
 
-    doc = load_or_exit(inp)
-    name = scheduler_name(scheduler)
-    t0 = time.perf_counter()
-    try:
-        doc = run_pass(SCHEDULE, doc, scheduler=name, num_sms=num_sms, fuse=fuse, split_reductions=split_reductions)
-        if check:
-            run_pass(VALIDATE_ORDER, doc)
-    except (PassError, ValueError) as e:
-        click.echo(f"error: {inp}: {e}", err=True)
-        sys.exit(1)
-    for line in summary(doc):
-        click.echo(line)
-    click.echo(f"  took {(time.perf_counter() - t0) * 1000:.1f} ms")
-    save(doc, out)
-    click.echo(f"wrote {out}")
+    steps = [(SCHEDULE, {"scheduler": scheduler_name(scheduler), "num_sms": num_sms, "fuse": fuse,
+                         "split_reductions": split_reductions})]
+    if check:
+        steps.append((VALIDATE_ORDER, {}))
+    transform_file(inp, out, steps, summary)
 
 
 @hookimpl
