@@ -270,3 +270,20 @@ def test_use_cache_false_always_lowers(tmp_path, cache, monkeypatch):
     _no_lowering(monkeypatch)
     with pytest.raises(AssertionError, match="generate"):
         build(_small_doc(), out, jobs=2, use_cache=False)
+
+
+def test_two_runs_of_the_same_pipeline_give_the_same_document_digest():
+    """The passes record their own timings in section stats; those must not make a re-run of the
+    same pipeline miss the request key (it did: TinyMoE-200M's cached rebuild re-lowered, 5.4 s)."""
+    from pathlib import Path
+
+    compile_example = pytest.importorskip("latch_check.pipeline").compile_example  # the whole pipeline
+    from latch_codegen_h100.builder import document_digest
+
+    ex = str(Path(__file__).resolve().parents[3] / "examples" / "mlp.py")
+    a, b = (compile_example(ex, scheduler="dataflow", build=False).doc for _ in range(2))
+    assert document_digest(a) == document_digest(b)
+    slower = attrs.evolve(a, schedule=attrs.evolve(a.schedule, stats={**dict(a.schedule.stats), "seconds_tasks": 99.0}))
+    assert document_digest(slower) == document_digest(a)
+    other = attrs.evolve(a, schedule=attrs.evolve(a.schedule, stats={**dict(a.schedule.stats), "fuse": "changed"}))
+    assert document_digest(other) != document_digest(a)

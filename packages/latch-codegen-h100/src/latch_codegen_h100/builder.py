@@ -175,6 +175,15 @@ def _callable_module(fn) -> str | None:
     return getattr(fn, "__module__", None)
 
 
+def _without_timings(stats):
+    """Section stats less the passes' own timings (``seconds*`` keys, at any depth): they differ
+    between two runs of the same pipeline and say nothing about what is generated."""
+    if isinstance(stats, tuple) and stats and all(
+            isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) for p in stats):
+        return tuple((k, _without_timings(v)) for k, v in stats if not k.startswith("seconds"))
+    return stats
+
+
 def document_digest(doc: Document) -> str:
     """sha256 over what code generation reads of ``doc``: the graph and memory sections whole, the
     schedule section with its tasks less TASK_FIELDS_UNREAD. The build section and provenance do not
@@ -192,9 +201,10 @@ def document_digest(doc: Document) -> str:
         h.update(data)
 
     put("graph", json.dumps(_encode(doc.graph), allow_nan=False, separators=(",", ":")))
-    put("memory", json.dumps(_encode(doc.memory), allow_nan=False, separators=(",", ":")))
+    memory = attrs.evolve(doc.memory, stats=_without_timings(doc.memory.stats))
+    put("memory", json.dumps(_encode(memory), allow_nan=False, separators=(",", ":")))
     s = doc.schedule
-    put("schedule", json.dumps([s.strategy, s.num_sms, _encode(s.stats)], allow_nan=False))
+    put("schedule", json.dumps([s.strategy, s.num_sms, _encode(_without_timings(s.stats))], allow_nan=False))
     hashed = tuple(f.name for f in attrs.fields(Task) if f.name not in TASK_FIELDS_UNREAD)
     get = operator.attrgetter(*hashed)
     for ps in s.programs:
