@@ -80,7 +80,9 @@ def _embedding_backward(ctx: BodyContext) -> str:
     return "\n".join(lines)
 
 
-def _gather(ctx: BodyContext) -> str:
+def _select_along(ctx: BodyContext, index_offset) -> str:
+    """out[y] = x[y with y[dim] replaced by idx[index_offset(ys)]]: gather and index_select differ
+    only in where the index of an output element lives."""
     x, idx = ctx.inputs
     out = ctx.outputs[0]
     dim = ctx.attr("dim")
@@ -88,28 +90,22 @@ def _gather(ctx: BodyContext) -> str:
     xs = list(ys)
     xs[dim] = "t"
     lines = _tile_loop(out.rank)
-    lines.append(f"  long long t = (long long)latch::ld<{idx.ctype}>({idx.ptr}, {cgen.dot(ys, cgen.strides(idx.shape))});")
+    lines.append(f"  long long t = (long long)latch::ld<{idx.ctype}>({idx.ptr}, {index_offset(ys, dim, idx)});")
     lines.append(_check("t", x.shape[dim], on_fail="t = 0;"))
     lines.append(f"  latch::st<{out.ctype}>({out.ptr}, {cgen.dot(ys, cgen.strides(out.shape))}, "
                  f"latch::ld<{x.ctype}>({x.ptr}, {cgen.dot(xs, cgen.strides(x.shape))}));")
     lines.append("}")
     return "\n".join(lines)
+
+
+def _gather(ctx: BodyContext) -> str:
+    # idx has the output's shape
+    return _select_along(ctx, lambda ys, dim, idx: cgen.dot(ys, cgen.strides(idx.shape)))
 
 
 def _index_select(ctx: BodyContext) -> str:
-    x, idx = ctx.inputs
-    out = ctx.outputs[0]
-    dim = ctx.attr("dim")
-    ys = [f"y{d}" for d in range(out.rank)]
-    xs = list(ys)
-    xs[dim] = "t"
-    lines = _tile_loop(out.rank)
-    lines.append(f"  long long t = (long long)latch::ld<{idx.ctype}>({idx.ptr}, y{dim});")
-    lines.append(_check("t", x.shape[dim], on_fail="t = 0;"))
-    lines.append(f"  latch::st<{out.ctype}>({out.ptr}, {cgen.dot(ys, cgen.strides(out.shape))}, "
-                 f"latch::ld<{x.ctype}>({x.ptr}, {cgen.dot(xs, cgen.strides(x.shape))}));")
-    lines.append("}")
-    return "\n".join(lines)
+    # idx is 1-D, indexed by the output's coordinate along dim
+    return _select_along(ctx, lambda ys, dim, idx: f"y{dim}")
 
 
 def _scatter(accumulate: bool):
