@@ -113,3 +113,10 @@ def test_routing_without_a_router_is_an_error():
         capture_module(model, mse, torch.randn(2, 3), torch.randn(2, 3), optimizer=tensor_update(sgd),
                        hyper={"lr": 0.1}, routing=True)
     assert "capture without routing" in str(e.value)
+
+
+def test_auto_routing_outputs_decisions_exactly_when_the_update_routes():
+    assert _capture(routing="auto").graph == _capture(routing=True).graph
+    plain = capture_module(nn.Linear(3, 3), mse, torch.randn(2, 3), torch.randn(2, 3), optimizer=tensor_update(sgd),
+                           hyper={"lr": 0.1}, routing="auto")
+    assert all(not _routing(g) or _routing(g) == [()] for g in plain.graph.programs)

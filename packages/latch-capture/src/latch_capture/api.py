@@ -26,7 +26,8 @@ Arguments (README.md has the long form):
 - ``routing``: also output every routing decision (group ``routing``): the ``indices`` output of
   each ``latch::token_topk`` node, named ``routing.<node name>``, in every program. A checker
   needs them to tell a near-tie routing flip under a reduced-precision policy from a kernel error
-  (``latch_check.gpu``); an update without a ``token_topk`` node is an error.
+  (``latch_check.gpu``); an update without a ``token_topk`` node is an error. ``routing="auto"``
+  outputs them exactly when the update makes routing decisions.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ class Example:
 
 def capture_module(model, objective: Callable, inputs: Any, targets: Any, *, optimizer: TensorUpdate,
                    state: Any = None, hyper: Mapping[str, float] | None = None, microbatches: int = 1,
-                   grads: bool = False, routing: bool = False, example: str = "",
+                   grads: bool = False, routing: bool | str = False, example: str = "",
                    progress: Callable[[str], None] | None = None, ops=None):
     """Capture one training update of ``model`` as a Latch document (graph section only).
 

@@ -155,7 +155,7 @@ def _types(spec: CaptureInputs, names: Sequence[str]):
 
 
 def assemble(spec: CaptureInputs, fb: Traced, opt: Traced, *, microbatches: int, grads: bool, example: str,
-             ops, routing: bool = False) -> GraphSection:
+             ops, routing: bool | str = False) -> GraphSection:
     pnames, snames = spec.names("params"), spec.names("state")
     bnames = spec.names("batch_in") + spec.names("batch_tg")
     hnames = [n for n, _ in spec.hyper]
@@ -194,7 +194,10 @@ def assemble(spec: CaptureInputs, fb: Traced, opt: Traced, *, microbatches: int,
         b.add_inputs("hyper", HYPER, _types(spec, hnames))
         return b
 
-    if routing and not any(n.op in DECISIONS for n in fb.fragment.nodes):
+    decides = any(n.op in DECISIONS for n in fb.fragment.nodes)
+    if routing == "auto":
+        routing = decides
+    if routing and not decides:
         raise CaptureError("routing=True, but the update makes no routing decision (no latch::token_topk node)",
                            hint="capture without routing, or route tokens with latch_ops.moe.torch_ops.token_topk")
 

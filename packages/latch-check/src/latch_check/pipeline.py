@@ -25,7 +25,6 @@ import attrs
 import click
 
 from latch_core.cli import InterspersedCommand
-from latch_capture.programs import DECISIONS
 from latch_core.document import Document, save
 from latch_core.passes import run_pass
 
@@ -71,11 +70,9 @@ def compile_example(example_path: str | Path, *, overrides: Mapping[str, Any] | 
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     ex = load_example(str(example_path), **dict(overrides or {}))
-    doc = ex.capture(grads=True, routing=bool(routing))
-    if routing is None and any(n.op in DECISIONS for g in doc.graph.programs for n in g.nodes):
-        # Routing decisions are discrete: a BF16 near-tie may pick another expert than FP64 does.
-        # Expose them as outputs so the check replays them (latch_check.gpu.reference_gates).
-        doc = ex.capture(grads=True, routing=True)
+    # Routing decisions are discrete: a BF16 near-tie may pick another expert than FP64 does.
+    # Exposed as outputs, the check replays them (latch_check.gpu.reference_gates).
+    doc = ex.capture(grads=True, routing="auto" if routing is None else routing)
     times["capture"] = time.perf_counter() - t0
     progs = ", ".join(f"{g.name} {len(g.nodes)} nodes" for g in doc.graph.programs)
     say(f"capture   {times['capture']:7.2f} s  {progs}")
