@@ -12,71 +12,15 @@ Needs torch and latch-capture (the examples are captured here, small configurati
 
 from __future__ import annotations
 
-import os
 import random
 import zlib
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[3]
-EXAMPLES = ROOT / "examples"
-CONFIGS = {
-    "two_weight": {},
-    "mlp": {},
-    "transformer": dict(vocab=64, d_model=32, layers=2, heads=4, mlp_hidden=48, batch=2, seq=8),
-    "tinymoe": dict(vocab=256, d_model=64, layers=2, heads=4, experts=4, expert_hidden=32, batch=2, seq=16),
-}
-PLUGINS = "ops,moe,capture,schedule,memory"
-
-
-@pytest.fixture(scope="module")
-def registries():
-    from importlib import metadata
-
-    from latch_core import plugins
-
-    pytest.importorskip("latch_capture")
-    pytest.importorskip("latch_ops")
-    installed = {e.name for e in metadata.entry_points(group=plugins.GROUP)}
-    old = os.environ.get("LATCH_PLUGINS")
-    os.environ["LATCH_PLUGINS"] = ",".join(n for n in PLUGINS.split(",") if n in installed)
-    plugins.reset()
-    try:
-        yield plugins.registries()
-    finally:
-        if old is None:
-            os.environ.pop("LATCH_PLUGINS", None)
-        else:
-            os.environ["LATCH_PLUGINS"] = old
-        plugins.reset()
-
-
-@pytest.fixture(scope="module")
-def captured(registries):
-    latch_capture = pytest.importorskip("latch_capture")
-    out = {}
-    for name, cfg in CONFIGS.items():
-        path = EXAMPLES / f"{name}.py"
-        if not path.exists():
-            pytest.skip(f"example {path} is missing")
-        out[name] = latch_capture.load_example(path, **cfg).capture()
-    return out
-
-
-def _planned(registries, doc, strategy, real_plan: bool):
-    from latch_schedule import testing
-    from latch_schedule.passes import SCHEDULE
-
-    d = SCHEDULE.run(doc, scheduler=strategy, num_sms=16)
-    if real_plan:
-        if "memory.plan" not in registries.passes:
-            pytest.skip("latch-memory's memory.plan pass is not installed")
-        return registries.passes.get("memory.plan").run(d)
-    return testing.distinct_placements(d)
+from conftest_examples import CONFIGS, planned as _planned  # noqa: E402
 
 
 @pytest.mark.parametrize("strategy", ["barrier", "dataflow"])
