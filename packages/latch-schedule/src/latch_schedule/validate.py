@@ -177,6 +177,8 @@ class ProgramValidator(MemoryChecks):
         except ScheduleOrderError as e:
             for pr in e.problems:
                 self.p(pr)
+        if not ok:  # malformed groups or accesses: the indexes below would misread them
+            return self.p.done()
         self._index()
         if self.order is not None:
             self._raw()
