@@ -15,7 +15,6 @@ Every stage's time is printed; the gate tables are printed last, with a one-line
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -95,14 +94,16 @@ def compile_example(example_path: str | Path, *, overrides: Mapping[str, Any] | 
 
     out_dir = None
     if build:
-        if shutil.which("nvcc") is None:
-            raise PipelineError("nvcc is not on PATH, so the kernel cannot be compiled; install the CUDA "
-                                "toolkit (nvcc 12.4+ for sm_90a) or pass --no-build to stop after planning")
         try:
             from latch_codegen_h100 import build as _build
+            from latch_codegen_h100.builder import BuildError, find_nvcc
         except ModuleNotFoundError as e:
             raise PipelineError(f"building the kernel needs the latch-codegen-h100 package ({e}); install it, "
                                 "or pass --no-build to stop after planning") from None
+        try:
+            find_nvcc()  # the build's own search: LATCH_NVCC, CUDA_HOME, PATH, /usr/local/cuda
+        except BuildError as e:
+            raise PipelineError(f"{e}; or pass --no-build to stop after planning") from None
 
         out_dir = Path(build_dir or Path("build") / f"{Path(example_path).stem}-{doc.schedule.strategy}")
         t0 = time.perf_counter()

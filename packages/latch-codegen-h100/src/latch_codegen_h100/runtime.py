@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from . import tables as T
+from .store import CorruptLibrary, verify_directory
 from .builder import PROFILE_FLAG
 from .profile import LaunchRecords
 
@@ -127,6 +128,10 @@ class Program:
         if not lib_path.exists():
             raise ProgramError(f"{lib_path}: the library is missing; the build in {root} did not finish")
         self.root = root
+        try:  # a truncated or replaced library would kill the process inside dlopen (store.py)
+            verify_directory(root)
+        except CorruptLibrary as e:
+            raise ProgramError(str(e)) from None
         self.lib = ctypes.CDLL(str(lib_path.resolve()))
         self.lib.latch_error_string.restype = ctypes.c_char_p
         self.profiling = PROFILE_FLAG in self.manifest.get("flags", ())

@@ -32,6 +32,7 @@ all-pairs over tasks; a TinyMoE program of ~40,000 tasks validates in seconds.
 
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 from typing import Any
 
@@ -86,15 +87,49 @@ def _ops(ops):
     return registries().ops
 
 
-@gc_paused  # allocation-heavy: see latch_core.gcpause
+# Documents proven hazard-free in this process, by the identity of their (immutable) sections and of
+# the op registry: the pipeline validates, then the build validates what it is given (the same
+# section objects), and the second proof is free. Weak references: nothing is kept alive.
+_PROVEN: dict[tuple, tuple] = {}
+
+
+def _proof_key(doc: Document, ops) -> tuple:
+    return (id(doc.graph), id(doc.schedule), id(doc.memory), id(ops))
+
+
+def _proven(doc: Document, ops) -> bool:
+    hit = _PROVEN.get(_proof_key(doc, ops))
+    return hit is not None and all(r() is x for r, x in zip(hit, (doc.graph, doc.schedule, doc.memory)))
+
+
+def _remember(doc: Document, ops) -> None:
+    key = _proof_key(doc, ops)
+    try:
+        refs = tuple(weakref.ref(x, lambda _r, k=key: _PROVEN.pop(k, None)) for x in (doc.graph, doc.schedule, doc.memory))
+    except TypeError:  # a section that cannot be weakly referenced: do not remember
+        return
+    _PROVEN[key] = refs
+
+
 def validate(doc: Document, *, ops: Registry | None = None, check_footprints: bool = True,
              check_memory: bool = True, limit: int = 200) -> list[str]:
     """Every problem found in ``doc`` (empty: proven hazard-free). Needs graph + schedule; the
     memory checks run when the document has a memory section and ``check_memory``."""
-    problems: list[str] = []
     if doc.graph is None or doc.schedule is None:
         return ["the document needs graph and schedule sections to be validated"]
     ops = _ops(ops)
+    full = check_footprints and check_memory and doc.memory is not None
+    if full and _proven(doc, ops):
+        return []
+    problems = _validate(doc, ops, check_footprints, check_memory, limit)
+    if full and not problems:
+        _remember(doc, ops)
+    return problems
+
+
+@gc_paused  # allocation-heavy: see latch_core.gcpause
+def _validate(doc: Document, ops, check_footprints: bool, check_memory: bool, limit: int) -> list[str]:
+    problems: list[str] = []
     memory = doc.memory if check_memory else None
     scheduled = {p.program for p in doc.schedule.programs}
     for g in doc.graph.programs:
