@@ -31,6 +31,7 @@ is trusted, how files are written and how concurrent builds are serialised: :mod
 
 from __future__ import annotations
 
+from latch_core.errors import UserError
 import contextlib
 import hashlib
 import json
@@ -59,7 +60,7 @@ LIBRARY = "program.so"
 PROFILE_FLAG = "-DLATCH_PROFILE=1"
 
 
-class BuildError(RuntimeError):
+class BuildError(UserError, RuntimeError):
     """The build failed; the message names the unit, the op(s) and the first diagnostic."""
 
 

@@ -21,6 +21,7 @@ Rules (each a fault test in tests/test_store.py):
 
 from __future__ import annotations
 
+from latch_core.errors import UserError
 import contextlib
 import hashlib
 import json
@@ -149,7 +150,7 @@ def trusted_library(out_dir: Path, key: str | None = None) -> Path | None:
     return None
 
 
-class CorruptLibrary(RuntimeError):
+class CorruptLibrary(UserError, RuntimeError):
     pass
 
 

@@ -17,6 +17,7 @@ import sys
 import click
 
 from . import document as _document
+from . import errors as _errors
 from . import plugins as _plugins
 from .lint import lint_section
 from .passes import PassError, run_pipeline
@@ -24,7 +25,17 @@ from .text import format_document
 
 
 class LatchGroup(click.Group):
-    """Adds the commands plugins register, lazily, so ``--help`` lists them."""
+    """Adds the commands plugins register, lazily, so ``--help`` lists them; shows a
+    :class:`~latch_core.errors.UserError` from any command as a message, not a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except _errors.UserError as e:
+            sys.exit(_errors.report(e))
+        except SystemExit as e:
+            _errors.show_context(e)
+            raise
 
     def _plugin_commands(self) -> dict[str, click.Command]:
         return {name: cmd for name, cmd in registries_or_exit().commands.items()}
@@ -68,8 +79,10 @@ class InterspersedCommand(click.Command):
 
 
 @click.group(cls=LatchGroup, chain=True)
-def main():
+@click.option("--debug", is_flag=True, help="show Python tracebacks for errors (also LATCH_DEBUG=1)")
+def main(debug):
     """Latch: compile a PyTorch training update into one persistent Hopper kernel."""
+    _errors.set_debug(debug)
 
 
 def load_or_exit(path: str) -> _document.Document:

@@ -16,6 +16,7 @@ field at fault (``graph.programs[0].nodes[3].op``) and the file's name.
 
 from __future__ import annotations
 
+from .errors import UserError
 import json
 import math
 import types
@@ -32,7 +33,7 @@ SCHEMA_VERSION = (1, 0)  # (major, minor); see the module docstring for when to 
 FORMAT = "latch"
 
 
-class DocumentError(ValueError):
+class DocumentError(UserError, ValueError):
     """A document that cannot be read: names the file and the field at fault."""
 
 

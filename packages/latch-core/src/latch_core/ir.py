@@ -13,6 +13,7 @@ hashing and the JSON round trip are exact.
 
 from __future__ import annotations
 
+from .errors import UserError
 import math
 from typing import Any, Iterable, Mapping
 
@@ -46,7 +47,7 @@ ROLES = frozenset({PARAM, STATE, BATCH, HYPER, CONST, INTERMEDIATE})
 INPUT_ROLES = frozenset({PARAM, STATE, BATCH, HYPER, CONST})
 
 
-class IRError(ValueError):
+class IRError(UserError, ValueError):
     """A malformed IR record; the message names the record and field at fault.
 
     ``field`` (optional) is the attribute at fault, so the document codec can report the full JSON

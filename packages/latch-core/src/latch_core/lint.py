@@ -6,11 +6,12 @@ Each problem names the program, the node (with its source line when known) and w
 
 from __future__ import annotations
 
+from .errors import UserError
 from .ir import INPUT_ROLES, INTERMEDIATE, Graph, GraphSection, TensorType
 from .registry import Registry, ShapeError
 
 
-class LintError(ValueError):
+class LintError(UserError, ValueError):
     def __init__(self, problems: list[str]):
         self.problems = problems
         head = f"{len(problems)} problem(s) in the graph:\n  " + "\n  ".join(problems[:20])

@@ -60,6 +60,7 @@ O(SMs touched x SMs). This module is torch-free and depends only on the section 
 
 from __future__ import annotations
 
+from .errors import UserError
 import random
 import sys
 import weakref
@@ -119,7 +120,7 @@ class _Packed:
         return (x & self.clear[k]) | (count << (_W * k))
 
 
-class ScheduleOrderError(ValueError):
+class ScheduleOrderError(UserError, ValueError):
     """The instruction lists are malformed (unknown ids, a task listed twice or never, ...)."""
 
     def __init__(self, problems: list[str]):

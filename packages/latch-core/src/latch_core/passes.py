@@ -7,6 +7,7 @@ of the contract and appends a provenance record (name, start time, duration) to 
 
 from __future__ import annotations
 
+from .errors import UserError
 import datetime as _dt
 import time
 from typing import Any, Callable, Iterable, Sequence
@@ -18,7 +19,7 @@ from .document import Document, Provenance
 SECTIONS = ("graph", "schedule", "memory", "build")
 
 
-class PassError(RuntimeError):
+class PassError(UserError, RuntimeError):
     pass
 
 

@@ -7,6 +7,7 @@ hook Latch does not define fails at load (pluggy's ``check_pending``), naming th
 
 from __future__ import annotations
 
+from .errors import UserError
 import os
 from importlib import metadata
 from typing import Any, Iterable
@@ -22,7 +23,7 @@ ENV = "LATCH_PLUGINS"
 CORE_PLUGIN = "core"
 
 
-class PluginError(RuntimeError):
+class PluginError(UserError, RuntimeError):
     pass
 
 

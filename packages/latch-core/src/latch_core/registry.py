@@ -7,6 +7,7 @@ plugins: the entry point's name and distribution).
 
 from __future__ import annotations
 
+from .errors import UserError
 from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 
 import attrs
@@ -16,7 +17,7 @@ from .ir import TensorType
 T = TypeVar("T")
 
 
-class RegistryError(ValueError):
+class RegistryError(UserError, ValueError):
     pass
 
 

@@ -15,6 +15,7 @@ frontier must precede the writers' meet; both are computed once per value and ca
 
 from __future__ import annotations
 
+from latch_core.errors import UserError
 import bisect
 
 import attrs
@@ -25,7 +26,7 @@ from latch_core.registry import COPY, ELEMENTWISE, Registry
 from latch_core.sections import Box, ProgramSchedule
 
 
-class LivenessError(ValueError):
+class LivenessError(UserError, ValueError):
     """The schedule and the graph disagree about a value; the message names value, task and group."""
 
 

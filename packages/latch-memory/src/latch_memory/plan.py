@@ -24,6 +24,7 @@ peak of that one order (a weaker bound).
 
 from __future__ import annotations
 
+from latch_core.errors import UserError
 import time
 
 import attrs
@@ -41,7 +42,7 @@ ARENA = "arena"
 DEFAULT_ALIGNMENT = 256
 
 
-class PlanError(ValueError):
+class PlanError(UserError, ValueError):
     pass
 
 

@@ -15,6 +15,7 @@ wins (so a ``matmul`` + ``routing`` op is a matmul).
 
 from __future__ import annotations
 
+from latch_core.errors import UserError
 from typing import Any, Mapping
 
 import attrs
@@ -35,7 +36,7 @@ DEFAULT_TABLE: dict[str, dict[str, str]] = {
 DEFAULT_MASTER = "f32"
 
 
-class PolicyError(ValueError):
+class PolicyError(UserError, ValueError):
     pass
 
 

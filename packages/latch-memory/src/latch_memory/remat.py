@@ -26,6 +26,7 @@ an original whose readers all moved to its clone is dropped, so the node count g
 
 from __future__ import annotations
 
+from latch_core.errors import UserError
 from typing import Iterable
 
 import attrs
@@ -39,7 +40,7 @@ from .policy import REPEAT_OP  # a repeated region: never recomputed, its body l
 DEFAULT_TAGS = (ELEMENTWISE, VIEW, NORM)
 
 
-class RematError(ValueError):
+class RematError(UserError, ValueError):
     pass
 
 

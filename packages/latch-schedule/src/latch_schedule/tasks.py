@@ -17,6 +17,7 @@ they run in. A cycle (possible only through in-place pairs) is an error naming t
 
 from __future__ import annotations
 
+from latch_core.errors import UserError
 from collections import deque
 from typing import Any
 
@@ -33,7 +34,7 @@ from .tiling import CostModel, Tiling, node_cost, split, target_tiles, tiling_fo
 REPEAT_OP = "latch::repeat"
 
 
-class ScheduleError(ValueError):
+class ScheduleError(UserError, ValueError):
     """A program the scheduler cannot schedule; the message names the node and what to do."""
 
 

@@ -32,6 +32,7 @@ all-pairs over tasks; a TinyMoE program of ~40,000 tasks validates in seconds.
 
 from __future__ import annotations
 
+from latch_core.errors import UserError
 import weakref
 from collections import defaultdict
 from typing import Any
@@ -52,7 +53,7 @@ from .validate_memory import MemoryChecks, copy_back_pairs, cross_program, secti
 ARENA = "arena"
 
 
-class ValidationError(ValueError):
+class ValidationError(UserError, ValueError):
     def __init__(self, problems: list[str]):
         self.problems = list(problems)
         head = f"{len(problems)} hazard(s) found:\n  " + "\n  ".join(problems[:30])
