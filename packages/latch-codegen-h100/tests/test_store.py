@@ -30,7 +30,16 @@ from latch_codegen_h100 import builder, store
 
 F = "f32"
 HERE = Path(__file__).resolve().parent
-PLUGINS = "ops,moe,schedule,memory,codegen-h100"
+WANTED = ("ops", "moe", "schedule", "memory", "codegen-h100")  # no torch-importing capture in the children
+
+
+def _plugins() -> str:
+    from importlib import metadata
+
+    from latch_core import plugins
+
+    installed = {e.name for e in metadata.entry_points(group=plugins.GROUP)}
+    return ",".join(n for n in WANTED if n in installed)
 
 
 def _have_nvcc() -> bool:
@@ -141,7 +150,7 @@ def _spawn(out: Path, cache: Path, tmp_path: Path) -> subprocess.Popen:
     script = tmp_path / "one_build.py"
     if not script.exists():  # written once: a process starting while it is rewritten would read a part
         script.write_text(_SCRIPT.format(here=str(HERE)))
-    env = dict(os.environ, LATCH_CACHE_DIR=str(cache), LATCH_PLUGINS=PLUGINS)
+    env = dict(os.environ, LATCH_CACHE_DIR=str(cache), LATCH_PLUGINS=_plugins())
     # its own session: the test can end it and its ninja/nvcc children by its process group id
     return subprocess.Popen([sys.executable, str(script), str(out)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
