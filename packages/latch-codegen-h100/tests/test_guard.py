@@ -45,3 +45,38 @@ def test_safe_mode_is_opt_in(monkeypatch):
     q = FakeProgram()
     monkeypatch.setenv(guard.SAFE_ENV, "1")
     assert guard.safe_wanted(q)
+
+
+def _bare_program():
+    """A Program's binding state without a library or a GPU (as test_runtime_checks.py builds it)."""
+    from latch_codegen_h100.runtime import Program
+
+    p = Program.__new__(Program)
+    p.device = torch.device("cpu")
+    p.manifest = {"programs": {"update": {"inputs": {"params": ["w"], "batch": ["x"], "hyper": ["lr"]}}}}
+    p.buffers = [{"name": "w", "role": "param", "shape": [2], "dtype": "f32"},
+                 {"name": "x", "role": "batch", "shape": [3], "dtype": "f32"},
+                 {"name": "lr", "role": "hyper", "shape": [], "dtype": "f32"}]
+    p._hyper_buffers = [p.buffers[2]]
+    p._needed, p._bind_cache, p._hyper_cache = {}, {}, {}
+    p.hyper_defaults = {"lr": 0.1}
+    return p
+
+
+def test_the_runtime_binds_through_the_shared_input_checks(monkeypatch):
+    from latch_codegen_h100.runtime import ProgramError
+
+    monkeypatch.delenv("LATCH_CHECK_FINITE", raising=False)
+    p = _bare_program()
+    w, x = torch.zeros(2), torch.zeros(3)
+    with pytest.raises(ProgramError, match=r"program 'update' takes no input named 'y'"):
+        p._bind("update", {"w": w}, {}, {"x": x, "y": x}, None)
+    with pytest.raises(ProgramError, match=r"takes no input named 'beta'"):
+        p._bind("update", {"w": w}, {}, {"x": x}, {"beta": 1.0})
+    with pytest.raises(ProgramError, match=r"batch 'x': dtype torch.int64, the program was built for f32\[3\]"):
+        p._bind("update", {"w": w}, {}, {"x": x.long()}, None)
+    bad = torch.tensor([0.0, float("inf"), 1.0])
+    p._bind("update", {"w": w}, {}, {"x": bad}, None)  # opt-in: off by default
+    p.check_finite = True
+    with pytest.raises(ProgramError, match=r"batch 'x' holds 1 non-finite element\(s\) \(the first at index \[1\]: inf\)"):
+        p._bind("update", {"w": w}, {}, {"x": bad}, None)  # also on the cached fast path

@@ -35,10 +35,11 @@ SAFE_ENV = "LATCH_SAFE_UPDATES"
 def check_inputs(prog_obj, prog: str, specs: Mapping[str, dict], given: Mapping[str, Any],
                  hyper_given: Mapping[str, Any], *, finite: bool = False, error=ValueError) -> None:
     """Raise ``error`` (the runtime's ProgramError) for the first problem with the inputs."""
+    accepted = [b["name"] for b in prog_obj.buffers]  # every buffer of the build (one layout, several programs)
     try:
-        input_rules.check(specs, given, exact_dtype=True, accepted=prog_obj._buffer_index, where=f"program {prog!r}",
-                          finite=finite)
-        input_rules.check({}, hyper_given, exact_dtype=True, accepted=[b["name"] for b in prog_obj._hyper_buffers],
+        input_rules.check(specs, given, exact_dtype=True, accepted=accepted, where=f"program {prog!r}", finite=finite)
+        input_rules.check({}, hyper_given, exact_dtype=True, accepted=[b["name"] for b in prog_obj.buffers
+                                                                       if b["role"] == "hyper"],
                           where=f"program {prog!r} (hyper-parameters)")
     except input_rules.InputError as e:
         raise error(str(e)) from None
