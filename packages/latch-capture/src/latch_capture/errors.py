@@ -8,8 +8,8 @@ known) and says what to do, in one paragraph:
 """
 
 from __future__ import annotations
-
 from latch_core.errors import UserError
+
 
 class CaptureError(UserError):
     """A capture failure the user can act on.

@@ -32,7 +32,6 @@ the same bugs show up only as NaN or wrong numbers.
 
 from __future__ import annotations
 
-from latch_core.errors import UserError
 from typing import Any, Mapping
 
 import torch
@@ -41,6 +40,7 @@ from latch_core import inputs as input_rules
 from latch_core.document import Document
 from latch_core.ir import DTYPES, FLOAT_DTYPES
 from latch_core.order import legal_order
+from latch_core.errors import UserError
 
 FREED = -1
 UNWRITTEN = -2

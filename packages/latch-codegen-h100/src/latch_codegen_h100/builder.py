@@ -31,7 +31,6 @@ is trusted, how files are written and how concurrent builds are serialised: :mod
 
 from __future__ import annotations
 
-from latch_core.errors import UserError
 import contextlib
 import hashlib
 import json
@@ -51,6 +50,7 @@ from latch_core.sections import BuildSection
 from .bodies import CodegenError
 from .codegen import Generated, generate
 from . import store
+from latch_core.errors import UserError
 
 ARCH = "-gencode=arch=compute_90a,code=sm_90a"
 COMPILE_FLAGS = (ARCH, "-rdc=true", "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-lineinfo")

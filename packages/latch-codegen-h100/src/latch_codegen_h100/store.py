@@ -21,7 +21,6 @@ Rules (each a fault test in tests/test_store.py):
 
 from __future__ import annotations
 
-from latch_core.errors import UserError
 import contextlib
 import hashlib
 import json
@@ -29,6 +28,7 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Iterator
+from latch_core.errors import UserError
 
 TRUST_FILE = "build.key"
 TRUST_VERSION = 1

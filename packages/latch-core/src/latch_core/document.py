@@ -16,7 +16,6 @@ field at fault (``graph.programs[0].nodes[3].op``) and the file's name.
 
 from __future__ import annotations
 
-from .errors import UserError
 import json
 import math
 import types
@@ -28,6 +27,7 @@ import attrs
 
 from .ir import Graph, GraphSection, IRError, canonical_float
 from .sections import BuildSection, MemorySection, ScheduleSection
+from .errors import UserError
 
 SCHEMA_VERSION = (1, 0)  # (major, minor); see the module docstring for when to bump which
 FORMAT = "latch"

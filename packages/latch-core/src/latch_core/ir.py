@@ -13,12 +13,12 @@ hashing and the JSON round trip are exact.
 
 from __future__ import annotations
 
-from .errors import UserError
 import math
 from typing import Any, Iterable, Mapping
 
 import attrs
 from attrs import field as _field
+from .errors import UserError
 
 # dtype name -> bytes per element. Names are Latch's own, independent of torch.
 DTYPES: dict[str, int] = {

@@ -6,9 +6,9 @@ Each problem names the program, the node (with its source line when known) and w
 
 from __future__ import annotations
 
-from .errors import UserError
 from .ir import INPUT_ROLES, INTERMEDIATE, Graph, GraphSection, TensorType
 from .registry import Registry, ShapeError
+from .errors import UserError
 
 
 class LintError(UserError, ValueError):

@@ -60,7 +60,6 @@ O(SMs touched x SMs). This module is torch-free and depends only on the section 
 
 from __future__ import annotations
 
-from .errors import UserError
 import random
 import sys
 import weakref
@@ -69,6 +68,7 @@ from collections import deque
 from typing import Iterable, Sequence
 
 from .sections import BARRIER, SIGNAL, TASK, WAIT, ProgramSchedule
+from .errors import UserError
 
 Frontier = dict  # sm -> largest instruction index among some tasks on that SM
 

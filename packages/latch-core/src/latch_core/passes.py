@@ -7,7 +7,6 @@ of the contract and appends a provenance record (name, start time, duration) to 
 
 from __future__ import annotations
 
-from .errors import UserError
 import datetime as _dt
 import time
 from typing import Any, Callable, Iterable, Sequence
@@ -15,6 +14,7 @@ from typing import Any, Callable, Iterable, Sequence
 import attrs
 
 from .document import Document, Provenance
+from .errors import UserError
 
 SECTIONS = ("graph", "schedule", "memory", "build")
 

@@ -7,7 +7,6 @@ hook Latch does not define fails at load (pluggy's ``check_pending``), naming th
 
 from __future__ import annotations
 
-from .errors import UserError
 import os
 from importlib import metadata
 from typing import Any, Iterable
@@ -17,6 +16,7 @@ import pluggy
 
 from . import hookspecs
 from .registry import OpSpec, Registry, RegistryError
+from .errors import UserError
 
 GROUP = "latch.plugins"
 ENV = "LATCH_PLUGINS"

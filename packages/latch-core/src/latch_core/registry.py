@@ -7,12 +7,12 @@ plugins: the entry point's name and distribution).
 
 from __future__ import annotations
 
-from .errors import UserError
 from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 
 import attrs
 
 from .ir import TensorType
+from .errors import UserError
 
 T = TypeVar("T")
 

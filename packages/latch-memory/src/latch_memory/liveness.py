@@ -15,7 +15,6 @@ frontier must precede the writers' meet; both are computed once per value and ca
 
 from __future__ import annotations
 
-from latch_core.errors import UserError
 import bisect
 
 import attrs
@@ -24,6 +23,7 @@ from latch_core.ir import Graph
 from latch_core.order import Order
 from latch_core.registry import COPY, ELEMENTWISE, Registry
 from latch_core.sections import Box, ProgramSchedule
+from latch_core.errors import UserError
 
 
 class LivenessError(UserError, ValueError):

@@ -24,7 +24,6 @@ peak of that one order (a weaker bound).
 
 from __future__ import annotations
 
-from latch_core.errors import UserError
 import time
 
 import attrs
@@ -37,6 +36,7 @@ from latch_core.sections import MemorySection, Placement, ProgramMemory, Program
 
 from .arena import align_up, assign_offsets, clique_bound, peak
 from .liveness import Liveness, inplace_hazards, self_update_ok
+from latch_core.errors import UserError
 
 ARENA = "arena"
 DEFAULT_ALIGNMENT = 256

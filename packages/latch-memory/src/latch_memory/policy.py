@@ -15,7 +15,6 @@ wins (so a ``matmul`` + ``routing`` op is a matmul).
 
 from __future__ import annotations
 
-from latch_core.errors import UserError
 from typing import Any, Mapping
 
 import attrs
@@ -23,6 +22,7 @@ import attrs
 from latch_core.document import Document
 from latch_core.ir import DTYPES, FLOAT_DTYPES, Graph, GraphSection, Node
 from latch_core.registry import Registry
+from latch_core.errors import UserError
 
 KEYS = ("operand_dtype", "accum_dtype")
 

@@ -26,7 +26,6 @@ an original whose readers all moved to its clone is dropped, so the node count g
 
 from __future__ import annotations
 
-from latch_core.errors import UserError
 from typing import Iterable
 
 import attrs
@@ -36,6 +35,7 @@ from latch_core.ir import CONST, Graph, GraphSection, Node, Value
 from latch_core.registry import ELEMENTWISE, NORM, RANDOM, VIEW, Registry
 
 from .policy import REPEAT_OP  # a repeated region: never recomputed, its body left as it is
+from latch_core.errors import UserError
 
 DEFAULT_TAGS = (ELEMENTWISE, VIEW, NORM)
 

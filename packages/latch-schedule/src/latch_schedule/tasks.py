@@ -17,7 +17,6 @@ they run in. A cycle (possible only through in-place pairs) is an error naming t
 
 from __future__ import annotations
 
-from latch_core.errors import UserError
 from collections import deque
 from typing import Any
 
@@ -30,6 +29,7 @@ from latch_core.sections import Access, FusionGroup
 from .boxes import Box, BoxIndex, MultiIndex, full_box, hull, volume
 from .fusion import GroupPlan, fuse, _spec
 from .tiling import CostModel, Tiling, node_cost, split, target_tiles, tiling_for
+from latch_core.errors import UserError
 
 REPEAT_OP = "latch::repeat"
 

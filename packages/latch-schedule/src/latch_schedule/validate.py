@@ -32,7 +32,6 @@ all-pairs over tasks; a TinyMoE program of ~40,000 tasks validates in seconds.
 
 from __future__ import annotations
 
-from latch_core.errors import UserError
 import weakref
 from collections import defaultdict
 from typing import Any
@@ -49,6 +48,7 @@ from .fusion import GroupPlan, is_pointwise
 from .tasks import GroupTiler
 from .tiling import CostModel
 from .validate_memory import MemoryChecks, copy_back_pairs, cross_program, section_problems
+from latch_core.errors import UserError
 
 ARENA = "arena"
 
