@@ -118,3 +118,27 @@ def test_the_runtime_applies_the_shared_input_checks(tmp_path):
     prog.check_finite = True
     with pytest.raises(ProgramError, match=r"batch 'x' holds 1 non-finite element\(s\) \(the first at index \[3, 5\]"):
         prog({"w": w}, {"m": m}, {"x": bad}, {"lr": 0.1})
+
+
+def test_a_body_error_after_an_in_place_update_is_undone_in_safe_mode(tmp_path):
+    """The update of w runs in the first phase; the embedding's body then reports an index out of
+    range (a body error, not a timeout): safe mode puts w back."""
+    v = [Value("w", (8,), F, "param"), Value("emb", (11, 4), F, "param"), Value("x", (8,), F, "batch"),
+         Value("idx", (5,), "i64", "batch"), Value("u", (8,), F), Value("w2", (8,), F), Value("y", (5, 4), F)]
+    nodes = [("scale", "latch::mul", ("x",), ("u",), {"scalar": 0.5}), ("step", "latch::sub", ("w", "u"), ("w2",)),
+             ("lookup", "latch::embedding", ("emb", "idx"), ("y",))]
+    g = H.graph("update", v, nodes, [("params", ["w", "emb"]), ("batch", ["x", "idx"])],
+                [("new_params", ["w2"]), ("metrics", ["y"])], inplace=[("w2", "w")])
+    build(H.planned([g], [g.value("w"), g.value("emb")]), tmp_path)  # barrier: one phase per group, in order
+    prog = Program.load(tmp_path)
+    w, emb, x = torch.randn(8, device="cuda"), torch.randn(11, 4, device="cuda"), torch.randn(8, device="cuda")
+    bad = torch.tensor([0, 99, 1, 2, 3], device="cuda")
+    w0 = w.clone()
+    with pytest.raises(LaunchError, match=r"read index 99, outside \[0, 11\)"):
+        prog.run({"w": w, "emb": emb}, {}, {"x": x, "idx": bad})
+    assert not torch.equal(w, w0)  # unsafe: the update of w happened before the body error
+    w = w0.clone()
+    prog.safe = True
+    with pytest.raises(LaunchError, match=r"read index 99, outside \[0, 11\).*safe update: the 1 parameter/state"):
+        prog.run({"w": w, "emb": emb}, {}, {"x": x, "idx": bad})
+    assert torch.equal(w, w0)
