@@ -109,7 +109,26 @@ def run_cmd(build_dir, inputs, steps, seed, save_path):
         click.echo(f"wrote {save_path}")
 
 
+@click.command("sass", cls=_Interspersed)
+@click.argument("build_dir", type=click.Path(file_okay=False, exists=True))
+def sass_cmd(build_dir):
+    """Report what BUILD_DIR/program.so's machine code holds: HGMMA (tensor cores), UTMALDG (TMA),
+    USETMAXREG (the register split), local memory; runs without a GPU."""
+    from pathlib import Path
+
+    from .sass import SassError, report
+
+    try:
+        r = report(Path(build_dir) / "program.so")
+    except SassError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    for line in r.lines():
+        click.echo(line)
+
+
 @hookimpl
 def latch_register_commands(register):
     register(build_cmd)
     register(run_cmd)
+    register(sass_cmd)

@@ -187,18 +187,26 @@ def reduction(in_types, out_types, attr) -> Tiling:
     return Tiling(tuple(sorted(out_of_in.values())), fp, kind="reduction")
 
 
-def matmul(in_types, out_types, cost: CostModel) -> Tiling:
+def matmul(in_types, out_types, cost: CostModel, attr: dict | None = None) -> Tiling:
+    attr = attr or {}
     a, b = (in_types + [None, None])[:2]
     P = out_types[0].shape
-    if a is None or b is None or len(a.shape) < 2 or len(a.shape) != len(b.shape) or len(P) != len(a.shape):
+    lead = 1 if attr.get("split_k") else 0
+    if a is None or b is None or len(a.shape) < 2 or len(a.shape) != len(b.shape) or len(P) != len(a.shape) + lead:
         return whole(in_types, out_types)
-    K = a.shape[-1]
+    ta, tb = bool(attr.get("trans_a", False)), bool(attr.get("trans_b", False))
+    K = a.shape[-2] if ta else a.shape[-1]
     R = len(P)
     extra = in_types[2:]
 
     def fp(box):
-        ab = tuple(box[:-2]) + (box[-2], (0, K))
-        bb = tuple(box[:-2]) + ((0, K), box[-1])
+        bbox = tuple(box[lead:-2])
+        kr = (0, K)
+        if lead:
+            c = int(attr.get("split_chunk") or math.ceil(K / attr["split_k"]))
+            kr = (min(K, box[0][0] * c), min(K, box[0][1] * c))
+        ab = bbox + ((kr, box[-2]) if ta else (box[-2], kr))
+        bb = bbox + ((box[-1], kr) if tb else (kr, box[-1]))
         ins = [ab, bb] + [None if t is None else broadcast_box(box, P, t.shape) for t in extra]
         return ins, [box] + [full_box(t.shape) for t in out_types[1:]]
 
@@ -235,7 +243,7 @@ def tiling_for(spec: OpSpec | None, in_types: Sequence[TensorType | None], out_t
     if REDUCTION in tags:
         return reduction(in_types, out_types, attr)
     if MATMUL in tags:
-        return matmul(in_types, out_types, cost)
+        return matmul(in_types, out_types, cost, attr)
     return whole(in_types, out_types)
 
 

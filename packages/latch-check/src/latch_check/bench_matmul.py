@@ -1,0 +1,238 @@
+"""Matrix products as Latch tasks inside the persistent kernel, against torch.mm in a CUDA graph.
+
+    latch-pipeline bench-matmul                      # TinyMoE-200M's dense products, 2 x 1024 and 32 x 1024 tokens
+    latch-pipeline bench-matmul --tokens 2048 --only qkv
+
+Every product a training step of TinyMoE-200M's dense path runs (QKV, attention output, router and
+the tied LM head: forward, input gradient and weight gradient; ``CASES``) becomes its own programs in
+ONE build: ``<case>.check`` (one product, FP32 output, gated against torch's FP32 product of the same
+BF16 operands: relative L2 and the largest element error), and ``<case>.x1`` / ``<case>.xR`` (1 and R
+independent copies of the product, BF16 output like torch.mm's, in one launch: the barrier scheduler
+puts all their tiles in one phase, so the worker's producer runs from one tile into the next). The
+time per product is ``(t(xR) - t(x1)) / (R - 1)`` (launch overhead and the last wave's tail cancel);
+``t(xR) / R`` is shown too. The control is torch.mm on the same operands, R products captured in one
+CUDA graph, timed per replay / R. Medians of CUDA-event timings; fresh random operands per case.
+
+The document is built without torch (``matmul_document``), so CI can schedule, plan, validate and
+compile it (``tests/test_bench_matmul.py``); the timing needs the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Iterable
+
+import attrs
+import click
+
+from latch_core.document import Document
+from latch_core.ir import BATCH, Graph, GraphSection, Group, Node, Value
+
+D_MODEL, QKV, VOCAB, EXPERTS = 768, 3 * 768, 49152, 16
+
+
+@attrs.frozen
+class Case:
+    """out[M, N] = A @ B with a stored [K, M] when ``ta`` (else [M, K]) and b stored [N, K] when ``tb``
+    (else [K, N]): the forms a training step produces (forward: tb; input gradient: neither; weight
+    gradient: ta)."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+    ta: bool = False
+    tb: bool = False
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+    @property
+    def a_shape(self) -> tuple[int, int]:
+        return (self.k, self.m) if self.ta else (self.m, self.k)
+
+    @property
+    def b_shape(self) -> tuple[int, int]:
+        return (self.n, self.k) if self.tb else (self.k, self.n)
+
+    @property
+    def layout(self) -> str:
+        return ("A^T" if self.ta else "A") + " " + ("B^T" if self.tb else "B")
+
+
+def cases(tokens: int) -> list[Case]:
+    """TinyMoE-200M's dense products at ``tokens`` tokens: Linear(d_in -> d_out) forward
+    [T, d_in] @ W[d_out, d_in]^T, input gradient [T, d_out] @ W, weight gradient dY^T @ X."""
+    out = []
+    for name, d_in, d_out in (("qkv", D_MODEL, QKV), ("attn_out", D_MODEL, D_MODEL), ("router", D_MODEL, EXPERTS),
+                              ("lm_head", D_MODEL, VOCAB)):
+        t = tokens
+        out.append(Case(f"{name}.fwd.{t}", t, d_out, d_in, tb=True))
+        out.append(Case(f"{name}.dgrad.{t}", t, d_in, d_out))
+        out.append(Case(f"{name}.wgrad.{t}", d_out, d_in, t, ta=True))
+    return out
+
+
+def repeats(c: Case, target_s: float = 300e-6, rate: float = 500e12) -> int:
+    """Copies per timed launch: enough for ~``target_s`` of products, 2..16."""
+    return max(2, min(16, round(target_s / (c.flops / rate))))
+
+
+def _program(c: Case, name: str, copies: int, out_dtype: str) -> Graph:
+    a, b = f"{c.name}.a", f"{c.name}.b"
+    values = [Value(a, c.a_shape, "bf16", BATCH), Value(b, c.b_shape, "bf16", BATCH)]
+    nodes, outs = [], []
+    attrs_ = {"trans_a": c.ta, "trans_b": c.tb, "out_dtype": out_dtype, "operand_dtype": "bf16",
+              "accum_dtype": "f32"}
+    for r in range(copies):
+        o = f"{name}.out{r}"
+        values.append(Value(o, (c.m, c.n), out_dtype))
+        nodes.append(Node(f"{name}.mm{r}", "latch::matmul", (a, b), (o,), attrs_, source=f"bench_matmul {c.name}"))
+        outs.append(o)
+    return Graph(name, values, nodes, (Group("batch", (a, b)),), (Group("metrics", tuple(outs)),))
+
+
+def matmul_document(case_list: Iterable[Case]) -> Document:
+    """The benchmark's graph section: per case ``<case>.check``, ``<case>.x1``, ``<case>.xR``."""
+    progs = []
+    for c in case_list:
+        progs.append(_program(c, f"{c.name}.check", 1, "f32"))
+        progs.append(_program(c, f"{c.name}.x1", 1, "bf16"))
+        progs.append(_program(c, f"{c.name}.x{repeats(c)}", repeats(c), "bf16"))
+    return Document(graph=GraphSection(progs, (), {"example": "bench_matmul"}))
+
+
+def plan_document(doc: Document, num_sms: int) -> Document:
+    from latch_memory.plan import plan
+    from latch_schedule import check, schedule
+
+    doc = schedule(doc, scheduler="barrier", num_sms=num_sms)
+    doc = plan(doc)
+    check(doc)
+    return doc
+
+
+# --------------------------------------------------------------------------------------------
+# On the GPU
+
+def _median_ms(fn, iters: int, warmup: int = 3) -> float:
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def run_case(prog, c: Case, iters: int, seed: int) -> dict:
+    import torch
+
+    dev = prog.device
+    g = torch.Generator(device=dev).manual_seed(seed)
+    a = torch.randn(c.a_shape, device=dev, generator=g, dtype=torch.float32).to(torch.bfloat16)
+    b = torch.randn(c.b_shape, device=dev, generator=g, dtype=torch.float32).to(torch.bfloat16)
+    batch = {f"{c.name}.a": a, f"{c.name}.b": b}
+    A = a.t() if c.ta else a
+    B = b.t() if c.tb else b
+
+    # correctness: FP32 output against torch's FP32 product of the same BF16 operands
+    prog.launch(f"{c.name}.check", batch=batch)
+    prog.check()
+    got = prog.outputs(f"{c.name}.check", batch=batch)[f"{c.name}.check.out0"]
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ref = torch.mm(A.float(), B.float())
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    rel = (got.double() - ref.double()).norm().item() / max(ref.double().norm().item(), 1e-30)
+    worst = (got - ref).abs().max().item() / max(ref.abs().max().item(), 1e-30)
+    del got, ref
+
+    R = repeats(c)
+    t1 = _median_ms(lambda: prog.launch(f"{c.name}.x1", batch=batch), iters)
+    tr = _median_ms(lambda: prog.launch(f"{c.name}.x{R}", batch=batch), iters)
+    prog.check()
+    # the control: R torch.mm into preallocated outputs, one CUDA graph
+    outs = [torch.empty((c.m, c.n), device=dev, dtype=torch.bfloat16) for _ in range(R)]
+    s = torch.cuda.Stream(dev)
+    s.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(s):
+        for o in outs:
+            torch.mm(A, B, out=o)
+    torch.cuda.current_stream(dev).wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for o in outs:
+            torch.mm(A, B, out=o)
+    tt = _median_ms(graph.replay, iters) / R
+    latch_ms = (tr - t1) / (R - 1)
+    return {"case": c.name, "m": c.m, "n": c.n, "k": c.k, "layout": c.layout, "R": R, "rel_l2": rel,
+            "max_err": worst, "latch_ms": latch_ms, "latch_launch_ms": tr / R, "torch_ms": tt,
+            "latch_tflops": c.flops / latch_ms / 1e9, "torch_tflops": c.flops / tt / 1e9,
+            "ratio": tt / latch_ms, "ok": rel <= 1e-5 and worst <= 1e-4}
+
+
+def format_table(rows: list[dict]) -> str:
+    head = (f"{'case':<22} {'M x N x K':>20} {'layout':>8} {'R':>3} {'rel L2':>9} {'latch us':>9} {'(launch)':>9} "
+            f"{'torch us':>9} {'latch TF':>8} {'torch TF':>8} {'vs torch':>8}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['case']:<22} {str(r['m']) + 'x' + str(r['n']) + 'x' + str(r['k']):>20} {r['layout']:>8} "
+                     f"{r['R']:>3} {r['rel_l2']:9.2e} {1e3 * r['latch_ms']:9.2f} {1e3 * r['latch_launch_ms']:9.2f} "
+                     f"{1e3 * r['torch_ms']:9.2f} {r['latch_tflops']:8.0f} {r['torch_tflops']:8.0f} "
+                     f"{100 * r['ratio']:7.0f}%{'' if r['ok'] else '  WRONG'}")
+    return "\n".join(lines)
+
+
+@click.command("bench-matmul")
+@click.option("--tokens", default="2048,32768", show_default=True, help="token counts, comma-separated")
+@click.option("--only", default=None, help="keep cases whose name contains this (e.g. qkv, lm_head.fwd)")
+@click.option("--dir", "build_dir", default="build/bench-matmul", show_default=True, type=click.Path(file_okay=False))
+@click.option("--iters", default=20, show_default=True)
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="also write the rows here")
+def bench_matmul_command(tokens, only, build_dir, iters, json_path):
+    """Time TinyMoE-200M's dense matrix products as Latch tasks against torch.mm in a CUDA graph."""
+    import json
+
+    import torch
+
+    from latch_codegen_h100 import build
+    from latch_codegen_h100.runtime import Program
+
+    if not torch.cuda.is_available():
+        raise click.ClickException("bench-matmul runs on the GPU; torch sees no CUDA device")
+    case_list = [c for t in tokens.split(",") for c in cases(int(t)) if only is None or only in c.name]
+    if not case_list:
+        raise click.ClickException(f"no case matches --only {only!r}")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    t0 = time.perf_counter()
+    doc = plan_document(matmul_document(case_list), sms)
+    t1 = time.perf_counter()
+    doc = build(doc, build_dir)
+    t2 = time.perf_counter()
+    click.echo(f"bench-matmul: {len(case_list)} cases, plan {t1 - t0:.1f} s, build {t2 - t1:.1f} s "
+               f"({dict(doc.build.stats).get('cached')}), {dict(doc.build.stats).get('resources', '')}")
+    prog = Program.load(build_dir)
+    rows = []
+    for i, c in enumerate(case_list):
+        rows.append(run_case(prog, c, iters, seed=i))
+        torch.cuda.empty_cache()
+    click.echo(format_table(rows))
+    if json_path:
+        Path(json_path).write_text(json.dumps(rows, indent=1))
+    bad = [r["case"] for r in rows if not r["ok"]]
+    if bad:
+        raise click.ClickException(f"wrong results: {bad}")
+
+
+__all__ = ["Case", "cases", "matmul_document", "plan_document", "bench_matmul_command", "repeats"]
