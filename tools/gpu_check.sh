@@ -30,6 +30,8 @@ export PYTHONUNBUFFERED=1
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 say() { echo "== [gpu_check ${SECONDS}s] $*"; }
+# LATCH_GPU_ONLY=examples,matmul,readme,pytest,sanitizer,profile,full runs only the steps named (default: all).
+want() { [ -z "${LATCH_GPU_ONLY:-}" ] || [[ ",${LATCH_GPU_ONLY}," == *",$1,"* ]]; }
 row() { echo "$*" >> "$SUMMARY"; }
 
 say "host: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -63,6 +65,21 @@ run_example() {  # limit name scheduler steps extra-args...
 }
 
 row "latch gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(head -1 "$OUT/gpu.txt")"
+
+# The matrix products of TinyMoE-200M's dense path as Latch tasks (TMA + wgmma bodies on the worker)
+# against torch.mm in a CUDA graph: correctness (FP32 output vs torch's FP32 product of the same BF16
+# operands) and time per product (latch_check/bench_matmul.py). LATCH_GPU_TOKENS picks the sizes.
+if want matmul; then
+    say "bench-matmul"
+    LATCH_SPIN_TIMEOUT_S=5 timeout "${LATCH_GPU_MATMUL_S:-300}" "$PY" -m latch_core.cli bench-matmul --tokens "${LATCH_GPU_TOKENS:-2048,32768}" \
+        --dir "$WORK/build/bench-matmul" --json "$OUT/matmul.json" > "$WORK/matmul.log" 2>&1
+    rc=$?
+    { echo "===== bench-matmul (exit $rc)"; cat "$WORK/matmul.log"; } >> "$OUT/examples.log"
+    tail -40 "$WORK/matmul.log"
+    { echo "  MATMUL (exit $rc):"; sed -n '/^case /,$p' "$WORK/matmul.log" | sed 's/^/    /'; } >> "$SUMMARY"
+fi
+
+if want examples; then
 run_example 60 two_weight barrier 1
 run_example 100 mlp barrier 10 --bench --iters 100
 run_example 80 mlp dataflow 10 --bench --iters 100
@@ -77,7 +94,9 @@ run_example 80 tinymoe dataflow 10 --policy --routing "${MOE_SMALL[@]}"
 # (own build directories: the sanitizer below runs the K = 1 MLP build of mlp-barrier)
 run_example 120 mlp barrier 5 --set microbatches=4 --dir "$WORK/build/mlp-k4-barrier"
 run_example 100 mlp dataflow 5 --set microbatches=4 --dir "$WORK/build/mlp-k4-dataflow"
+fi  # examples
 
+if want readme; then
 say "README's main command on the GPU"
 timeout 150 "$PY" -m latch_core.cli compile examples/mlp.py --target gpu --steps 2 \
     --build-dir "$WORK/build/readme-mlp" > "$WORK/readme.log" 2>&1
@@ -85,7 +104,9 @@ rc=$?
 { echo "===== latch-pipeline compile examples/mlp.py --target gpu (exit $rc)"; cat "$WORK/readme.log"; } >> "$OUT/examples.log"
 tail -3 "$WORK/readme.log"
 row "  README main command on the GPU (exit $rc): $(grep -E '^latch compile' "$WORK/readme.log" | tail -1)"
+fi
 
+if want pytest; then
 say "pytest -m gpu"
 timeout 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors packages tests \
     --deselect "packages/latch-check/tests/test_gpu_compare.py::test_gates_over_ten_updates" \
@@ -95,10 +116,13 @@ echo "pytest exit $?"
 grep -E "passed|failed|error" "$OUT/pytest_gpu.log" | tail -3
 grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu.log" | head -20
 row "  pytest -m gpu: $(grep -E '(passed|failed)' "$OUT/pytest_gpu.log" | tail -1)"
+fi
 
-say "compute-sanitizer on the MLP"
 MLP_DIR="$WORK/build/mlp-barrier"
-if command -v compute-sanitizer > /dev/null && [ -f "$MLP_DIR/program.so" ]; then
+if ! want sanitizer; then
+    :
+elif command -v compute-sanitizer > /dev/null && [ -f "$MLP_DIR/program.so" ]; then
+    say "compute-sanitizer on the MLP"
     for tool in memcheck racecheck; do
         LATCH_SPIN_TIMEOUT_S=300 timeout 75 compute-sanitizer --tool "$tool" --kernel-name kns=latch_kernel \
             "$PY" -m latch_core.cli run "$MLP_DIR" --steps 2 > "$WORK/sanitizer-$tool.log" 2>&1
@@ -132,11 +156,13 @@ run_profile() {  # limit tag example args...
         row "  PROFILE $tag: no result (rc $rc): $(tail -1 "$log")"
     fi
 }
+if want profile; then
 run_profile 90 mlp-barrier mlp --scheduler barrier --updates 3
 run_profile 90 mlp-dataflow mlp --scheduler dataflow --updates 3
+fi
 TIMING_S=150  # what the full TinyMoE-200M timing step below takes (capture + build twice + bench)
 LEFT=$(( ${LATCH_GPU_BUDGET_S:-570} - SECONDS - TIMING_S ))
-if [ "${LATCH_GPU_FULL:-1}" = 1 ] && [ "$LEFT" -gt 60 ]; then
+if want full && [ "${LATCH_GPU_FULL:-1}" = 1 ] && [ "$LEFT" -gt 60 ]; then
     run_profile "$LEFT" tinymoe-200M-barrier tinymoe --scheduler barrier --policy --updates 2
 else
     row "  PROFILE tinymoe-200M: not run (LATCH_GPU_FULL=${LATCH_GPU_FULL:-1}, ${LEFT}s left of the call after the timing's ${TIMING_S}s)"
@@ -146,7 +172,7 @@ fi
 # reference of 200M parameters on this CPU would take minutes). Not a speed claim against the
 # strongest control (torch.compile + one CUDA graph); eager and its CUDA graph are timed alongside.
 LEFT=$(( ${LATCH_GPU_BUDGET_S:-570} - SECONDS ))
-if [ "${LATCH_GPU_FULL:-1}" = 1 ] && [ "$LEFT" -gt 60 ]; then
+if want full && [ "${LATCH_GPU_FULL:-1}" = 1 ] && [ "$LEFT" -gt 60 ]; then
     run_example "$LEFT" tinymoe barrier 0 --policy --bench --iters 5
 else
     row "  tinymoe-200M: not run (LATCH_GPU_FULL=${LATCH_GPU_FULL:-1}, ${LEFT}s left of the call)"

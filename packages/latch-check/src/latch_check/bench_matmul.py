@@ -222,17 +222,27 @@ def bench_matmul_command(tokens, only, build_dir, iters, json_path):
     t2 = time.perf_counter()
     click.echo(f"bench-matmul: {len(case_list)} cases, plan {t1 - t0:.1f} s, build {t2 - t1:.1f} s "
                f"({dict(doc.build.stats).get('cached')}), {dict(doc.build.stats).get('resources', '')}")
+    try:
+        from latch_codegen_h100.sass import SassError, report
+
+        click.echo("machine code: " + "; ".join(report(Path(build_dir) / "program.so").lines()))
+    except SassError as e:
+        click.echo(f"machine code: not read ({e})")
     prog = Program.load(build_dir)
-    rows = []
+    rows, failed = [], []
     for i, c in enumerate(case_list):
-        rows.append(run_case(prog, c, iters, seed=i))
+        try:
+            rows.append(run_case(prog, c, iters, seed=i))
+        except Exception as e:  # one failing case must not hide the others' numbers
+            failed.append(c.name)
+            click.echo(f"{c.name}: FAILED: {type(e).__name__}: {e}")
         torch.cuda.empty_cache()
     click.echo(format_table(rows))
     if json_path:
         Path(json_path).write_text(json.dumps(rows, indent=1))
-    bad = [r["case"] for r in rows if not r["ok"]]
+    bad = [r["case"] for r in rows if not r["ok"]] + failed
     if bad:
-        raise click.ClickException(f"wrong results: {bad}")
+        raise click.ClickException(f"wrong or failed: {bad}")
 
 
 __all__ = ["Case", "cases", "matmul_document", "plan_document", "bench_matmul_command", "repeats"]

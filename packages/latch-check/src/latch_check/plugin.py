@@ -7,6 +7,7 @@ latch_check.pipeline), ``check`` (captured program vs eager PyTorch, FP64; latch
 
 from latch_core.hookspecs import hookimpl
 
+from .bench_matmul import bench_matmul_command
 from .compare import check_command
 from .pipeline import compile_command
 from .simulator import simulate_command
@@ -14,6 +15,7 @@ from .simulator import simulate_command
 
 @hookimpl
 def latch_register_commands(register):
+    register(bench_matmul_command)
     register(check_command)
     register(compile_command)
     register(simulate_command)

@@ -529,6 +529,12 @@ class Program:
         if code == ERR_INDEX_RANGE:
             return (f"program {prog!r}: task {task} ({self._task_desc(prog, task)}) read index {a}, outside [0, {b}); "
                     "check the batch's index tensors")
+        if code == ERR_PIPE_TIMEOUT:
+            what = (f"a stage of the ring (mbarrier at shared address {a}, phase parity {b})" if a >= 0
+                    else f"the consumers to finish this SM's task number {b} before loading its outputs")
+            return (f"program {prog!r}: pipeline timeout on SM {block}, task {task} ({self._task_desc(prog, task)}): "
+                    f"waited {self.timeout_ns / 1e9:g} s for {what}; the producer and consumer halves of a body "
+                    "disagree about the stages they use (a bug in that body's lowering)")
         return f"program {prog!r}: kernel error code {code} (SM {block}, task {task})"
 
     def unsatisfiable_waits(self, prog: str) -> list[str]:
