@@ -429,8 +429,11 @@ def launch_counts(step: Callable[[], Any], updates: int = 5) -> dict[str, float]
     return out
 
 
-def bench(example, build_dir: str | Path, *, iters: int = 50, warmup: int = 10) -> dict[str, Any]:
-    """Median ms per update: the Latch program, eager PyTorch, and eager captured in a CUDA graph."""
+def bench(example, build_dir: str | Path, *, iters: int = 50, warmup: int = 10, strongest: bool = False,
+          eager: bool = True) -> dict[str, Any]:
+    """Median ms per update: the Latch program, eager PyTorch, and eager captured in a CUDA graph;
+    with ``strongest`` also the compiled model with the whole update in one CUDA graph
+    (latch_check.controls); ``eager=False`` skips the two eager controls."""
     run = GpuRun(example, build_dir)
     batches = run.batches(0)
     gb = [run.gpu_batch(b) for b in batches]
@@ -455,6 +458,19 @@ def bench(example, build_dir: str | Path, *, iters: int = 50, warmup: int = 10) 
         prog.check()
     except Exception as e:  # the profiler is a measurement aid; its failure is reported, not fatal
         res["activities_per_update"] = f"profiler failed: {type(e).__name__}: {e}"
+    if strongest:
+        from .controls import compiled_graph_step
+
+        try:
+            t0 = time.perf_counter()
+            replay, info = compiled_graph_step(example, run.device, bf16=policy_of(run.doc) == "bf16")
+            res["compiled_setup_s"] = time.perf_counter() - t0
+            res["compiled_graph_ms"] = statistics.median(_events_ms(replay, iters, min(warmup, 3)))
+            res["compiled_graph_pipelined_ms"] = _pipelined_ms(replay, 20)
+        except Exception as e:  # reported, never a silent pass
+            res["compiled_graph_ms"] = f"control failed: {type(e).__name__}: {e}"
+    if not eager:
+        return res
     step, _ = eager_step_fn(example, run.device)
     res["eager_ms"] = statistics.median(_events_ms(step, iters, warmup))
     res["eager_pipelined_ms"] = _pipelined_ms(step, 20)
@@ -507,6 +523,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--strongest", action="store_true",
+                    help="with --bench: also the compiled model with the whole update in one CUDA graph")
+    ap.add_argument("--no-eager", action="store_true", help="with --bench: skip the eager controls")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args(argv)
     from latch_capture.examples import parse_overrides
@@ -530,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"GATES {name} {args.scheduler} policy={policy_of(doc)}{routed}: "
               f"{'PASS' if ok else f'FAIL ({fails} gates)'} over {args.steps} updates")
     if args.bench:
-        r = bench(ex, out, iters=args.iters)
+        r = bench(ex, out, iters=args.iters, strongest=args.strongest, eager=not args.no_eager)
         def ms(key):
             v = r.get(key)
             return "-" if v is None else v if isinstance(v, str) else f"{v:.4f}"
@@ -540,6 +559,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{ms('eager_pipelined_ms')}, cuda graph {ms('cuda_graph_ms')} | {ms('cuda_graph_pipelined_ms')}; "
               f"launches/update {r['launches_per_update']}; GPU activities/update {r['activities_per_update']}; "
               f"build cold {times['build_s']:.2f} s (cached: {times['cached']}), cached {again['build_s']:.3f} s")
+        if args.strongest:
+            c = r.get("compiled_graph_ms")
+            ratio = f"{c / r['latch_ms']:.3f}x" if isinstance(c, float) else "-"
+            print(f"STRONGEST {name} {args.scheduler}: compiled model + whole update in one CUDA graph "
+                  f"{ms('compiled_graph_ms')} | {ms('compiled_graph_pipelined_ms')} ms (setup "
+                  f"{r.get('compiled_setup_s', 0):.1f} s); latch {ms('latch_ms')} ms; latch speed vs control {ratio}")
     return 0 if ok else 1
 
 
