@@ -370,7 +370,8 @@ def prepare(doc: Document, *, scheduler: str | None = None, num_sms: int | None 
             opts["scheduler"] = scheduler
         if num_sms:
             opts["num_sms"] = int(num_sms)
-        doc = run_pass(passes.get("schedule"), doc, **opts)
+        split = {"num_sms": opts["num_sms"]} if "num_sms" in opts else {}
+        doc = run_pass(passes.get("schedule"), run_pass(passes.get("schedule.split_reductions"), doc, **split), **opts)
     if doc.memory is None:
         doc = run_pass(passes.get("memory.plan"), doc)
     return doc
