@@ -105,20 +105,20 @@ def policy_faithful_ops(ops=None):
 
 
 def _layout_dtypes(doc: Document) -> dict[str, torch.dtype]:
-    from latch_codegen_h100.runtime import DTYPES
+    from latch_ops.common import torch_dtype
 
-    return {v.name: DTYPES[v.dtype] for v in doc.graph.layout}
+    return {v.name: torch_dtype(v.dtype) for v in doc.graph.layout}
 
 
 def _batch_dtypes(doc: Document) -> dict[str, torch.dtype]:
-    from latch_codegen_h100.runtime import DTYPES
+    from latch_ops.common import torch_dtype
 
     out = {}
     for g in doc.graph.programs:
         for grp in g.inputs:
             if grp.name == "batch":
                 for n in grp.values:
-                    out[n] = DTYPES[g.value(n).dtype]
+                    out[n] = torch_dtype(g.value(n).dtype)
     return out
 
 
@@ -127,7 +127,7 @@ class GpuRun:
 
     def __init__(self, example, build_dir: str | Path, *, device: str | torch.device = "cuda"):
         from latch_capture import bind_inputs
-        from latch_codegen_h100.runtime import Program
+        from latch_codegen_h100 import Program
 
         self.example = example
         self.dir = Path(build_dir)

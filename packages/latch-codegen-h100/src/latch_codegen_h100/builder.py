@@ -190,7 +190,7 @@ def document_digest(doc: Document) -> str:
     count (they do not change what is generated)."""
     import operator
 
-    from latch_core.document import _encode
+    from latch_core.document import encode as _encode
     from latch_core.sections import Task
 
     h = hashlib.sha256()
