@@ -27,7 +27,6 @@ from latch_core.document import Document
 from latch_core.passes import Pass
 
 from latch_core.gcpause import gc_paused
-from .validate import ValidationError, validate
 
 ENV = "LATCH_SCHEDULER"
 DEFAULT = "barrier"
@@ -67,6 +66,8 @@ def _schedule(doc: Document, scheduler: str | None = None, **options) -> Documen
 
 
 def _validate(doc: Document, **options) -> Document:
+    from .validate import ValidationError, validate
+
     problems = validate(doc, **options)
     if problems:
         raise ValidationError(problems)
@@ -74,6 +75,8 @@ def _validate(doc: Document, **options) -> Document:
 
 
 def _validate_order(doc: Document, **options) -> Document:
+    from .validate import ValidationError, validate
+
     if doc.memory is not None:
         return doc
     problems = validate(doc, check_memory=False, **options)

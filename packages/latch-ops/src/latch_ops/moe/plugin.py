@@ -5,10 +5,10 @@ capture traces through. Importing this module never imports torch."""
 
 from latch_core.hookspecs import hookimpl
 
-from .specs import SPECS
-
 
 @hookimpl
 def latch_register_ops(register):
+    from .specs import SPECS
+
     for spec in SPECS:
         register(spec)
