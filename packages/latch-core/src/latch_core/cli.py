@@ -188,7 +188,7 @@ def passes_cmd(inp, out, pass_options, list_only, sequence):
             click.echo(f"  {st.name:<26s} {st.package:<19s} {st.what}{state}")
         click.echo("registered passes:")
         for name, p in regs.passes.items():
-            click.echo(f"  {name}: requires {sorted(p.requires)} ensures {sorted(p.ensures)}  [{regs.passes.owner(name)}]")
+            click.echo(f"{name}: requires {sorted(p.requires)} ensures {sorted(p.ensures)}  [{regs.passes.owner(name)}]")
         return
     if not (out and sequence):
         missing = [what for what, v in (("-o/--output", out), ("SEQUENCE", sequence)) if not v]

@@ -13,6 +13,12 @@ _LAZY = {
 
 __all__ = sorted(_LAZY)
 
+# ``plan`` names both a submodule and its function: importing the submodule (as anything may, at
+# any time) would set the package attribute to the module, so the function is bound eagerly here.
+from .plan import plan  # noqa: E402
+
+del _LAZY["plan"]
+
 
 def __getattr__(name):
     module = _LAZY.get(name)

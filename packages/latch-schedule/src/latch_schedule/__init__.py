@@ -33,6 +33,12 @@ def schedule(doc, scheduler=None, split_reductions=True, **options):
 
 __all__ = sorted([*_LAZY, "schedule"])
 
+# ``validate`` names both a submodule and its function: importing the submodule (as anything may, at
+# any time) would set the package attribute to the module, so the function is bound eagerly here.
+from .validate import validate  # noqa: E402
+
+del _LAZY["validate"]
+
 
 def __getattr__(name):
     module = _LAZY.get(name)
