@@ -109,19 +109,27 @@ def _jsonable(x: Any) -> Any:
 
 
 def local_imports(example: str | Path) -> dict[str, str]:
-    """{path: digest} of every loaded module whose file lies under the example's folder (the example
-    itself excluded: it is in the key)."""
+    """{path: digest} of the local files the example depends on (the example itself excluded: it is
+    in the key): every loaded module whose file lies under the example's folder, and every module
+    the example's namespace refers to (a helper imported by name, wherever it was found first in
+    this process) that is not installed (outside ``sys.prefix``)."""
+    from .examples import MODULES
+
     path = Path(example).resolve()
     folder = path.parent
-    out = {}
+    installed = [Path(p).resolve() for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}]
+    files = set()
     for m in list(sys.modules.values()):
         f = getattr(m, "__file__", None)
-        if not f:
-            continue
-        p = Path(f).resolve()
-        if p != path and p.suffix == ".py" and folder in p.parents and p.is_file():
-            out[str(p)] = file_digest(p)
-    return out
+        if f and folder in Path(f).resolve().parents:
+            files.add(Path(f).resolve())
+    module = MODULES.get(str(path))
+    for v in list(vars(module).values()) if module is not None else ():
+        m = v if isinstance(v, type(sys)) else sys.modules.get(getattr(v, "__module__", None) or "")
+        f = getattr(m, "__file__", None)
+        if f and not any(root in Path(f).resolve().parents for root in installed):
+            files.add(Path(f).resolve())
+    return {str(p): file_digest(p) for p in sorted(files) if p != path and p.suffix == ".py" and p.is_file()}
 
 
 def lookup(k: str) -> Path | None:

@@ -15,6 +15,9 @@ from .api import Example
 from .errors import CaptureError
 
 
+MODULES: dict[str, Any] = {}  # resolved example path -> the module last loaded from it
+
+
 def load_module(path: str | Path):
     p = Path(path)
     if not p.is_file():
@@ -31,6 +34,7 @@ def load_module(path: str | Path):
     finally:
         if added:
             sys.path.remove(folder)
+    MODULES[str(p.resolve())] = module
     return module
 
 
