@@ -46,8 +46,10 @@ def _planned(name: str, scheduler: str, policy: bool, overrides=None):
 
     doc = load_example(EXAMPLES / f"{name}.py", **(overrides or {})).capture(grads=True)
     passes = registries().passes
-    seq = ([passes.get("memory.policy")] if policy else []) + [passes.get("schedule"), passes.get("memory.plan")]
-    return run_pipeline(seq, doc, {"schedule": {"scheduler": scheduler, "num_sms": 132}})
+    seq = ([passes.get("memory.policy")] if policy else []) + [
+        passes.get(n) for n in ("schedule.split_reductions", "schedule", "memory.plan")]
+    return run_pipeline(seq, doc, {"schedule.split_reductions": {"num_sms": 132},
+                                   "schedule": {"scheduler": scheduler, "num_sms": 132}})
 
 
 def _compile_both(name: str, policy: bool, tmp_path: Path, cache_dir: Path, monkeypatch, overrides=None):

@@ -2,13 +2,16 @@
 # The ONE script for the H200 (run from the repository root, e.g. through the device tool):
 #   1. install every package editable (that machine has python3 with torch, setuptools, nvcc, ninja,
 #      pytest; no network: --no-deps --no-build-isolation);
-#   2. per example: capture -> schedule -> plan -> build (a fresh cache: the first build is cold,
-#      the second cached), then the GPU program against the FP64 reference over 10 updates under
-#      both scheduling strategies (python -m latch_check.gpu prints every gate table): two_weight,
+#   2. per example: `latch-pipeline compile --target gpu --twice` (latch_core.pipeline: capture ->
+#      policy -> split reductions -> schedule -> plan -> validate -> build, in a fresh cache: the
+#      first build is cold, the second cached), then the GPU program against the FP64 reference
+#      over 10 updates under both scheduling strategies (compile prints every gate table and a
+#      GATES line; --bench a BENCH line): two_weight,
 #      the MLP (FP32; also timed against eager PyTorch and a CUDA graph of the same eager update),
 #      the small dense transformer and a small TinyMoE (BF16 matmul/attention operands; TinyMoE with
 #      --routing: its expert choices are program outputs, gated as near-ties against FP64's top-k,
-#      and the FP64 reference replays them for every other gate, see latch_check/gpu.py);
+#      and the FP64 reference replays them for every other gate, see latch_check/gpu.py); FP32
+#      examples run with --no-policy (compile's default is the BF16 policy);
 #   3. pytest -m gpu (the op-by-op, runtime and acceptance tests; the 10-update gate tests are
 #      deselected here because step 2 runs exactly those and prints their tables);
 #   4. compute-sanitizer memcheck and racecheck on two MLP updates;
@@ -48,13 +51,15 @@ if ! "$PY" -m pip install -q --no-deps --no-build-isolation "${EDITABLE[@]}" > "
     tail -20 "$OUT/install.log"; echo "gpu_check: install failed" >&2; exit 2
 fi
 "$PY" -c 'import latch_core, latch_codegen_h100, latch_check.gpu; print("install ok")'
+export LATCH_CAPTURE_CACHE="$WORK/capture-cache"   # fresh too: the first capture of each example is real
 
 run_example() {  # limit name scheduler steps extra-args...
     local limit="$1" name="$2" sched="$3" steps="$4"; shift 4
     local log="$WORK/${name}-${sched}.log"
     say "$name ($sched)"
-    timeout "$limit" "$PY" -m latch_check.gpu "examples/$name.py" --scheduler "$sched" --steps "$steps" \
-        --dir "$WORK/build/$name-$sched" "$@" > "$log" 2>&1
+    # python -m latch_core.cli is latch-pipeline (the console script may not be on PATH there)
+    timeout "$limit" "$PY" -m latch_core.cli compile "examples/$name.py" --target gpu --twice --scheduler "$sched" \
+        --steps "$steps" --dir "$WORK/build/$name-$sched" "$@" > "$log" 2>&1
     local rc=$?
     { echo "===== $name $sched (exit $rc)"; cat "$log"; } >> "$OUT/examples.log"
     grep -E "^(GATES|BENCH)|cached rebuild|capture .* build" "$log"
@@ -80,9 +85,9 @@ if want matmul; then
 fi
 
 if want examples; then
-run_example 60 two_weight barrier 1
-run_example 100 mlp barrier 10 --bench --iters 100
-run_example 80 mlp dataflow 10 --bench --iters 100
+run_example 60 two_weight barrier 1 --no-policy
+run_example 100 mlp barrier 10 --no-policy --bench --iters 100
+run_example 80 mlp dataflow 10 --no-policy --bench --iters 100
 run_example 100 transformer barrier 10 --policy
 run_example 80 transformer dataflow 10 --policy
 MOE_SMALL=(--set vocab=256 --set d_model=64 --set layers=2 --set heads=4 --set experts=4 --set expert_hidden=32
@@ -92,8 +97,8 @@ run_example 80 tinymoe dataflow 10 --policy --routing "${MOE_SMALL[@]}"
 
 # Microbatches: `accumulate` K-1 times, then `accumulate_and_update`, gated per update.
 # (own build directories: the sanitizer below runs the K = 1 MLP build of mlp-barrier)
-run_example 120 mlp barrier 5 --set microbatches=4 --dir "$WORK/build/mlp-k4-barrier"
-run_example 100 mlp dataflow 5 --set microbatches=4 --dir "$WORK/build/mlp-k4-dataflow"
+run_example 120 mlp barrier 5 --no-policy --set microbatches=4 --dir "$WORK/build/mlp-k4-barrier"
+run_example 100 mlp dataflow 5 --no-policy --set microbatches=4 --dir "$WORK/build/mlp-k4-dataflow"
 fi  # examples
 
 if want readme; then

@@ -155,7 +155,6 @@ def _hello():
 
 EXAMPLES = {
     "latch_register_ops": ((OPS[0],), "latch::add", "ops"),
-    "latch_register_derivatives": (("demo::op", "rule-object"), "demo::op", "derivatives"),
     "latch_register_lowerings": (("demo::op", "lowering-object"), "demo::op", "lowerings"),
     "latch_register_schedulers": (("greedy", _scheduler), "greedy", "schedulers"),
     "latch_register_passes": ((Pass("demo.pass", lambda d: d),), "demo.pass", "passes"),

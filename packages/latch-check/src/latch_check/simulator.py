@@ -370,7 +370,8 @@ def prepare(doc: Document, *, scheduler: str | None = None, num_sms: int | None 
             opts["scheduler"] = scheduler
         if num_sms:
             opts["num_sms"] = int(num_sms)
-        doc = run_pass(passes.get("schedule"), doc, **opts)
+        split = {"num_sms": opts["num_sms"]} if "num_sms" in opts else {}
+        doc = run_pass(passes.get("schedule"), run_pass(passes.get("schedule.split_reductions"), doc, **split), **opts)
     if doc.memory is None:
         doc = run_pass(passes.get("memory.plan"), doc)
     return doc
@@ -409,61 +410,3 @@ def check_example(example, doc: Document, *, steps: int = 1, seed: int = 0, thre
             say(f"simulate: step {step} {name}: {'ok' if tables[-1].passed else 'FAILED'}")
             flat = advance(g, flat, out)
     return CompareResult(tuple(tables))
-
-
-import click  # noqa: E402
-
-
-def _simulate_command():
-    from latch_core.cli import InterspersedCommand
-
-    @click.command("simulate", cls=InterspersedCommand)
-    @click.argument("example", type=click.Path(dir_okay=False))
-    @click.option("-d", "--doc", "doc_path", type=click.Path(dir_okay=False), default=None,
-                  help="document to run (default: capture the example now); schedule and memory are added if missing")
-    @click.option("-o", "--output", "out_path", type=click.Path(dir_okay=False), default=None,
-                  help="write the scheduled and planned document here")
-    @click.option("--scheduler", default=None, help="strategy (default: $LATCH_SCHEDULER, else barrier)")
-    @click.option("--num-sms", type=int, default=None, help="SMs to schedule for (default: the scheduler's, 132)")
-    @click.option("--fuse/--no-fuse", default=True, show_default=True, help="fuse elementwise chains")
-    @click.option("--steps", type=int, default=1, show_default=True, help="updates to simulate")
-    @click.option("--seed", type=int, default=0, show_default=True, help="picks the random legal task order")
-    @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="argument for the example's build()")
-    @click.option("--microbatches", type=int, default=None, help="override the example's microbatch count")
-    @click.option("--threshold", type=float, default=SIM_THRESHOLD, show_default=True, help="relative-L2 gate")
-    def simulate_command(example, doc_path, out_path, scheduler, num_sms, fuse, steps, seed, overrides,
-                         microbatches, threshold):
-        """Run EXAMPLE.py's schedule and memory plan on the CPU arena simulator against FP64."""
-        import sys
-
-        from latch_capture.errors import CaptureError
-        from latch_capture.examples import load_example, parse_overrides
-        from latch_core.document import DocumentError, load, save
-        from latch_core.passes import PassError
-
-        try:
-            kw = parse_overrides(list(overrides))
-            if microbatches is not None:
-                kw["microbatches"] = microbatches
-            ex = load_example(example, **kw)
-            doc = load(doc_path) if doc_path else ex.capture(grads=True, progress=lambda m: click.echo(m, err=True))
-            doc = prepare(doc, scheduler=scheduler, num_sms=num_sms, fuse=fuse)
-            if out_path:
-                save(doc, out_path)
-            for pm in doc.memory.programs:
-                click.echo(f"memory plan {pm.program}: arena {pm.arena_bytes:,} bytes, peak live {pm.peak_live_bytes:,} bytes")
-            result = check_example(ex, doc, steps=steps, seed=seed, thresholds=threshold,
-                                   progress=lambda m: click.echo(m, err=True))
-        except (CaptureError, DocumentError, PassError, SimulationError, ValueError) as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(2)
-        click.echo(result.format())
-        if not result.passed:
-            click.echo("simulate: FAILED", err=True)
-            sys.exit(1)
-        click.echo(f"simulate: {len(result.tables)} program run(s) passed")
-
-    return simulate_command
-
-
-simulate_command = _simulate_command()

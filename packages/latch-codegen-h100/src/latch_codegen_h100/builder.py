@@ -44,6 +44,7 @@ import attrs
 from latch_core.document import Document, save
 from latch_core.sections import BuildSection
 
+from .ninja import run_ninja
 from .bodies import CodegenError
 from .codegen import Generated, generate
 
@@ -197,7 +198,7 @@ def document_digest(doc: Document) -> str:
     count (they do not change what is generated)."""
     import operator
 
-    from latch_core.document import _encode
+    from latch_core.document import encode as _encode
     from latch_core.sections import Task
 
     h = hashlib.sha256()
@@ -450,7 +451,7 @@ def compile_generated(gen: Generated, out_dir: str | Path, *, jobs: int | None =
     cmd = [ninja, "-C", str(out_dir)]
     if jobs:
         cmd += ["-j", str(jobs)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = run_ninja(cmd)  # ninja's [done/total] lines drive a progress bar on a terminal
     log = proc.stdout + proc.stderr
     (out_dir / "build.log").write_text(log)
     if proc.returncode != 0:

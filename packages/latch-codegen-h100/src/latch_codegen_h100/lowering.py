@@ -197,8 +197,9 @@ class Lowering:
     ``headers`` are included by every unit that instantiates this op (paths relative to one of
     ``include_dirs``, which a third-party plugin points at its own package data); their contents
     are part of the build's cache key. ``smem(ctx) -> int`` is the scratch shared memory the body
-    needs (bytes). ``version`` is bumped by the plugin when emitted code changes without a header
-    change (it is part of the cache key through the generated source anyway; it documents intent).
+    needs (bytes). A change to what a lowering emits reaches the build's cache key through the
+    generated source (and the request key through the plugin's Python sources); no version field
+    is needed.
     """
 
     op: str

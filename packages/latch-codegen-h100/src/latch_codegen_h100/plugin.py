@@ -1,5 +1,7 @@
 """latch-codegen-h100's registrations with Latch (entry point group latch.plugins): the H100
-lowerings of the core vocabulary, and the ``build`` and ``run`` commands of ``latch-pipeline``."""
+lowerings of the core vocabulary, the ``build`` pass (the last stage of latch_core.pipeline), and
+the ``build`` and ``run`` commands of ``latch-pipeline``. Importing this module imports neither
+torch nor the lowerings: each hook imports what it registers."""
 
 from __future__ import annotations
 
@@ -9,13 +11,15 @@ import time
 import click
 
 from latch_core.hookspecs import hookimpl
-
-from . import (
-    lower_attention, lower_elementwise, lower_indexing, lower_matmul, lower_moe, lower_nn, lower_reduce, lower_views,
-)
+from latch_core.passes import Pass
 
 
 def all_lowerings():
+    from . import (
+        lower_attention, lower_elementwise, lower_indexing, lower_matmul, lower_moe, lower_nn, lower_reduce,
+        lower_views,
+    )
+
     return (lower_elementwise.lowerings() + lower_reduce.lowerings() + lower_matmul.lowerings()
             + lower_views.lowerings() + lower_indexing.lowerings() + lower_nn.lowerings()
             + lower_attention.lowerings() + lower_moe.lowerings())
@@ -25,6 +29,36 @@ def all_lowerings():
 def latch_register_lowerings(register):
     for low in all_lowerings():
         register(low.op, low)
+
+
+def _build_pass(doc, directory=None, jobs=None, use_cache=True, profile=False, progress=None):
+    """Lower every node to CUDA and compile (``builder.build``) into ``directory`` (default
+    ``build/<example>-<strategy>``); nvcc missing is an error saying what to do."""
+    from pathlib import Path
+
+    from .builder import BuildError, build, find_nvcc
+
+    try:
+        find_nvcc()
+    except BuildError as e:
+        raise BuildError(f"{e}; or stop before the build pass (latch-pipeline compile --no-build)") from None
+    if directory is None:
+        name = doc.graph.meta("example", "") or "program"
+        directory = Path("build") / f"{name}-{doc.schedule.strategy}"
+    out = build(doc, directory, jobs=jobs, use_cache=use_cache, profile=profile)
+    st = dict(out.build.stats)
+    return out, (f"{directory} ({st.get('bodies', '?')} bodies, {len(out.build.units)} units, "
+                 f"cached: {st.get('cached') or 'no'})")
+
+
+BUILD = Pass("build", _build_pass, requires={"graph", "schedule", "memory"}, ensures={"build"},
+             doc="lower every node to CUDA and compile with ninja/nvcc (options directory, jobs, use_cache, profile); "
+                 "cached by request and by content")
+
+
+@hookimpl
+def latch_register_passes(register):
+    register(BUILD)
 
 
 class _Interspersed(click.Command):

@@ -97,6 +97,8 @@ def format_document(doc: Document, *, source: str = "") -> str:
     from .document import SCHEMA_VERSION
 
     lines = [f"# latch document {source} (schema {SCHEMA_VERSION[0]}.{SCHEMA_VERSION[1]}); sections: {', '.join(sorted(doc.sections())) or 'none'}"]
+    if doc.provenance:
+        lines.append("# passes: " + " -> ".join(p.name for p in doc.provenance))
     for p in doc.provenance:
         detail = f"  {p.detail}" if p.detail else ""
         lines.append(f"# pass {p.name}: started {p.started}, took {p.seconds * 1000:.1f} ms{detail}")

@@ -8,18 +8,20 @@ import click
 
 from latch_core.hookspecs import hookimpl
 
-from .passes import SCHEDULE, VALIDATE, VALIDATE_ORDER, scheduler_name
-from .schedulers import barrier_scheduler, dataflow_scheduler
+from .passes import SCHEDULE, SPLIT_REDUCTIONS, VALIDATE, VALIDATE_ORDER, scheduler_name
 
 
 @hookimpl
 def latch_register_schedulers(register):
+    from .schedulers import barrier_scheduler, dataflow_scheduler
+
     register("barrier", barrier_scheduler)
     register("dataflow", dataflow_scheduler)
 
 
 @hookimpl
 def latch_register_passes(register):
+    register(SPLIT_REDUCTIONS)
     register(SCHEDULE)
     register(VALIDATE)
     register(VALIDATE_ORDER)
@@ -43,15 +45,15 @@ def summary(doc) -> list[str]:
 @click.option("--num-sms", default=132, show_default=True, help="SMs of the target GPU")
 @click.option("--fuse/--no-fuse", default=True, show_default=True, help="fuse elementwise/view chains")
 @click.option("--split-reductions/--no-split-reductions", default=True, show_default=True,
-              help="rewrite big full reductions into two levels (changes the graph section)")
+              help="run schedule.split_reductions first: big full reductions in two levels (changes the graph section)")
 @click.option("--validate/--no-validate", "check", default=True, show_default=True,
               help="run the static validator (without memory) on the result")
 def schedule_cmd(inp, out, scheduler, num_sms, fuse, split_reductions, check):
     """Schedule every program: fusion, tiles, SM assignment, barriers or counters."""
     from latch_core.cli import transform_file
 
-    steps = [(SCHEDULE, {"scheduler": scheduler_name(scheduler), "num_sms": num_sms, "fuse": fuse,
-                         "split_reductions": split_reductions})]
+    steps = [(SPLIT_REDUCTIONS, {"num_sms": num_sms})] if split_reductions else []
+    steps.append((SCHEDULE, {"scheduler": scheduler_name(scheduler), "num_sms": num_sms, "fuse": fuse}))
     if check:
         steps.append((VALIDATE_ORDER, {}))
     transform_file(inp, out, steps, summary)

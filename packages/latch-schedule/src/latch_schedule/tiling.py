@@ -38,24 +38,8 @@ from latch_core.registry import ATTENTION, COPY, ELEMENTWISE, MATMUL, NORM, REDU
 
 from .boxes import Box, broadcast_box, full_box
 
-Footprint = Callable[[Box], tuple[list, list]]
-
-
-@attrs.frozen
-class Tiling:
-    """``split_dims``: dims of the primary output tiles may split (empty: one task).
-    ``granule``: per split dim, the fixed tile extent (0: chosen from the cost model).
-    ``footprint(out_box) -> (input_boxes, output_boxes)``; see the module docstring."""
-
-    split_dims: tuple[int, ...] = attrs.field(converter=tuple)
-    footprint: Footprint = attrs.field(eq=False)
-    granule: tuple[int, ...] = attrs.field(default=(), converter=tuple)
-    kind: str = "custom"
-
-    def granule_of(self, dim: int) -> int:
-        if not self.granule:
-            return 0
-        return self.granule[self.split_dims.index(dim)]
+# The record itself is latch-core's (op packages build it without importing latch-schedule).
+from latch_core.tiling import Footprint, Tiling  # noqa: E402,F401
 
 
 @attrs.frozen
