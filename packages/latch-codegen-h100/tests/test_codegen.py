@@ -50,7 +50,7 @@ def test_fused_group_is_one_body_with_intermediates_in_registers():
     assert len(gen.manifest["bodies"]) == 3
     fused = next(b for b in gen.manifest["bodies"] if b["ops"] == ["latch::add", "latch::relu"])
     src = next(u.source for u in gen.units[1:] if any(k == fused["key"] for k in u.bodies))
-    body = src[src.index(f"latch_body_{fused['key']}"):]
+    body = src[src.index(fused["function"]):]
     body = body[:body.index("\n}\n")]
     stores = [ln for ln in body.splitlines() if "latch::st<" in ln]
     assert len(stores) == 2 and all("(out0," in ln for ln in stores)  # one per loop path, group output only
