@@ -34,6 +34,7 @@ class Registries:
     schedulers: Registry
     passes: Registry
     commands: Registry
+    configs: Registry
     plugins: list[tuple[str, str]]  # (plugin name, distribution "name version" or "-")
     manager: pluggy.PluginManager = attrs.field(repr=False)
 
@@ -45,6 +46,7 @@ class Registries:
             "latch_register_schedulers": self.schedulers,
             "latch_register_passes": self.passes,
             "latch_register_commands": self.commands,
+            "latch_register_configs": self.configs,
         }
 
 
@@ -112,6 +114,7 @@ def collect(pm: pluggy.PluginManager) -> Registries:
         schedulers=Registry("scheduler"),
         passes=Registry("pass"),
         commands=Registry("command"),
+        configs=Registry("body-configuration function"),
         plugins=[],
         manager=pm,
     )
@@ -148,6 +151,9 @@ def _register(registry: Registry, hook: str, registrant: str, args: tuple) -> No
     else:
         if len(args) != 2 or not isinstance(args[0], str):
             raise RegistryError(f"plugin {registrant!r}: {hook} register() takes (name, item), got {args!r}")
+        if hook == "latch_register_configs" and not callable(args[1]):
+            raise RegistryError(f"plugin {registrant!r}: {hook} register({args[0]!r}, fn) needs a callable "
+                                f"fn(in_types, out_types, attrs) -> list[BodyConfig], got {args[1]!r}")
         registry.add(args[0], args[1], registrant)
 
 
