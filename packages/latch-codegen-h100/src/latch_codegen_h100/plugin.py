@@ -1,5 +1,7 @@
 """latch-codegen-h100's registrations with Latch (entry point group latch.plugins): the H100
-lowerings of the core vocabulary, and the ``build`` and ``run`` commands of ``latch-pipeline``."""
+lowerings of the core vocabulary, the body configurations of ``latch::matmul``
+(:mod:`latch_codegen_h100.matmul_configs`), and the ``build`` and ``run`` commands of
+``latch-pipeline``."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from latch_core.hookspecs import hookimpl
 
 from . import (
     lower_attention, lower_elementwise, lower_indexing, lower_matmul, lower_moe, lower_nn, lower_reduce, lower_views,
+    matmul_configs,
 )
 
 
@@ -25,6 +28,11 @@ def all_lowerings():
 def latch_register_lowerings(register):
     for low in all_lowerings():
         register(low.op, low)
+
+
+@hookimpl
+def latch_register_configs(register):
+    register("latch::matmul", matmul_configs.configs)
 
 
 class _Interspersed(click.Command):

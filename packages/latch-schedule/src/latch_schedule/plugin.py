@@ -8,7 +8,8 @@ import click
 
 from latch_core.hookspecs import hookimpl
 
-from .passes import SCHEDULE, VALIDATE, VALIDATE_ORDER, scheduler_name
+from .passes import MATMUL_CONFIGS, MATMUL_LAYOUTS, SCHEDULE, VALIDATE, VALIDATE_ORDER, scheduler_name
+from .matmul_configs import format_choice
 from .schedulers import barrier_scheduler, dataflow_scheduler
 
 
@@ -21,6 +22,8 @@ def latch_register_schedulers(register):
 @hookimpl
 def latch_register_passes(register):
     register(SCHEDULE)
+    register(MATMUL_LAYOUTS)
+    register(MATMUL_CONFIGS)
     register(VALIDATE)
     register(VALIDATE_ORDER)
 
@@ -33,6 +36,8 @@ def summary(doc) -> list[str]:
         st = dict(stats.get(f"program.{ps.program}", ()))
         parts = [f"{k} {v}" for k, v in st.items()]
         lines.append(f"  {ps.program}: " + ", ".join(parts))
+        for row in dict(stats.get("matmul_configs", ())).get(ps.program, ()):
+            lines.append("    " + format_choice(dict(row)))
     return lines
 
 
@@ -44,14 +49,19 @@ def summary(doc) -> list[str]:
 @click.option("--fuse/--no-fuse", default=True, show_default=True, help="fuse elementwise/view chains")
 @click.option("--split-reductions/--no-split-reductions", default=True, show_default=True,
               help="rewrite big full reductions into two levels (changes the graph section)")
+@click.option("--matmul-layouts/--no-matmul-layouts", default=True, show_default=True,
+              help="fold transposes feeding matmuls into their trans_a/trans_b flags (changes the graph section)")
+@click.option("--matmul-configs/--no-matmul-configs", default=True, show_default=True,
+              help="choose each matmul's body configuration and split-K factor (changes the graph section)")
 @click.option("--validate/--no-validate", "check", default=True, show_default=True,
               help="run the static validator (without memory) on the result")
-def schedule_cmd(inp, out, scheduler, num_sms, fuse, split_reductions, check):
+def schedule_cmd(inp, out, scheduler, num_sms, fuse, split_reductions, matmul_layouts, matmul_configs, check):
     """Schedule every program: fusion, tiles, SM assignment, barriers or counters."""
     from latch_core.cli import transform_file
 
     steps = [(SCHEDULE, {"scheduler": scheduler_name(scheduler), "num_sms": num_sms, "fuse": fuse,
-                         "split_reductions": split_reductions})]
+                         "split_reductions": split_reductions, "matmul_layouts": matmul_layouts,
+                         "matmul_configs": matmul_configs})]
     if check:
         steps.append((VALIDATE_ORDER, {}))
     transform_file(inp, out, steps, summary)

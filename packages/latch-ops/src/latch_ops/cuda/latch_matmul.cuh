@@ -1,5 +1,6 @@
 // Matrix product body: C[b, m, n] = sum_k A[b, m, k] * B[b, k, n] for one tile of C.
-// TRANS_A / TRANS_B read A as [K, M] / B as [N, K] in memory (the ragged MoE gradients use them).
+// TRANS_A / TRANS_B read A as [K, M] / B as [N, K] in memory (latch::matmul's trans_a / trans_b, and the
+// ragged MoE gradients); matmul_tile_k sums one split-K slice [k_lo, k_hi) of the contraction.
 //
 // Simple and correct first: 64 x 64 blocks of C per step, K in slices of 32 staged through shared
 // memory, each of the 256 threads accumulating a 4 x 4 sub-block in registers (Acc: float, or
@@ -25,10 +26,11 @@ template <class Acc> constexpr int matmul_smem_bytes() {
   return (int)sizeof(Acc) * MM_BK * ((MM_BM + MM_PAD) + (MM_BN + MM_PAD));
 }
 
+// Sums only k in [k_lo, k_hi) (a split-K partial); K is the operands' full contraction length (strides).
 template <class TA, class TB, class TC, class Acc, int ROUND, bool TRANS_A = false, bool TRANS_B = false>
-__device__ void matmul_tile(const TA* A, const TB* B, TC* C, long long M, long long N, long long K, long long b_lo,
-                            long long b_hi, long long m_lo, long long m_hi, long long n_lo, long long n_hi,
-                            char* smem) {
+__device__ void matmul_tile_k(const TA* A, const TB* B, TC* C, long long M, long long N, long long K, long long b_lo,
+                              long long b_hi, long long m_lo, long long m_hi, long long n_lo, long long n_hi,
+                              long long k_lo, long long k_hi, char* smem) {
   constexpr int LDA = MM_BM + MM_PAD, LDB = MM_BN + MM_PAD;
   Acc* As = (Acc*)smem;           // [BK][LDA], As[k][m]
   Acc* Bs = As + MM_BK * LDA;     // [BK][LDB], Bs[k][n]
@@ -44,17 +46,17 @@ __device__ void matmul_tile(const TA* A, const TB* B, TC* C, long long M, long l
         for (int i = 0; i < 4; ++i)
 #pragma unroll
           for (int j = 0; j < 4; ++j) acc[i][j] = Acc(0);
-        for (long long k0 = 0; k0 < K; k0 += MM_BK) {
+        for (long long k0 = k_lo; k0 < k_hi; k0 += MM_BK) {
           for (int e = tid; e < MM_BM * MM_BK; e += LATCH_THREADS) {
             const int r = e / MM_BK, kk = e % MM_BK;
             const long long gm = m0 + r, gk = k0 + kk;
-            Acc v = (gm < m_hi && gk < K) ? (Acc)ld<TA>(Ab, TRANS_A ? gk * M + gm : gm * K + gk) : Acc(0);
+            Acc v = (gm < m_hi && gk < k_hi) ? (Acc)ld<TA>(Ab, TRANS_A ? gk * M + gm : gm * K + gk) : Acc(0);
             As[kk * LDA + r] = round_operand<ROUND>(v);
           }
           for (int e = tid; e < MM_BK * MM_BN; e += LATCH_THREADS) {
             const int kk = e / MM_BN, cc = e % MM_BN;
             const long long gk = k0 + kk, gn = n0 + cc;
-            Acc v = (gk < K && gn < n_hi) ? (Acc)ld<TB>(Bb, TRANS_B ? gn * K + gk : gk * N + gn) : Acc(0);
+            Acc v = (gk < k_hi && gn < n_hi) ? (Acc)ld<TB>(Bb, TRANS_B ? gn * K + gk : gk * N + gn) : Acc(0);
             Bs[kk * LDB + cc] = round_operand<ROUND>(v);
           }
           __syncthreads();
@@ -85,6 +87,14 @@ __device__ void matmul_tile(const TA* A, const TB* B, TC* C, long long M, long l
       }
     }
   }
+}
+
+template <class TA, class TB, class TC, class Acc, int ROUND, bool TRANS_A = false, bool TRANS_B = false>
+__device__ void matmul_tile(const TA* A, const TB* B, TC* C, long long M, long long N, long long K, long long b_lo,
+                            long long b_hi, long long m_lo, long long m_hi, long long n_lo, long long n_hi,
+                            char* smem) {
+  matmul_tile_k<TA, TB, TC, Acc, ROUND, TRANS_A, TRANS_B>(A, B, C, M, N, K, b_lo, b_hi, m_lo, m_hi, n_lo, n_hi, 0, K,
+                                                           smem);
 }
 
 }  // namespace latch
