@@ -20,6 +20,7 @@ from latch_capture.examples import load_example
 from latch_check import reference
 from latch_check.compare import _f64
 from latch_check.simulator import check_example, simulate
+from latch_core.lint import check as lint_check
 from latch_core.document import Document
 from latch_core.ir import Graph, GraphSection, Group, Node, Value
 from latch_core.passes import run_pass
@@ -29,7 +30,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 TRANSFORMER_SMALL = dict(vocab=64, d_model=32, layers=2, heads=4, mlp_hidden=48, batch=2, seq=8)
 TINYMOE_SMALL = dict(vocab=64, d_model=32, layers=2, heads=4, experts=4, expert_hidden=16, batch=2, seq=8)
 CASES = {"transformer": ("transformer.py", TRANSFORMER_SMALL), "tinymoe": ("tinymoe.py", TINYMOE_SMALL),
-         "mlp": ("mlp.py", {})}
+         "mlp": ("mlp.py", {}), "transformer_example": ("transformer.py", {})}
 _cache: dict = {}
 
 
@@ -52,6 +53,7 @@ def _planned(case, *, policy=True, scheduler="barrier", num_sms=132, **sched):
     doc = run_pass(_passes().get("schedule"), doc, scheduler=scheduler, num_sms=num_sms, **sched)
     doc = run_pass(_passes().get("memory.plan"), doc)
     run_pass(_passes().get("schedule.validate"), doc)
+    lint_check(doc.graph, registries().ops, require_known_ops=True)  # every rewrite keeps the IR legal
     return ex, doc
 
 
@@ -65,7 +67,7 @@ def _is_transpose(n):
 
 
 def test_transformer_matmuls_read_bf16_with_trans_flags_and_no_transpose_copies():
-    _, doc = _planned("transformer")
+    _, doc = _planned("transformer_example")  # examples/transformer.py as shipped
     g = doc.graph.program("update")
     producers = g.producers()
     mms = _matmuls(g)
@@ -176,6 +178,7 @@ def test_split_k_simulates_correctly_and_deterministically(then):
     assert row["split_k"] == s and row["tiles"] < 132 * row["waves"] + 1
     doc = run_pass(_passes().get("memory.plan"), doc)
     run_pass(_passes().get("schedule.validate"), doc)
+    lint_check(doc.graph, registries().ops, require_known_ops=True)
     torch.manual_seed(0)
     ins = {v: torch.randn(doc0.graph.program("update").value(v).shape, dtype=torch.float64)
            for v in doc0.graph.program("update").input_names()}
