@@ -183,7 +183,7 @@ def test_split_k_simulates_correctly_and_deterministically(then):
     ins = {v: torch.randn(doc0.graph.program("update").value(v).shape, dtype=torch.float64)
            for v in doc0.graph.program("update").input_names()}
     want = reference.run(doc0, "update", ins)  # the product as captured: no casts, no split
-    runs = [simulate(doc, "update", ins, seed) for seed in (0, 1, 2)]
+    runs = [simulate(doc, "update", ins, seed) for seed in (0, 1)]
     out = runs[0]["z" if then else "y"]
     ref = want["z" if then else "y"]
     assert ((out - ref).norm() / ref.norm()).item() < 1e-13
