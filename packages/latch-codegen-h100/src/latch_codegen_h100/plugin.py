@@ -1,6 +1,7 @@
 """latch-codegen-h100's registrations with Latch (entry point group latch.plugins): the H100
-lowerings of the core vocabulary, the ``build`` pass (the last stage of latch_core.pipeline), and
-the ``build`` and ``run`` commands of ``latch-pipeline``. Importing this module imports neither
+lowerings of the core vocabulary, the body configurations of ``latch::matmul``
+(:mod:`latch_codegen_h100.matmul_configs`), the ``build`` pass (the last stage of
+latch_core.pipeline), and the ``build``, ``run`` and ``sass`` commands of ``latch-pipeline``. Importing this module imports neither
 torch nor the lowerings: each hook imports what it registers."""
 
 from __future__ import annotations
@@ -59,6 +60,13 @@ BUILD = Pass("build", _build_pass, requires={"graph", "schedule", "memory"}, ens
 @hookimpl
 def latch_register_passes(register):
     register(BUILD)
+
+
+@hookimpl
+def latch_register_configs(register):
+    from . import matmul_configs
+
+    register("latch::matmul", matmul_configs.configs)
 
 
 class _Interspersed(click.Command):

@@ -48,3 +48,12 @@ def latch_register_passes(register):
 @hookspec
 def latch_register_commands(register):
     """Register ``latch-pipeline`` subcommands: ``register(command: click.Command)``."""
+
+
+@hookspec
+def latch_register_configs(register):
+    """Register body configurations: ``register(op_name: str, fn)``, one function per op.
+
+    ``fn(in_types, out_types, attrs) -> list[latch_core.configs.BodyConfig]`` lists the ways the
+    backend's body for ``op_name`` can run one node (tile, K step, stage bytes, kind); the scheduler
+    picks one with its cost model and records its name as the node's ``config`` attribute."""

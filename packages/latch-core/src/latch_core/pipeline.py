@@ -5,7 +5,9 @@ to a built program.
     capture                     latch-capture        example file -> graph section (cached by what it reads)
     memory.policy               latch-memory         numerical policy: BF16 operands of matmul/attention
     memory.remat                latch-memory         recompute cheap forward values under a byte budget
+    schedule.matmul_layouts     latch-schedule       graph rewrite: transposes feeding matmuls become trans flags
     schedule.split_reductions   latch-schedule       graph rewrite: big full reductions in two levels
+    schedule.matmul_configs     latch-schedule       graph rewrite: each matmul's body configuration, split-K
     schedule                    latch-schedule       fusion, tiles, SM assignment, barriers or counters
     memory.plan                 latch-memory         liveness, in-place updates, arena offsets
     schedule.validate           latch-schedule       static hazard proof over schedule + memory plan
@@ -44,8 +46,12 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("capture", "latch-capture", "example file -> graph section (cached by what it reads)"),
     Stage("memory.policy", "latch-memory", "numerical policy: BF16 operands of matmul/attention", "policy"),
     Stage("memory.remat", "latch-memory", "recompute cheap forward values under a byte budget", "remat_budget"),
+    Stage("schedule.matmul_layouts", "latch-schedule", "graph rewrite: transposes feeding matmuls become trans flags",
+          "matmul_layouts"),
     Stage("schedule.split_reductions", "latch-schedule", "graph rewrite: big full reductions in two levels",
           "split_reductions"),
+    Stage("schedule.matmul_configs", "latch-schedule",
+          "graph rewrite: each matmul's body configuration (cost model) and split-K factor", "matmul_configs"),
     Stage("schedule", "latch-schedule", "fusion, tiles, SM assignment, barriers or counters"),
     Stage("memory.plan", "latch-memory", "liveness, in-place updates, arena offsets"),
     Stage("schedule.validate", "latch-schedule", "static hazard proof over schedule + memory plan"),
@@ -75,6 +81,8 @@ class Request:
     policy: bool = True
     remat_budget: int | None = None
     split_reductions: bool = True
+    matmul_layouts: bool = True
+    matmul_configs: bool = True
     build: bool = True
     build_dir: str | None = None  # default: build/<example>-<strategy>
     routing: bool | str = "auto"  # expose routing decisions as outputs ("auto": when the update routes)
@@ -84,7 +92,8 @@ class Request:
 
     def passes(self) -> list[str]:
         on = {"policy": self.policy, "remat_budget": self.remat_budget is not None,
-              "split_reductions": self.split_reductions, "build": self.build}
+              "split_reductions": self.split_reductions, "matmul_layouts": self.matmul_layouts,
+              "matmul_configs": self.matmul_configs, "build": self.build}
         return [s.name for s in PIPELINE if not s.switch or on[s.switch]]
 
     def options(self) -> dict[str, dict[str, Any]]:
@@ -92,6 +101,7 @@ class Request:
             "capture": {"example": str(self.example), "overrides": dict(self.overrides), "grads": self.grads,
                         "routing": self.routing, "cache": self.cache, "progress": self.progress},
             "schedule.split_reductions": {"num_sms": self.num_sms},
+            "schedule.matmul_configs": {"num_sms": self.num_sms},
             "schedule": {"num_sms": self.num_sms},
             "build": {"directory": self.build_dir, "use_cache": self.cache, "progress": self.progress},
         }

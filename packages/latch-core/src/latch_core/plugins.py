@@ -32,6 +32,7 @@ KINDS = {
     "schedulers": ("latch_register_schedulers", "scheduler"),
     "passes": ("latch_register_passes", "pass"),
     "commands": ("latch_register_commands", "command"),
+    "configs": ("latch_register_configs", "body-configuration function"),
 }
 
 
@@ -58,6 +59,7 @@ class Registries:
     schedulers = property(lambda self: self._registry("schedulers"))
     passes = property(lambda self: self._registry("passes"))
     commands = property(lambda self: self._registry("commands"))
+    configs = property(lambda self: self._registry("configs"))
 
     def by_hook(self) -> dict[str, Registry]:
         return {hook: self._registry(attr) for attr, (hook, _) in KINDS.items()}
@@ -162,6 +164,9 @@ def _register(registry: Registry, hook: str, registrant: str, args: tuple) -> No
     else:
         if len(args) != 2 or not isinstance(args[0], str):
             raise RegistryError(f"plugin {registrant!r}: {hook} register() takes (name, item), got {args!r}")
+        if hook == "latch_register_configs" and not callable(args[1]):
+            raise RegistryError(f"plugin {registrant!r}: {hook} register({args[0]!r}, fn) needs a callable "
+                                f"fn(in_types, out_types, attrs) -> list[BodyConfig], got {args[1]!r}")
         registry.add(args[0], args[1], registrant)
 
 

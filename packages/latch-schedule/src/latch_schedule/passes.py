@@ -9,6 +9,10 @@
   ``scheduler``, else ``LATCH_SCHEDULER``, else ``barrier``; other options go to the scheduler
   (``num_sms`` default 132, ``fuse``, ...). It never changes the graph section. A new schedule
   invalidates any memory plan and build, so the result drops those sections.
+- ``schedule.matmul_layouts`` (graph rewrite; requires and ensures graph): transposes feeding matmuls
+  become operand layouts (:mod:`latch_schedule.layouts`). Runs before ``schedule.split_reductions``.
+- ``schedule.matmul_configs`` (graph rewrite): every matmul gets its body configuration and split-K
+  factor from the cost model (:mod:`latch_schedule.matmul_configs`). Runs right before ``schedule``.
 - ``schedule.validate`` (validator; requires graph, schedule, memory): the full static hazard
   check (:mod:`latch_schedule.validate`), run by ``latch-pipeline validate`` and by the pipeline
   before code generation.
@@ -65,6 +69,18 @@ def _schedule(doc: Document, scheduler: str | None = None, **options) -> Documen
     return attrs.evolve(doc, schedule=section, memory=None, build=None)
 
 
+def _layouts(doc: Document, **options) -> Document:
+    from .layouts import layouts_pass
+
+    return layouts_pass(doc, **options)
+
+
+def _configs(doc: Document, **options) -> Document:
+    from .matmul_configs import configs_pass
+
+    return configs_pass(doc, **options)
+
+
 def _validate(doc: Document, **options) -> Document:
     from .validate import ValidationError, validate
 
@@ -88,6 +104,11 @@ def _validate_order(doc: Document, **options) -> Document:
 SPLIT_REDUCTIONS = Pass("schedule.split_reductions", _split, requires={"graph"}, ensures={"graph"},
                         doc="graph rewrite: full reductions too big for one task become <node>.partial then <node> "
                             "(options num_sms, split_factor)")
+MATMUL_LAYOUTS = Pass("schedule.matmul_layouts", _layouts, requires={"graph"}, ensures={"graph"},
+                      doc="fold last-two-dim transposes feeding matmuls into their trans_a/trans_b flags")
+MATMUL_CONFIGS = Pass("schedule.matmul_configs", _configs, requires={"graph"}, ensures={"graph"},
+                      doc="record each matmul's body configuration (and split-K rewrite) from the cost model "
+                          "(options num_sms, cost_<field>)")
 SCHEDULE = Pass("schedule", _schedule, requires={"graph"}, ensures={"schedule"},
                 doc="fusion, tiling, SM assignment and synchronisation (option scheduler, else LATCH_SCHEDULER, "
                     "else barrier; num_sms, fuse)")
