@@ -136,13 +136,15 @@ def chosen_config(doc: Document, program: str) -> str:
 
 
 def plan_document(doc: Document, num_sms: int) -> Document:
-    from latch_memory.plan import plan
-    from latch_schedule import check, schedule
+    """The pipeline's passes from the configuration choice to the validator (latch_core.pipeline)."""
+    from latch_core.passes import run_pass
+    from latch_core.plugins import registries
 
-    doc = schedule(doc, scheduler="barrier", num_sms=num_sms)
-    doc = plan(doc)
-    check(doc)
-    return doc
+    passes = registries().passes
+    doc = run_pass(passes.get("schedule.matmul_configs"), doc, num_sms=num_sms)
+    doc = run_pass(passes.get("schedule"), doc, scheduler="barrier", num_sms=num_sms)
+    doc = run_pass(passes.get("memory.plan"), doc)
+    return run_pass(passes.get("schedule.validate"), doc)
 
 
 # --------------------------------------------------------------------------------------------

@@ -40,24 +40,8 @@ from latch_core.registry import ATTENTION, COPY, ELEMENTWISE, MATMUL, NORM, REDU
 
 from .boxes import Box, broadcast_box, full_box
 
-Footprint = Callable[[Box], tuple[list, list]]
-
-
-@attrs.frozen
-class Tiling:
-    """``split_dims``: dims of the primary output tiles may split (empty: one task).
-    ``granule``: per split dim, the fixed tile extent (0: chosen from the cost model).
-    ``footprint(out_box) -> (input_boxes, output_boxes)``; see the module docstring."""
-
-    split_dims: tuple[int, ...] = attrs.field(converter=tuple)
-    footprint: Footprint = attrs.field(eq=False)
-    granule: tuple[int, ...] = attrs.field(default=(), converter=tuple)
-    kind: str = "custom"
-
-    def granule_of(self, dim: int) -> int:
-        if not self.granule:
-            return 0
-        return self.granule[self.split_dims.index(dim)]
+# The record itself is latch-core's (op packages build it without importing latch-schedule).
+from latch_core.tiling import Footprint, Tiling  # noqa: E402,F401
 
 
 @attrs.frozen
@@ -78,10 +62,15 @@ class CostModel:
     matmul_waves: int = 2
     num_sms: int = 132
     # Body-configuration choice (latch_schedule.matmul_configs): a tile's pipeline fill and drain,
-    # the tensor cores' efficiency by tile width BN (thin wgmma tiles waste issue slots; the largest
-    # threshold <= BN applies), the split-K factors tried, and the K steps each split must keep.
+    # the tensor cores' efficiency by tile width BN (the largest threshold <= BN applies), the
+    # split-K factors tried, and the K steps each split must keep. The efficiencies are the wgmma
+    # body's shared-memory roofline: per 64-wide K block of a 128 x BN tile the two consumer
+    # warpgroups read 2 x 4 x (2 KiB of A + 32 B x BN of B) and TMA writes (128 + BN) x 128 B, at
+    # 128 B per clock, against 4 x BN clocks of tensor-core work: eff = 4 BN / (256 + 3 BN)
+    # (run 7 on the H200 measured 128 x 128 tiles at ~0.6 of cuBLAS's best, in line with it).
     mma_fill: float = 0.7e-6
-    mma_eff: tuple[tuple[int, float], ...] = ((16, 0.35), (32, 0.55), (64, 0.8), (96, 0.92), (128, 1.0))
+    mma_eff: tuple[tuple[int, float], ...] = ((16, 0.21), (32, 0.36), (64, 0.57), (96, 0.71), (128, 0.8),
+                                              (192, 0.92), (256, 1.0))
     split_k_choices: tuple[int, ...] = (1, 2, 4, 8, 16)
     split_k_min_steps: int = 4  # S > 1 only when K / S >= this many k_tile steps
 
@@ -338,6 +327,15 @@ def split(shape: Sequence[int], tiling: Tiling, target: int) -> list[Box]:
             per_dim.append([(lo, min(n, lo + b)) for lo in range(0, n, b)])
         else:
             per_dim.append([(0, n)])
+    if tiling.kind == "matmul" and len(per_dim) >= 2 and len(per_dim[-2]) < len(per_dim[-1]):
+        # Raster order: the tiles that run at the same time (consecutive ones, dealt round-robin
+        # to the SMs) should share operand blocks. Walking the dim with fewer tiles fastest keeps a
+        # few blocks of the long operand in flight at once: the LM head's 2048 x 49152 output in
+        # N-major order streams its 75 MB weight once instead of once per 128-row block of M.
+        boxes = [()]
+        for ivs in per_dim[:-2]:
+            boxes = [bx + (iv,) for bx in boxes for iv in ivs]
+        return [bx + (m, n) for bx in boxes for n in per_dim[-1] for m in per_dim[-2]]
     boxes: list[Box] = [()]
     for ivs in per_dim:
         boxes = [bx + (iv,) for bx in boxes for iv in ivs]
