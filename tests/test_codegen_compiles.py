@@ -101,9 +101,11 @@ def test_matmul_layouts_out_dtypes_and_split_k_compile(tmp_path, cache_dir, monk
     g = Graph("update", vals, nodes, [Group("params", ["b", "c", "k", "e"]), Group("batch", ["a", "q", "d"])],
               [Group("loss", ["z", "s", "f"])])
     passes = registries().passes
-    doc = run_pipeline([passes.get("memory.policy"), passes.get("schedule"), passes.get("memory.plan")],
+    doc = run_pipeline([passes.get("memory.policy"), passes.get("schedule.matmul_layouts"),
+                        passes.get("schedule.matmul_configs"), passes.get("schedule"), passes.get("memory.plan")],
                        Document(graph=GraphSection([g])),
-                       {"memory.policy": {"master": None}, "schedule": {"num_sms": 132}})
+                       {"memory.policy": {"master": None}, "schedule.matmul_configs": {"num_sms": 132},
+                        "schedule": {"num_sms": 132}})
     prog = doc.graph.program("update")
     mms = [n for n in prog.nodes if n.op == "latch::matmul"]
     assert all(n.attr("config") for n in mms)
@@ -112,6 +114,9 @@ def test_matmul_layouts_out_dtypes_and_split_k_compile(tmp_path, cache_dir, monk
     built = build(doc, tmp_path / "mm", jobs=2)
     assert (tmp_path / "mm" / "program.so").exists()
     src = "\n".join(p.read_text() for p in (tmp_path / "mm" / "src").rglob("*.cu*"))
-    assert "matmul_tile_k<__nv_bfloat16, __nv_bfloat16, float, float, 1, true, false>" in src  # dW partials
-    assert "matmul_tile_k<__nv_bfloat16, __nv_bfloat16, float, float, 1, false, true>" in src  # q k^T
+    # rank-2 BF16 products run the wgmma body (split-K partials loop over their split index; dW reads
+    # a M-major); the batched q k^T the SIMT body, reading k transposed
+    assert "latch::gemm_consume<__nv_bfloat16, 128, " in src and "for (int s = c.t->lo[0]; s < c.t->hi[0]; ++s)" in src
+    assert ", true, false>(p, epi," in src  # dW: A M-major, B N-major
+    assert "matmul_tile<__nv_bfloat16, __nv_bfloat16, float, float, 1, false, true>" in src  # q k^T
     assert dict(built.build.stats)["bodies"] >= 6

@@ -46,11 +46,27 @@ def _captured(case):
     return _cache[case]
 
 
+REWRITE_SWITCHES = ("matmul_layouts", "matmul_configs", "split_reductions")
+
+
+def _rewrites(doc, *, num_sms=132, matmul_layouts=True, matmul_configs=True, split_reductions=True, **_):
+    """The pipeline's graph rewrites before ``schedule`` (latch_core.pipeline), in its order."""
+    if matmul_layouts:
+        doc = run_pass(_passes().get("schedule.matmul_layouts"), doc)
+    if split_reductions:
+        doc = run_pass(_passes().get("schedule.split_reductions"), doc, num_sms=num_sms)
+    if matmul_configs:
+        doc = run_pass(_passes().get("schedule.matmul_configs"), doc, num_sms=num_sms)
+    return doc
+
+
 def _planned(case, *, policy=True, scheduler="barrier", num_sms=132, **sched):
     ex, doc = _captured(case)
     if policy:
         doc = run_pass(_passes().get("memory.policy"), doc)
-    doc = run_pass(_passes().get("schedule"), doc, scheduler=scheduler, num_sms=num_sms, **sched)
+    doc = _rewrites(doc, num_sms=num_sms, **sched)
+    doc = run_pass(_passes().get("schedule"), doc, scheduler=scheduler, num_sms=num_sms,
+                   **{k: v for k, v in sched.items() if k not in REWRITE_SWITCHES})
     doc = run_pass(_passes().get("memory.plan"), doc)
     run_pass(_passes().get("schedule.validate"), doc)
     lint_check(doc.graph, registries().ops, require_known_ops=True)  # every rewrite keeps the IR legal
@@ -96,9 +112,8 @@ def test_transformer_matmuls_read_bf16_with_trans_flags_and_no_transpose_copies(
     # and the memory plan holds no transposed copy of anything a matmul reads
     placed = {p.value for p in doc.memory.program("update").placements}
     assert not any(_is_transpose(n) and n.outputs[0] in placed for n in g.nodes)
-    stats = dict(doc.schedule.stats)
-    assert dict(dict(stats["matmul_layouts"])["update"])["folds"] >= 18
-    rows = [dict(r) for r in dict(stats["matmul_configs"])["update"]]
+    assert dict(dict(doc.graph.meta("schedule.matmul_layouts"))["update"])["folds"] >= 18
+    rows = [dict(r) for r in dict(doc.graph.meta("matmul_configs"))["update"]]
     assert {r["node"] for r in rows} == {n.name for n in mms if not n.name.endswith(".partial")} | \
         {n.name.removesuffix(".partial") for n in mms if n.name.endswith(".partial")}
     assert all(r["config"].startswith("wgmma_128x") for r in rows)
@@ -165,6 +180,7 @@ def _product_doc(m=128, k=4096, n=256, then=None) -> Document:
 def test_split_k_simulates_correctly_and_deterministically(then):
     doc0 = _product_doc(then=then)
     doc = run_pass(_passes().get("memory.policy"), doc0, master=None)
+    doc = _rewrites(doc, num_sms=132)
     doc = run_pass(_passes().get("schedule"), doc, num_sms=132)
     g = doc.graph.program("update")
     part = next(n for n in g.nodes if n.name == "mm.partial")
@@ -173,7 +189,7 @@ def test_split_k_simulates_correctly_and_deterministically(then):
     assert part.attr("config").startswith("wgmma_") and part.attr("out_dtype") == "f32"
     tail = [n.op for n in g.nodes if n.name.startswith("mm") and n.name != "mm2"]
     assert tail == (["latch::matmul", "latch::sum", "latch::cast"] if then else ["latch::matmul", "latch::sum"])
-    rows = dict(dict(doc.schedule.stats)["matmul_configs"])["update"]
+    rows = dict(doc.graph.meta("matmul_configs"))["update"]
     row = dict(next(r for r in rows if dict(r)["node"] == "mm"))
     assert row["split_k"] == s and row["tiles"] < 132 * row["waves"] + 1
     doc = run_pass(_passes().get("memory.plan"), doc)
@@ -196,5 +212,4 @@ def test_options_turn_the_rewrites_off():
     g = doc.graph.program("update")
     assert not any(n.attr("trans_a") or n.attr("trans_b") or n.attr("config") for n in _matmuls(g))
     assert any(_is_transpose(n) for n in g.nodes)
-    stats = dict(doc.schedule.stats)
-    assert "matmul_configs" not in stats and "matmul_layouts" not in stats
+    assert doc.graph.meta("matmul_configs") is None and doc.graph.meta("schedule.matmul_layouts") is None

@@ -249,8 +249,7 @@ def bench_matmul_command(tokens, only, build_dir, iters, json_path, sweep):
 
     import torch
 
-    from latch_codegen_h100 import build
-    from latch_codegen_h100.runtime import Program
+    from latch_codegen_h100 import Program, build
 
     if not torch.cuda.is_available():
         raise click.ClickException("bench-matmul runs on the GPU; torch sees no CUDA device")
@@ -266,9 +265,9 @@ def bench_matmul_command(tokens, only, build_dir, iters, json_path, sweep):
     click.echo(f"bench-matmul: {len(case_list)} cases, plan {t1 - t0:.1f} s, build {t2 - t1:.1f} s "
                f"({dict(doc.build.stats).get('cached')}), {dict(doc.build.stats).get('resources', '')}")
     try:
-        from latch_codegen_h100.sass import SassError, report
+        from latch_codegen_h100 import SassError, sass_report
 
-        click.echo("machine code: " + "; ".join(report(Path(build_dir) / "program.so").lines()))
+        click.echo("machine code: " + "; ".join(sass_report(Path(build_dir) / "program.so").lines()))
     except SassError as e:
         click.echo(f"machine code: not read ({e})")
     prog = Program.load(build_dir)

@@ -2,6 +2,7 @@
 
     build(doc, out_dir) -> Document          generate + compile; adds the ``build`` section
     Program.load(build_dir)(params, state, batch, hyper=None) -> loss   (needs torch + a GPU)
+    sass_report(build_dir / "program.so")   the machine code: HGMMA, UTMALDG, USETMAXREG, spills
 
 This is the package's public API (``[tool.latch] public`` in its pyproject: other packages import
 these names, not the modules behind them). Code generation and the build never import torch;
@@ -13,10 +14,11 @@ _LAZY = {
     "CodegenError": "bodies", "BuildError": "builder", "build": "builder", "generate": "codegen",
     "BodyContext": "lowering", "Lowering": "lowering", "LoweringError": "lowering", "NodeInfo": "lowering",
     "Operand": "lowering", "Program": "runtime", "ProgramError": "runtime", "LaunchError": "runtime",
+    "TensorMap": "lowering", "sass_report": "sass", "SassError": "sass",
 }
 
 __all__ = ["build", "generate", "BuildError", "CodegenError", "Lowering", "LoweringError", "BodyContext",
-           "NodeInfo", "Operand", "Program", "ProgramError", "LaunchError"]
+           "NodeInfo", "Operand", "Program", "ProgramError", "LaunchError", "TensorMap", "sass_report", "SassError"]
 
 
 def __getattr__(name):

@@ -39,15 +39,13 @@ def find_cuobjdump() -> str:
         if not os.access(explicit, os.X_OK):
             raise SassError(f"LATCH_CUOBJDUMP={explicit!r} is not an executable file")
         return explicit
-    try:
-        import nvidia  # the namespace package of NVIDIA's CUDA wheels
+    import importlib.util
 
-        for root in getattr(nvidia, "__path__", []):
-            for p in sorted(Path(root).glob("*/bin/cuobjdump")):
-                if os.access(p, os.X_OK):
-                    return str(p)
-    except ImportError:
-        pass
+    spec = importlib.util.find_spec("nvidia")  # the namespace package of NVIDIA's CUDA wheels, if any
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        for p in sorted(Path(root).glob("*/bin/cuobjdump")):
+            if os.access(p, os.X_OK):
+                return str(p)
     for cand in (shutil.which("cuobjdump"),
                  os.path.join(os.environ["CUDA_HOME"], "bin", "cuobjdump") if os.environ.get("CUDA_HOME") else None):
         if cand and os.access(cand, os.X_OK):
@@ -121,7 +119,7 @@ def parse(sass: str, resources: str) -> SassReport:
     )
 
 
-def report(library: str | Path, cuobjdump: str | None = None) -> SassReport:
+def sass_report(library: str | Path, cuobjdump: str | None = None) -> SassReport:
     """The machine-code report of a built ``program.so`` (or object file)."""
     tool = cuobjdump or find_cuobjdump()
     lib = str(library)
@@ -130,4 +128,6 @@ def report(library: str | Path, cuobjdump: str | None = None) -> SassReport:
     return parse(_run([tool, "-sass", lib]), _run([tool, "-res-usage", lib]))
 
 
-__all__ = ["SassReport", "SassError", "find_cuobjdump", "parse", "report"]
+report = sass_report
+
+__all__ = ["SassReport", "SassError", "find_cuobjdump", "parse", "report", "sass_report"]
