@@ -33,7 +33,7 @@ export PYTHONUNBUFFERED=1
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 say() { echo "== [gpu_check ${SECONDS}s] $*"; }
-# LATCH_GPU_ONLY=examples,matmul,readme,pytest,sanitizer,profile,full runs only the steps named (default: all).
+# LATCH_GPU_ONLY=matmul,examples,readme,pytest,sanitizer,dense,profile,full runs only the steps named (default: all).
 want() { [ -z "${LATCH_GPU_ONLY:-}" ] || [[ ",${LATCH_GPU_ONLY}," == *",$1,"* ]]; }
 row() { echo "$*" >> "$SUMMARY"; }
 
@@ -77,7 +77,7 @@ row "latch gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(head -1 "$OUT/gpu.txt")
 if want matmul; then
     say "bench-matmul"
     LATCH_SPIN_TIMEOUT_S=5 timeout "${LATCH_GPU_MATMUL_S:-300}" "$PY" -m latch_core.cli bench-matmul --tokens "${LATCH_GPU_TOKENS:-2048,32768}" \
-        --dir "$WORK/build/bench-matmul" --json "$OUT/matmul.json" > "$WORK/matmul.log" 2>&1
+        --dir "$WORK/build/bench-matmul" --json "$OUT/matmul.json" ${LATCH_GPU_MATMUL_ARGS:-} > "$WORK/matmul.log" 2>&1
     rc=$?
     { echo "===== bench-matmul (exit $rc)"; cat "$WORK/matmul.log"; } >> "$OUT/examples.log"
     tail -40 "$WORK/matmul.log"
@@ -123,22 +123,42 @@ grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu.log" | head -20
 row "  pytest -m gpu: $(grep -E '(passed|failed)' "$OUT/pytest_gpu.log" | tail -1)"
 fi
 
-MLP_DIR="$WORK/build/mlp-barrier"
-if ! want sanitizer; then
-    :
-elif command -v compute-sanitizer > /dev/null && [ -f "$MLP_DIR/program.so" ]; then
-    say "compute-sanitizer on the MLP"
-    for tool in memcheck racecheck; do
-        LATCH_SPIN_TIMEOUT_S=300 timeout 75 compute-sanitizer --tool "$tool" --kernel-name kns=latch_kernel \
-            "$PY" -m latch_core.cli run "$MLP_DIR" --steps 2 > "$WORK/sanitizer-$tool.log" 2>&1
-        rc=$?
-        { echo "===== $tool (exit $rc)"; cat "$WORK/sanitizer-$tool.log"; } >> "$OUT/sanitizer.log"
-        echo "$tool exit $rc"
-        tail -4 "$WORK/sanitizer-$tool.log"
-        row "  compute-sanitizer $tool (MLP, 2 updates, exit $rc): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$WORK/sanitizer-$tool.log" | tail -1)"
+# compute-sanitizer memcheck and racecheck on two updates of the MLP (FP32, SIMT bodies) and of the
+# small transformer (BF16: the TMA + wgmma products on the worker's ring), from the example builds.
+if want sanitizer && command -v compute-sanitizer > /dev/null; then
+    for target in mlp-barrier transformer-barrier; do
+        dir="$WORK/build/$target"
+        [ -f "$dir/program.so" ] || { row "  compute-sanitizer $target: not run (no build: run the examples step)"; continue; }
+        say "compute-sanitizer on $target"
+        for tool in memcheck racecheck; do
+            LATCH_SPIN_TIMEOUT_S=300 timeout 120 compute-sanitizer --tool "$tool" --kernel-name kns=latch_kernel \
+                "$PY" -m latch_core.cli run "$dir" --steps 2 > "$WORK/sanitizer-$tool.log" 2>&1
+            rc=$?
+            { echo "===== $target $tool (exit $rc)"; cat "$WORK/sanitizer-$tool.log"; } >> "$OUT/sanitizer.log"
+            echo "$tool exit $rc"
+            tail -4 "$WORK/sanitizer-$tool.log"
+            row "  compute-sanitizer $tool ($target, 2 updates, exit $rc): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$WORK/sanitizer-$tool.log" | tail -1)"
+        done
     done
-else
-    row "  compute-sanitizer: not run (tool or MLP build missing)"
+elif want sanitizer; then
+    row "  compute-sanitizer: not on this machine"
+fi
+
+# The dense transformer of TARGETS.md (d_model 768, 8 layers, 12 heads, vocab 49,152, 2 x 1024
+# tokens; BF16 policy) as ONE kernel: its gates over one update against the FP64 reference, and its
+# update time against the strongest control (the compiled model, fused AdamW, the whole update in
+# one CUDA graph) in the same process.
+if want dense; then
+    say "dense transformer, full size"
+    DENSE=(--set d_model=768 --set layers=8 --set heads=12 --set vocab=49152 --set seq=1024 --set batch=2
+           --set mlp_hidden=2048)
+    timeout "${LATCH_GPU_DENSE_S:-420}" "$PY" -m latch_core.cli compile examples/transformer.py --target gpu "${DENSE[@]}" \
+        --steps 1 --bench --strongest --no-eager --iters 5 --dir "$WORK/build/dense" > "$WORK/dense.log" 2>&1
+    rc=$?
+    { echo "===== dense transformer (exit $rc)"; cat "$WORK/dense.log"; } >> "$OUT/examples.log"
+    grep -E "^(GATES|BENCH|STRONGEST)|capture |build |schedule |FAIL" "$WORK/dense.log" | head -20
+    [ $rc -eq 0 ] || { echo "gpu_check: dense exited $rc; last lines:"; tail -25 "$WORK/dense.log"; }
+    grep -E "^(GATES|BENCH|STRONGEST)" "$WORK/dense.log" | sed 's/^/  dense: /' >> "$SUMMARY" || row "  dense: no result (rc $rc)"
 fi
 
 # Profiling builds (tools/profile_report.py, -DLATCH_PROFILE=1): where the kernel's time goes per op,

@@ -6,10 +6,10 @@
 //
 // Execution model (version 2). One cooperative launch, one block of LATCH_BLOCK = 384 threads per
 // SM, in two roles with their own register budgets (setmaxnreg):
-// - consumers, threads 0..255 (warpgroups 0 and 1, 232 registers each): run the bodies. Every op
+// - consumers, threads 0..255 (warpgroups 0 and 1, 224 registers each): run the bodies. Every op
 //   body is written to these 256 threads (LATCH_THREADS) and synchronises them with
 //   latch::block_sync() (named barrier 1), never __syncthreads();
-// - the producer, warp 0 of warpgroup 2 (40 registers; the other three warps exit at once): walks
+// - the producer, warp 0 of warpgroup 2 (56 registers; the other three warps exit at once): walks
 //   block b's instruction list (Args::instrs from sm_begin[b]), waits on dataflow counters, hands
 //   every task, signal and barrier to the consumers through a queue of LATCH_QUEUE slots in shared
 //   memory (each with a full and an empty mbarrier), and, for a body with a producer half (a task
@@ -65,8 +65,8 @@
 
 #define LATCH_BLOCK (LATCH_THREADS + 128)
 #define LATCH_QUEUE 4
-#define LATCH_PRODUCER_REGS 40
-#define LATCH_CONSUMER_REGS 232
+#define LATCH_PRODUCER_REGS 56
+#define LATCH_CONSUMER_REGS 224
 static_assert(LATCH_THREADS == 256, "two consumer warpgroups");
 static_assert(128 * LATCH_PRODUCER_REGS + LATCH_THREADS * LATCH_CONSUMER_REGS <= 65536, "register file");
 
