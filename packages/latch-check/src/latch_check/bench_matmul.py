@@ -19,7 +19,6 @@ compile it (``tests/test_bench_matmul.py``); the timing needs the GPU.
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from pathlib import Path

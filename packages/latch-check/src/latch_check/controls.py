@@ -83,7 +83,7 @@ def compiled_graph_step(example, device, *, bf16: bool = True, warmup: int = 3) 
         return cmodel(x)
 
     def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
             res = example.objective(call(), y)
         loss = res if isinstance(res, torch.Tensor) else res[0]
         loss.backward()

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import copy
 import statistics
+import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -429,10 +430,12 @@ def bench(example, build_dir: str | Path, *, iters: int = 50, warmup: int = 10, 
         return prog(run.layout, run.layout, batch_arg, run.hyper, check=False)
 
     res: dict[str, Any] = {}
+    warmup = min(warmup, max(2, iters))  # a slow program with few iterations needs few warm-ups
+    back_to_back = max(3, min(20, iters))
     t = _events_ms(latch_step, iters, warmup)
     prog.check()
     res["latch_ms"] = statistics.median(t)
-    res["latch_pipelined_ms"] = _pipelined_ms(latch_step, 20)
+    res["latch_pipelined_ms"] = _pipelined_ms(latch_step, back_to_back)
     prog.check()
     n0 = prog.launches
     latch_step()
@@ -452,6 +455,7 @@ def bench(example, build_dir: str | Path, *, iters: int = 50, warmup: int = 10, 
             res["compiled_setup_s"] = time.perf_counter() - t0
             res["compiled_graph_ms"] = statistics.median(_events_ms(replay, iters, min(warmup, 3)))
             res["compiled_graph_pipelined_ms"] = _pipelined_ms(replay, 20)
+            res["compiled_parameters"] = info["parameters"]
         except Exception as e:  # reported, never a silent pass
             res["compiled_graph_ms"] = f"control failed: {type(e).__name__}: {e}"
     if not eager:
