@@ -49,14 +49,14 @@ def _captured(case):
 REWRITE_SWITCHES = ("matmul_layouts", "matmul_configs", "split_reductions")
 
 
-def _rewrites(doc, *, num_sms=132, matmul_layouts=True, matmul_configs=True, split_reductions=True, **_):
+def _rewrites(doc, *, num_sms=132, matmul_layouts=True, matmul_configs=True, split_reductions=True, cost=None, **_):
     """The pipeline's graph rewrites before ``schedule`` (latch_core.pipeline), in its order."""
     if matmul_layouts:
         doc = run_pass(_passes().get("schedule.matmul_layouts"), doc)
     if split_reductions:
         doc = run_pass(_passes().get("schedule.split_reductions"), doc, num_sms=num_sms)
     if matmul_configs:
-        doc = run_pass(_passes().get("schedule.matmul_configs"), doc, num_sms=num_sms)
+        doc = run_pass(_passes().get("schedule.matmul_configs"), doc, num_sms=num_sms, **(cost or {}))
     return doc
 
 
@@ -180,7 +180,7 @@ def _product_doc(m=128, k=4096, n=256, then=None) -> Document:
 def test_split_k_simulates_correctly_and_deterministically(then):
     doc0 = _product_doc(then=then)
     doc = run_pass(_passes().get("memory.policy"), doc0, master=None)
-    doc = _rewrites(doc, num_sms=132)
+    doc = _rewrites(doc, num_sms=132, cost={"cost_split_k_choices": (1, 2, 4, 8, 16)})  # split-K is opt-in
     doc = run_pass(_passes().get("schedule"), doc, num_sms=132)
     g = doc.graph.program("update")
     part = next(n for n in g.nodes if n.name == "mm.partial")

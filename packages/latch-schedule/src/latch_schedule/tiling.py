@@ -62,16 +62,19 @@ class CostModel:
     matmul_waves: int = 2
     num_sms: int = 132
     # Body-configuration choice (latch_schedule.matmul_configs): a tile's pipeline fill and drain,
-    # the tensor cores' efficiency by tile width BN (the largest threshold <= BN applies), the
-    # split-K factors tried, and the K steps each split must keep. The efficiencies are the wgmma
-    # body's shared-memory roofline: per 64-wide K block of a 128 x BN tile the two consumer
-    # warpgroups read 2 x 4 x (2 KiB of A + 32 B x BN of B) and TMA writes (128 + BN) x 128 B, at
-    # 128 B per clock, against 4 x BN clocks of tensor-core work: eff = 4 BN / (256 + 3 BN)
-    # (run 7 on the H200 measured 128 x 128 tiles at ~0.6 of cuBLAS's best, in line with it).
+    # the tensor cores' efficiency by tile width BN (the largest threshold <= BN applies, relative
+    # to sm_mma_flops), the split-K factors tried, and the K steps each split must keep.
+    # The efficiencies are measured: the wgmma body's steady-state rate per tile width on the H200
+    # (results/gpu.md run 10: BN 256 655 TFLOP/s, 128 514, 64 304 at K >= 2048; 96 327 at K = 768)
+    # over 132 x sm_mma_flops. Thin tiles lose more than their wave count wins: the shared-memory
+    # traffic per flop grows as BN shrinks (4 BN / (256 + 3 BN) of the tensor cores' rate at best).
     mma_fill: float = 0.7e-6
-    mma_eff: tuple[tuple[int, float], ...] = ((16, 0.21), (32, 0.36), (64, 0.57), (96, 0.71), (128, 0.8),
-                                              (192, 0.92), (256, 1.0))
-    split_k_choices: tuple[int, ...] = (1, 2, 4, 8, 16)
+    mma_eff: tuple[tuple[int, float], ...] = ((16, 0.12), (32, 0.23), (64, 0.46), (96, 0.55), (128, 0.78),
+                                              (192, 0.9), (256, 1.0))
+    # Split-K is off by default: run 10 measured every split product at 26-48% of cuBLAS, because
+    # the partials' fixed-order sum runs as a phase of its own on the SIMT reduction body. Turn it
+    # on (option cost_split_k_choices) once the reduction is fused into the product's epilogue.
+    split_k_choices: tuple[int, ...] = (1,)
     split_k_min_steps: int = 4  # S > 1 only when K / S >= this many k_tile steps
 
     def mma_efficiency(self, bn: int) -> float:
