@@ -17,6 +17,7 @@ change of an INPUT (``state["m"].mul_(b)``) would be silently dropped, so it is 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Callable, Mapping
 
@@ -155,9 +156,32 @@ _HINT_SHAPE = ("its output shape depends on tensor values (nonzero, boolean-mask
                "Latch needs static shapes: use torch.where with a mask, or a fixed-size formulation")
 
 
+@contextlib.contextmanager
+def traced_like_export():
+    """What library code sees while capture traces: ``torch.compiler.is_compiling()`` is True, as in
+    torch.export's non-strict tracing (which sets the same flag around its make_fx trace).
+
+    Libraries written to be exportable check it to skip data-dependent shortcuts: transformers'
+    ``is_tracing()`` (mask creation, packed-sequence detection), MoE dispatch without ``.tolist()``.
+    Capture's functional tensors are not the FakeTensors those checks also look for, so without the
+    flag such code runs ``if tensor.all():`` and fails as a data-dependent read. ``is_exporting()``
+    stays False: it changes how torch functionalizes mutating custom ops."""
+    import torch.compiler as tc
+
+    old = getattr(tc, "_is_compiling_flag", None)
+    if old is None:  # a torch without the flag: nothing to set
+        yield
+        return
+    tc._is_compiling_flag = True
+    try:
+        yield
+    finally:
+        tc._is_compiling_flag = old
+
+
 def _run(fn: Callable, names: list[str], fakes: list, tracker: SourceTracker, what: str):
     try:
-        with fx_traceback.preserve_node_meta():
+        with fx_traceback.preserve_node_meta(), traced_like_export():
             return make_fx(_functionalized(fn, names, what), tracing_mode="fake")(*fakes)
     except CaptureError:
         raise
