@@ -185,6 +185,9 @@ class SourceTracker(TorchFunctionMode):
         self._progress = progress
         self._t0 = time.perf_counter()
         self._next_report = self._t0 + 2.0
+        from .substitute import substitutes
+
+        self.substitutes = substitutes()  # library calls traced as Latch ops (substitute.py)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -193,7 +196,12 @@ class SourceTracker(TorchFunctionMode):
         if src is not None:
             self.last_source = src
             fx_traceback.set_stack_trace([src])
-        out = func(*args, **kwargs)
+        out = None
+        sub = self.substitutes.get(func) if self.substitutes else None
+        if sub is not None:
+            out = sub(*args, **kwargs)
+        if out is None:
+            out = func(*args, **kwargs)
         if src is not None:
             _tag_grad_fns(out, src)
         self.last_source = outer

@@ -38,15 +38,28 @@ from .gates import FP64_THRESHOLD, GateTable, program_gates
 class Float64Everywhere(TorchFunctionMode):
     """Every floating dtype that code passes to torch reads as float64: ``x.to(torch.float32)``,
     ``x.float()`` / ``.half()`` / ``.bfloat16()``, ``softmax(x, dtype=torch.float32)``,
-    ``torch.zeros(..., dtype=torch.bfloat16)``. Integer and bool dtypes are untouched."""
+    ``torch.zeros(..., dtype=torch.bfloat16)``. Integer and bool dtypes are untouched. Torch kernels
+    with no float64 form (``grouped_mm``) run as a plain loop (``latch_capture.substitute``)."""
 
     _TO_F64 = frozenset({torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16})
+
+    def __init__(self):
+        super().__init__()
+        from latch_capture.substitute import eager_substitutes
+
+        self._subs = eager_substitutes()  # torch kernels without a float64 form (grouped_mm)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in self._TO_F64:
             return args[0].double()
-        return func(*_f64_dtypes(args), **_f64_dtypes(kwargs))
+        args, kwargs = _f64_dtypes(args), _f64_dtypes(kwargs)
+        sub = self._subs.get(func)
+        if sub is not None:
+            out = sub(*args, **kwargs)
+            if out is not None:
+                return out
+        return func(*args, **kwargs)
 
 
 def _f64_dtypes(x):
