@@ -283,12 +283,39 @@ def trace_forward_backward(spec: CaptureInputs, model, objective: Callable, forw
     t0 = time.perf_counter()
     say(f"capture: tracing forward + backward ({len(order)} inputs)")
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    gm = _run(fb, order, _fakes(mode, order, spec.types), tracker, "forward + backward")
+    try:
+        gm = _run(fb, order, _fakes(mode, order, spec.types), tracker, "forward + backward")
+    except CaptureError as e:
+        hint = library_hint(model, e)
+        if hint is None:
+            raise
+        raise CaptureError(e.what, op=e.op, source=e.source, hint=hint) from e.__cause__
     t1 = time.perf_counter()
     say(f"capture: traced forward + backward in {t1 - t0:.1f} s ({len(gm.graph.nodes)} torch nodes); lowering")
     consts = {n: b for n, b in spec.buffers}
     frag = lower.lower(gm, order, keys, ops, consts=consts, progress=say)
     return Traced(frag, tuple(keys), time.perf_counter() - t0)
+
+
+def library_hint(model, err: CaptureError) -> str | None:
+    """A better hint for a capture failure caused by a known library setting (the config switch to
+    use instead), else None. transformers: ``config._experts_implementation`` / ``_attn_implementation``."""
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return None
+    experts = getattr(cfg, "_experts_implementation", None)
+    attn = getattr(cfg, "_attn_implementation", None)
+    where = err.source or ""
+    if experts == "eager" and "data-dependent" in err.what:
+        return ('transformers\' experts_implementation="eager" loops over the experts a batch hits (nonzero, shapes '
+                'from data), which a static graph cannot hold: use the default experts_implementation="grouped_mm" '
+                'or "batched_mm" (from_pretrained(..., experts_implementation="grouped_mm"), or '
+                'model.set_experts_implementation("grouped_mm"))')
+    if attn not in (None, "sdpa", "eager") and ("attention" in where or "attention" in (err.op or "")):
+        return (f'transformers\' attn_implementation="{attn}" calls kernels Latch cannot capture: use '
+                'attn_implementation="sdpa" (the default) or "eager" (from_pretrained(..., attn_implementation="sdpa"), '
+                'or model.set_attn_implementation("sdpa"))')
+    return None
 
 
 def _check_forward_state(fs, spec: CaptureInputs) -> dict:
