@@ -123,7 +123,7 @@ class Lowerer:
         return self.types[name]
 
     def where(self) -> str:
-        return op_key(self.fx_node.target) if self.fx_node is not None else "?"
+        return op_key(self.fx_node.target).removesuffix(".default") if self.fx_node is not None else "?"
 
     def emit(self, op: str, inputs: Sequence[str | None], attrs: Mapping[str, Any] | None = None,
              base: str | None = None) -> list[str]:

@@ -38,6 +38,24 @@ def softmax(op: str):
     return low
 
 
+def safe_softmax(lw: Lowerer, a: dict) -> str:
+    """``_safe_softmax`` (attention's math path): a softmax whose fully masked rows (every entry
+    -inf) give 0 instead of NaN; its backward is the plain softmax backward."""
+    out = lw.out_type()
+    x = lw.cast(a["self"], out.dtype)
+    if not lw.type(x).shape:
+        return lw.full((), 1.0, out.dtype)
+
+    def rows(xs):
+        (v,) = xs
+        y = lw.emit1("latch::softmax", [v])
+        m = lw.emit1("latch::amax", [v], {"dims": (len(lw.type(v).shape) - 1,), "keepdim": True})
+        dead = lw.expand(lw.emit1("latch::eq", [m], {"scalar": float("-inf")}), lw.type(v).shape)
+        return lw.emit1("latch::where", [dead, None, y], {"scalar_a": 0.0})
+
+    return _last_dim(lw, [x], a["dim"], rows)
+
+
 def softmax_backward(op: str):
     def low(lw: Lowerer, a: dict) -> str:
         g, y = a["grad_output"], a["output"]
@@ -217,6 +235,7 @@ def topk(lw: Lowerer, a: dict) -> tuple[str, str]:
 def TABLE() -> dict:
     return {
         "aten._softmax": softmax("softmax"),
+        "aten._safe_softmax": safe_softmax,
         "aten._log_softmax": softmax("log_softmax"),
         "aten._softmax_backward_data": softmax_backward("softmax_backward"),
         "aten._log_softmax_backward_data": softmax_backward("log_softmax_backward"),
