@@ -36,5 +36,5 @@ def build(**overrides) -> Example:
     cfg = make_config(Config, overrides)
     hf = GPT2Config(vocab_size=cfg.vocab, n_positions=cfg.positions, n_embd=cfg.d_model, n_layer=cfg.layers,
                     n_head=cfg.heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                    attn_implementation=cfg.attn)
+                    bos_token_id=0, eos_token_id=0, attn_implementation=cfg.attn)
     return lm_example("hf_gpt2", seeded(cfg.seed, lambda: GPT2LMHeadModel(hf)), cfg)
