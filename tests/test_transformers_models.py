@@ -60,3 +60,12 @@ def test_mixtral_eager_experts_loop_is_refused_naming_the_switch():
     msg = str(e.value)
     assert 'experts_implementation="grouped_mm"' in msg and "batched_mm" in msg
     assert "modeling_mixtral.py:" in msg and "pipeline.py" not in msg and "latch_" not in msg
+
+
+def test_a_padding_mask_from_the_batch_is_refused_with_the_way_out():
+    ex = load_example(EXAMPLES / "hf_llama.py", layers=1)
+    ex.inputs = dict(ex.inputs, attention_mask=torch.ones(ex.inputs["input_ids"].shape, dtype=torch.long))
+    with pytest.raises(CaptureError) as e:
+        ex.capture()
+    msg = str(e.value)
+    assert "masking_utils.py:" in msg and "drop attention_mask" in msg

@@ -285,15 +285,15 @@ def trace_forward_backward(spec: CaptureInputs, model, objective: Callable, forw
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
         gm = _run(fb, order, _fakes(mode, order, spec.types), tracker, "forward + backward")
+        t1 = time.perf_counter()
+        say(f"capture: traced forward + backward in {t1 - t0:.1f} s ({len(gm.graph.nodes)} torch nodes); lowering")
+        consts = {n: b for n, b in spec.buffers}
+        frag = lower.lower(gm, order, keys, ops, consts=consts, progress=say)
     except CaptureError as e:
         hint = library_hint(model, e)
         if hint is None:
             raise
         raise CaptureError(e.what, op=e.op, source=e.source, hint=hint) from e.__cause__
-    t1 = time.perf_counter()
-    say(f"capture: traced forward + backward in {t1 - t0:.1f} s ({len(gm.graph.nodes)} torch nodes); lowering")
-    consts = {n: b for n, b in spec.buffers}
-    frag = lower.lower(gm, order, keys, ops, consts=consts, progress=say)
     return Traced(frag, tuple(keys), time.perf_counter() - t0)
 
 
@@ -311,6 +311,10 @@ def library_hint(model, err: CaptureError) -> str | None:
                 'from data), which a static graph cannot hold: use the default experts_implementation="grouped_mm" '
                 'or "batched_mm" (from_pretrained(..., experts_implementation="grouped_mm"), or '
                 'model.set_experts_implementation("grouped_mm"))')
+    if "masking_utils.py" in where or ("attention with a mask computed from the batch" in err.what and attn):
+        return ("transformers builds its attention mask from the batch's attention_mask here; Latch's attention "
+                "takes causal or full attention only (no padding masks yet): for unpadded batches drop "
+                "attention_mask from the model's inputs (the causal mask is built without it)")
     if attn not in (None, "sdpa", "eager") and ("attention" in where or "attention" in (err.op or "")):
         return (f'transformers\' attn_implementation="{attn}" calls kernels Latch cannot capture: use '
                 'attn_implementation="sdpa" (the default) or "eager" (from_pretrained(..., attn_implementation="sdpa"), '
