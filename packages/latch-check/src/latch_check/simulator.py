@@ -27,7 +27,8 @@ booleans round-trip exactly. Cost: 8 bytes of host memory per planned byte.
 
 Cost: bookkeeping (pending reads, ownership, clobber checks) is local to the boxes a task touches;
 what grows with the whole value is the poisoned copy of each input and the group's reference,
-once per task (the project's transformer at d_model 512, seq 256, 2,529 tasks: ~35 s).
+once per task (the project's transformer at d_model 512, seq 256, 2,529 tasks: ~50 s on CI's
+2 cores; it could not run before, as its embedding is split into several tasks).
 
 Checks (``checks=True``, the default), besides the numbers: every byte carries the id of the value
 that last wrote it and every element of a value the number of reads still to come (including one
@@ -437,6 +438,17 @@ class ArenaSimulator:
         return env
 
     def run(self, inputs: Mapping[str, torch.Tensor], seed: int = 0) -> dict[str, torch.Tensor]:
+        # One intra-op thread: the simulation is thousands of mid-sized ops, where torch's thread
+        # pool costs more than it gives, most of all on a busy machine (the d_model 512 transformer
+        # on CI's 2 cores under load: 139 s with 2 threads, 49 s with 1).
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self._run(inputs, seed)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _run(self, inputs: Mapping[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
         self._reset(inputs)
         for tid in legal_order(self.ps, seed):
             self._run_task(tid)
