@@ -95,6 +95,22 @@ MOE_SMALL=(--set vocab=256 --set d_model=64 --set layers=2 --set heads=4 --set e
 run_example 100 tinymoe barrier 10 --policy --routing "${MOE_SMALL[@]}"
 run_example 80 tinymoe dataflow 10 --policy --routing "${MOE_SMALL[@]}"
 
+# ---- issue 13: transformers' GPT-2, Llama and Mixtral, unchanged (examples/hf_*.py, tiny configs,
+# BF16 policy, 10 updates; Mixtral with --routing). Needs transformers on the machine (5.17.0 there);
+# LATCH_GPU_HF=0 skips, LATCH_GPU_HF=2 also runs the dataflow strategy.
+if [ "${LATCH_GPU_HF:-1}" != 0 ] && "$PY" -c 'import transformers' > /dev/null 2>&1; then
+    HF_SCHEDS=(barrier)
+    [ "${LATCH_GPU_HF:-1}" = 2 ] && HF_SCHEDS+=(dataflow)
+    for sched in "${HF_SCHEDS[@]}"; do
+        run_example 120 hf_gpt2 "$sched" 10 --policy
+        run_example 120 hf_llama "$sched" 10 --policy
+        run_example 150 hf_mixtral "$sched" 10 --policy --routing
+    done
+else
+    row "  hf_gpt2/hf_llama/hf_mixtral: not run (LATCH_GPU_HF=${LATCH_GPU_HF:-1}, or transformers missing)"
+fi
+# ---- end issue 13
+
 # Microbatches: `accumulate` K-1 times, then `accumulate_and_update`, gated per update.
 # (own build directories: the sanitizer below runs the K = 1 MLP build of mlp-barrier)
 run_example 120 mlp barrier 5 --no-policy --set microbatches=4 --dir "$WORK/build/mlp-k4-barrier"
