@@ -75,4 +75,7 @@ def adamw(*, lr: float | None = None, betas=(0.9, 0.999), eps: float = 1e-8, wei
             new_m[n], new_v[n] = m, v
         return new_p, {"step": step, "exp_avg": new_m, "exp_avg_sq": new_v}, metrics
 
-    return tensor_update(update, init_state=init_state)
+    # torch's own equivalent (fused AdamW after clip_grad_norm_), for the benchmark's controls
+    control = {"optimizer": "adamw", "lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
+               "max_norm": max_norm}
+    return tensor_update(update, init_state=init_state, control=control)

@@ -46,8 +46,10 @@ def _planned(name: str, scheduler: str, policy: bool, overrides=None):
 
     doc = load_example(EXAMPLES / f"{name}.py", **(overrides or {})).capture(grads=True)
     passes = registries().passes
-    seq = ([passes.get("memory.policy")] if policy else []) + [passes.get("schedule"), passes.get("memory.plan")]
-    return run_pipeline(seq, doc, {"schedule": {"scheduler": scheduler, "num_sms": 132}})
+    seq = ([passes.get("memory.policy")] if policy else []) + [
+        passes.get(n) for n in ("schedule.split_reductions", "schedule", "memory.plan")]
+    return run_pipeline(seq, doc, {"schedule.split_reductions": {"num_sms": 132},
+                                   "schedule": {"scheduler": scheduler, "num_sms": 132}})
 
 
 def _compile_both(name: str, policy: bool, tmp_path: Path, cache_dir: Path, monkeypatch, overrides=None):
@@ -78,3 +80,43 @@ def test_transformer_with_bf16_policy_compiles(tmp_path, cache_dir, monkeypatch)
 @pytest.mark.slow
 def test_tinymoe_small_with_bf16_policy_compiles(tmp_path, cache_dir, monkeypatch):
     _compile_both("tinymoe", True, tmp_path, cache_dir, monkeypatch, SMALL_MOE)
+
+
+def test_matmul_layouts_out_dtypes_and_split_k_compile(tmp_path, cache_dir, monkeypatch):
+    """Every new form of latch::matmul reaches nvcc through the SIMT body: split-K partials (plain and
+    with a transposed a), a product writing bf16 for the next one, a batched product reading b
+    transposed; the schedule records a configuration on each."""
+    from latch_core.document import Document
+    from latch_core.ir import Graph, GraphSection, Group, Node, Value
+
+    vals = [Value("a", (128, 4096), "f32", "batch"), Value("b", (4096, 256), "f32", "param"),
+            Value("c", (256, 64), "f32", "param"), Value("q", (3, 40, 24), "f32", "batch"),
+            Value("k", (3, 56, 24), "f32", "param"), Value("d", (4096, 128), "f32", "batch"),
+            Value("e", (4096, 64), "f32", "param"),
+            Value("y", (128, 256), "f32"), Value("z", (128, 64), "f32"), Value("s", (3, 40, 56), "f32"),
+            Value("f", (128, 64), "f32")]
+    nodes = [Node("mm", "latch::matmul", ("a", "b"), ("y",)), Node("mm2", "latch::matmul", ("y", "c"), ("z",)),
+             Node("qk", "latch::matmul", ("q", "k"), ("s",), {"trans_b": True}),
+             Node("dw", "latch::matmul", ("d", "e"), ("f",), {"trans_a": True})]
+    g = Graph("update", vals, nodes, [Group("params", ["b", "c", "k", "e"]), Group("batch", ["a", "q", "d"])],
+              [Group("loss", ["z", "s", "f"])])
+    passes = registries().passes
+    doc = run_pipeline([passes.get("memory.policy"), passes.get("schedule.matmul_layouts"),
+                        passes.get("schedule.matmul_configs"), passes.get("schedule"), passes.get("memory.plan")],
+                       Document(graph=GraphSection([g])),
+                       {"memory.policy": {"master": None}, "schedule.matmul_configs": {"num_sms": 132},
+                        "schedule": {"num_sms": 132}})
+    prog = doc.graph.program("update")
+    mms = [n for n in prog.nodes if n.op == "latch::matmul"]
+    assert all(n.attr("config") for n in mms)
+    assert {n.name for n in mms if n.attr("split_k")} == {"mm.partial", "dw.partial"}
+    monkeypatch.setenv("LATCH_CACHE_DIR", str(cache_dir))
+    built = build(doc, tmp_path / "mm", jobs=2)
+    assert (tmp_path / "mm" / "program.so").exists()
+    src = "\n".join(p.read_text() for p in (tmp_path / "mm" / "src").rglob("*.cu*"))
+    # rank-2 BF16 products run the wgmma body (split-K partials loop over their split index; dW reads
+    # a M-major); the batched q k^T the SIMT body, reading k transposed
+    assert "latch::gemm_consume<__nv_bfloat16, 128, " in src and "for (int s = c.t->lo[0]; s < c.t->hi[0]; ++s)" in src
+    assert ", true, false>(p, epi," in src  # dW: A M-major, B N-major
+    assert "matmul_tile<__nv_bfloat16, __nv_bfloat16, float, float, 1, false, true>" in src  # q k^T
+    assert dict(built.build.stats)["bodies"] >= 6

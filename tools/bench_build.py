@@ -53,8 +53,8 @@ def planned_document(example: str, small: bool, strategy: str, num_sms: int, say
     doc = load_example(path, **overrides).capture()
     say(f"capture          {time.perf_counter() - t0:7.2f} s")
     passes = registries().passes
-    for name, opts in (("memory.policy", {}), ("schedule", {"scheduler": strategy, "num_sms": num_sms}),
-                       ("memory.plan", {})):
+    for name, opts in (("memory.policy", {}), ("schedule.split_reductions", {"num_sms": num_sms}),
+                       ("schedule", {"scheduler": strategy, "num_sms": num_sms}), ("memory.plan", {})):
         t0 = time.perf_counter()
         doc = run_pass(passes.get(name), doc, **opts)
         say(f"{name:<16s} {time.perf_counter() - t0:7.2f} s")

@@ -5,6 +5,9 @@
 # installed here too. latch-core, latch-schedule and latch-memory get no torch at all: the venvs
 # are created without --system-site-packages, and the script checks `import torch` fails in them.
 #
+# First, tools/check_imports.py: every import a package's code and tests make is declared in its
+# pyproject.toml, and no package imports another's private modules or names (fails listing each).
+#
 # Usage: bash tools/check_isolation.sh [PACKAGE ...]     (default: every packages/*)
 # Environment: PYTHON                 interpreter for the venvs (default: python3)
 #              LATCH_ISOLATION_CACHE  reusable cache of wheels and of one torch install
@@ -42,6 +45,9 @@ else
 fi
 
 log() { printf '[isolation %4ds] %s\n' "$SECONDS" "$*"; }
+
+log "package lanes: tools/check_imports.py"
+"$PYTHON" "$ROOT/tools/check_imports.py" "$ROOT" || { echo "isolation: undeclared or private imports (above)" >&2; exit 1; }
 # pip warns once per package about index locations of this machine's global pip configuration that
 # do not exist; the noise hides real messages in CI logs. Everything else pip says passes through.
 quiet_pip() { "$@" 2> >(grep -v "^WARNING: Location 'file:" >&2); }
@@ -60,7 +66,7 @@ for d in "$ROOT"/packages/*/; do
 done
 rm -rf "$WORK"/src/*/build "$WORK"/src/*/src/*.egg-info
 "${BPIP[@]}" wheel --no-deps --no-build-isolation -w "$WORK/latch-wheels" "$WORK"/src/*/
-"${BPIP[@]}" wheel --find-links "$WHEELS" -w "$WHEELS" "setuptools>=70" pytest hypothesis attrs pluggy click ninja
+"${BPIP[@]}" wheel --find-links "$WHEELS" -w "$WHEELS" "setuptools>=70" pytest hypothesis attrs pluggy click ninja numpy rich
 
 # plan.py prints, per package: its local (latch-*) dependency closure and whether it needs torch.
 cat > "$WORK/plan.py" <<'PY'

@@ -2,13 +2,16 @@
 # The ONE script for the H200 (run from the repository root, e.g. through the device tool):
 #   1. install every package editable (that machine has python3 with torch, setuptools, nvcc, ninja,
 #      pytest; no network: --no-deps --no-build-isolation);
-#   2. per example: capture -> schedule -> plan -> build (a fresh cache: the first build is cold,
-#      the second cached), then the GPU program against the FP64 reference over 10 updates under
-#      both scheduling strategies (python -m latch_check.gpu prints every gate table): two_weight,
+#   2. per example: `latch-pipeline compile --target gpu --twice` (latch_core.pipeline: capture ->
+#      policy -> split reductions -> schedule -> plan -> validate -> build, in a fresh cache: the
+#      first build is cold, the second cached), then the GPU program against the FP64 reference
+#      over 10 updates under both scheduling strategies (compile prints every gate table and a
+#      GATES line; --bench a BENCH line): two_weight,
 #      the MLP (FP32; also timed against eager PyTorch and a CUDA graph of the same eager update),
 #      the small dense transformer and a small TinyMoE (BF16 matmul/attention operands; TinyMoE with
 #      --routing: its expert choices are program outputs, gated as near-ties against FP64's top-k,
-#      and the FP64 reference replays them for every other gate, see latch_check/gpu.py);
+#      and the FP64 reference replays them for every other gate, see latch_check/gpu.py); FP32
+#      examples run with --no-policy (compile's default is the BF16 policy);
 #   3. pytest -m gpu (the op-by-op, runtime and acceptance tests; the 10-update gate tests are
 #      deselected here because step 2 runs exactly those and prints their tables);
 #   4. compute-sanitizer memcheck and racecheck on two MLP updates;
@@ -30,6 +33,8 @@ export PYTHONUNBUFFERED=1
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 say() { echo "== [gpu_check ${SECONDS}s] $*"; }
+# LATCH_GPU_ONLY=matmul,examples,readme,pytest,sanitizer,dense,profile,full runs only the steps named (default: all).
+want() { [ -z "${LATCH_GPU_ONLY:-}" ] || [[ ",${LATCH_GPU_ONLY}," == *",$1,"* ]]; }
 row() { echo "$*" >> "$SUMMARY"; }
 
 say "host: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
@@ -46,13 +51,15 @@ if ! "$PY" -m pip install -q --no-deps --no-build-isolation "${EDITABLE[@]}" > "
     tail -20 "$OUT/install.log"; echo "gpu_check: install failed" >&2; exit 2
 fi
 "$PY" -c 'import latch_core, latch_codegen_h100, latch_check.gpu; print("install ok")'
+export LATCH_CAPTURE_CACHE="$WORK/capture-cache"   # fresh too: the first capture of each example is real
 
 run_example() {  # limit name scheduler steps extra-args...
     local limit="$1" name="$2" sched="$3" steps="$4"; shift 4
     local log="$WORK/${name}-${sched}.log"
     say "$name ($sched)"
-    timeout "$limit" "$PY" -m latch_check.gpu "examples/$name.py" --scheduler "$sched" --steps "$steps" \
-        --dir "$WORK/build/$name-$sched" "$@" > "$log" 2>&1
+    # python -m latch_core.cli is latch-pipeline (the console script may not be on PATH there)
+    timeout "$limit" "$PY" -m latch_core.cli compile "examples/$name.py" --target gpu --twice --scheduler "$sched" \
+        --steps "$steps" --dir "$WORK/build/$name-$sched" "$@" > "$log" 2>&1
     local rc=$?
     { echo "===== $name $sched (exit $rc)"; cat "$log"; } >> "$OUT/examples.log"
     grep -E "^(GATES|BENCH)|cached rebuild|capture .* build" "$log"
@@ -63,9 +70,24 @@ run_example() {  # limit name scheduler steps extra-args...
 }
 
 row "latch gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(head -1 "$OUT/gpu.txt")"
-run_example 60 two_weight barrier 1
-run_example 100 mlp barrier 10 --bench --iters 100
-run_example 80 mlp dataflow 10 --bench --iters 100
+
+# The matrix products of TinyMoE-200M's dense path as Latch tasks (TMA + wgmma bodies on the worker)
+# against torch.mm in a CUDA graph: correctness (FP32 output vs torch's FP32 product of the same BF16
+# operands) and time per product (latch_check/bench_matmul.py). LATCH_GPU_TOKENS picks the sizes.
+if want matmul; then
+    say "bench-matmul"
+    LATCH_SPIN_TIMEOUT_S=5 timeout "${LATCH_GPU_MATMUL_S:-300}" "$PY" -m latch_core.cli bench-matmul --tokens "${LATCH_GPU_TOKENS:-2048,32768}" \
+        --dir "$WORK/build/bench-matmul" --json "$OUT/matmul.json" ${LATCH_GPU_MATMUL_ARGS:-} > "$WORK/matmul.log" 2>&1
+    rc=$?
+    { echo "===== bench-matmul (exit $rc)"; cat "$WORK/matmul.log"; } >> "$OUT/examples.log"
+    tail -40 "$WORK/matmul.log"
+    { echo "  MATMUL (exit $rc):"; sed -n '/^case /,$p' "$WORK/matmul.log" | sed 's/^/    /'; } >> "$SUMMARY"
+fi
+
+if want examples; then
+run_example 60 two_weight barrier 1 --no-policy
+run_example 100 mlp barrier 10 --no-policy --bench --iters 100
+run_example 80 mlp dataflow 10 --no-policy --bench --iters 100
 run_example 100 transformer barrier 10 --policy
 run_example 80 transformer dataflow 10 --policy
 MOE_SMALL=(--set vocab=256 --set d_model=64 --set layers=2 --set heads=4 --set experts=4 --set expert_hidden=32
@@ -73,11 +95,29 @@ MOE_SMALL=(--set vocab=256 --set d_model=64 --set layers=2 --set heads=4 --set e
 run_example 100 tinymoe barrier 10 --policy --routing "${MOE_SMALL[@]}"
 run_example 80 tinymoe dataflow 10 --policy --routing "${MOE_SMALL[@]}"
 
+# ---- issue 13: transformers' GPT-2, Llama and Mixtral, unchanged (examples/hf_*.py, tiny configs,
+# BF16 policy, 10 updates; Mixtral with --routing). Needs transformers on the machine (5.17.0 there);
+# LATCH_GPU_HF=0 skips, LATCH_GPU_HF=2 also runs the dataflow strategy.
+if [ "${LATCH_GPU_HF:-1}" != 0 ] && "$PY" -c 'import transformers' > /dev/null 2>&1; then
+    HF_SCHEDS=(barrier)
+    [ "${LATCH_GPU_HF:-1}" = 2 ] && HF_SCHEDS+=(dataflow)
+    for sched in "${HF_SCHEDS[@]}"; do
+        run_example 120 hf_gpt2 "$sched" 10 --policy
+        run_example 120 hf_llama "$sched" 10 --policy
+        run_example 150 hf_mixtral "$sched" 10 --policy --routing
+    done
+else
+    row "  hf_gpt2/hf_llama/hf_mixtral: not run (LATCH_GPU_HF=${LATCH_GPU_HF:-1}, or transformers missing)"
+fi
+# ---- end issue 13
+
 # Microbatches: `accumulate` K-1 times, then `accumulate_and_update`, gated per update.
 # (own build directories: the sanitizer below runs the K = 1 MLP build of mlp-barrier)
-run_example 120 mlp barrier 5 --set microbatches=4 --dir "$WORK/build/mlp-k4-barrier"
-run_example 100 mlp dataflow 5 --set microbatches=4 --dir "$WORK/build/mlp-k4-dataflow"
+run_example 120 mlp barrier 5 --no-policy --set microbatches=4 --dir "$WORK/build/mlp-k4-barrier"
+run_example 100 mlp dataflow 5 --no-policy --set microbatches=4 --dir "$WORK/build/mlp-k4-dataflow"
+fi  # examples
 
+if want readme; then
 say "README's main command on the GPU"
 timeout 150 "$PY" -m latch_core.cli compile examples/mlp.py --target gpu --steps 2 \
     --build-dir "$WORK/build/readme-mlp" > "$WORK/readme.log" 2>&1
@@ -85,7 +125,9 @@ rc=$?
 { echo "===== latch-pipeline compile examples/mlp.py --target gpu (exit $rc)"; cat "$WORK/readme.log"; } >> "$OUT/examples.log"
 tail -3 "$WORK/readme.log"
 row "  README main command on the GPU (exit $rc): $(grep -E '^latch compile' "$WORK/readme.log" | tail -1)"
+fi
 
+if want pytest; then
 say "pytest -m gpu"
 timeout 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors packages tests \
     --deselect "packages/latch-check/tests/test_gpu_compare.py::test_gates_over_ten_updates" \
@@ -95,21 +137,44 @@ echo "pytest exit $?"
 grep -E "passed|failed|error" "$OUT/pytest_gpu.log" | tail -3
 grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu.log" | head -20
 row "  pytest -m gpu: $(grep -E '(passed|failed)' "$OUT/pytest_gpu.log" | tail -1)"
+fi
 
-say "compute-sanitizer on the MLP"
-MLP_DIR="$WORK/build/mlp-barrier"
-if command -v compute-sanitizer > /dev/null && [ -f "$MLP_DIR/program.so" ]; then
-    for tool in memcheck racecheck; do
-        LATCH_SPIN_TIMEOUT_S=300 timeout 75 compute-sanitizer --tool "$tool" --kernel-name kns=latch_kernel \
-            "$PY" -m latch_core.cli run "$MLP_DIR" --steps 2 > "$WORK/sanitizer-$tool.log" 2>&1
-        rc=$?
-        { echo "===== $tool (exit $rc)"; cat "$WORK/sanitizer-$tool.log"; } >> "$OUT/sanitizer.log"
-        echo "$tool exit $rc"
-        tail -4 "$WORK/sanitizer-$tool.log"
-        row "  compute-sanitizer $tool (MLP, 2 updates, exit $rc): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$WORK/sanitizer-$tool.log" | tail -1)"
+# compute-sanitizer memcheck and racecheck on two updates of the MLP (FP32, SIMT bodies) and of the
+# small transformer (BF16: the TMA + wgmma products on the worker's ring), from the example builds.
+if want sanitizer && command -v compute-sanitizer > /dev/null; then
+    for target in mlp-barrier transformer-barrier; do
+        dir="$WORK/build/$target"
+        [ -f "$dir/program.so" ] || { row "  compute-sanitizer $target: not run (no build: run the examples step)"; continue; }
+        say "compute-sanitizer on $target"
+        for tool in memcheck racecheck; do
+            LATCH_SPIN_TIMEOUT_S=300 timeout 120 compute-sanitizer --tool "$tool" --kernel-name kns=latch_kernel \
+                "$PY" -m latch_core.cli run "$dir" --steps 2 > "$WORK/sanitizer-$tool.log" 2>&1
+            rc=$?
+            { echo "===== $target $tool (exit $rc)"; cat "$WORK/sanitizer-$tool.log"; } >> "$OUT/sanitizer.log"
+            echo "$tool exit $rc"
+            tail -4 "$WORK/sanitizer-$tool.log"
+            row "  compute-sanitizer $tool ($target, 2 updates, exit $rc): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$WORK/sanitizer-$tool.log" | tail -1)"
+        done
     done
-else
-    row "  compute-sanitizer: not run (tool or MLP build missing)"
+elif want sanitizer; then
+    row "  compute-sanitizer: not on this machine"
+fi
+
+# The dense transformer of TARGETS.md (d_model 768, 8 layers, 12 heads, vocab 49,152, 2 x 1024
+# tokens; BF16 policy) as ONE kernel: its gates over one update against the FP64 reference, and its
+# update time against the strongest control (the compiled model, fused AdamW, the whole update in
+# one CUDA graph) in the same process.
+if want dense; then
+    say "dense transformer, full size"
+    DENSE=(--set d_model=768 --set layers=8 --set heads=12 --set vocab=49152 --set seq=1024 --set batch=2
+           --set mlp_hidden=2048)
+    timeout "${LATCH_GPU_DENSE_S:-420}" "$PY" -m latch_core.cli compile examples/transformer.py --target gpu "${DENSE[@]}" \
+        --steps 1 --bench --strongest --no-eager --iters 5 --dir "$WORK/build/dense" > "$WORK/dense.log" 2>&1
+    rc=$?
+    { echo "===== dense transformer (exit $rc)"; cat "$WORK/dense.log"; } >> "$OUT/examples.log"
+    grep -E "^(GATES|BENCH|STRONGEST)|capture |build |schedule |FAIL" "$WORK/dense.log" | head -20
+    [ $rc -eq 0 ] || { echo "gpu_check: dense exited $rc; last lines:"; tail -25 "$WORK/dense.log"; }
+    grep -E "^(GATES|BENCH|STRONGEST)" "$WORK/dense.log" | sed 's/^/  dense: /' >> "$SUMMARY" || row "  dense: no result (rc $rc)"
 fi
 
 # Profiling builds (tools/profile_report.py, -DLATCH_PROFILE=1): where the kernel's time goes per op,
@@ -132,11 +197,13 @@ run_profile() {  # limit tag example args...
         row "  PROFILE $tag: no result (rc $rc): $(tail -1 "$log")"
     fi
 }
+if want profile; then
 run_profile 90 mlp-barrier mlp --scheduler barrier --updates 3
 run_profile 90 mlp-dataflow mlp --scheduler dataflow --updates 3
+fi
 TIMING_S=150  # what the full TinyMoE-200M timing step below takes (capture + build twice + bench)
 LEFT=$(( ${LATCH_GPU_BUDGET_S:-570} - SECONDS - TIMING_S ))
-if [ "${LATCH_GPU_FULL:-1}" = 1 ] && [ "$LEFT" -gt 60 ]; then
+if want full && [ "${LATCH_GPU_FULL:-1}" = 1 ] && [ "$LEFT" -gt 60 ]; then
     run_profile "$LEFT" tinymoe-200M-barrier tinymoe --scheduler barrier --policy --updates 2
 else
     row "  PROFILE tinymoe-200M: not run (LATCH_GPU_FULL=${LATCH_GPU_FULL:-1}, ${LEFT}s left of the call after the timing's ${TIMING_S}s)"
@@ -146,7 +213,7 @@ fi
 # reference of 200M parameters on this CPU would take minutes). Not a speed claim against the
 # strongest control (torch.compile + one CUDA graph); eager and its CUDA graph are timed alongside.
 LEFT=$(( ${LATCH_GPU_BUDGET_S:-570} - SECONDS ))
-if [ "${LATCH_GPU_FULL:-1}" = 1 ] && [ "$LEFT" -gt 60 ]; then
+if want full && [ "${LATCH_GPU_FULL:-1}" = 1 ] && [ "$LEFT" -gt 60 ]; then
     run_example "$LEFT" tinymoe barrier 0 --policy --bench --iters 5
 else
     row "  tinymoe-200M: not run (LATCH_GPU_FULL=${LATCH_GPU_FULL:-1}, ${LEFT}s left of the call)"

@@ -3,7 +3,7 @@
 
     python tools/profile_report.py EXAMPLE.py [--set k=v ...] [--scheduler S] [--policy] [--updates N]
 
-Runs the one pipeline (latch_check.pipeline.compile_example: capture -> policy -> schedule -> plan
+Runs the one pipeline (latch_check.pipeline.compile_example, i.e. latch_core.pipeline: capture -> policy -> split -> schedule -> plan
 -> validate), builds it as a profiling build (build(..., profile=True): -DLATCH_PROFILE=1, its own
 cache key and, by default, its own directory), runs a warm-up update and then N updates of the
 example's data on the GPU, and prints latch_codegen_h100.profile's report per program: kernel time

@@ -56,13 +56,16 @@ def run_strategy(doc, strategy: str, num_sms: int, save_dir: Path | None) -> dic
     from latch_core.passes import run_pass
     from latch_core.plugins import registries
 
-    from latch_schedule.passes import SCHEDULE
+    from latch_schedule.passes import SCHEDULE, SPLIT_REDUCTIONS
     from latch_schedule.validate import validate
 
     regs = registries()
     times = {}
     c = _Clock()
-    d = run_pass(SCHEDULE, doc, scheduler=strategy, num_sms=num_sms)
+    d = run_pass(SPLIT_REDUCTIONS, doc, num_sms=num_sms)
+    times["split_reductions"] = c.stop()
+    c = _Clock()
+    d = run_pass(SCHEDULE, d, scheduler=strategy, num_sms=num_sms)
     times["schedule"] = c.stop()
     plan = regs.passes.get("memory.plan") if "memory.plan" in regs.passes else None
     if plan is None:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Set up a development environment in .venv: torch (CPU wheel, pinned), every Latch package
-# editable, the demonstration third-party plugin, and the test tools.
+# Set up a development environment in .venv: torch (CPU wheel, pinned), transformers (pinned),
+# every Latch package editable, the demonstration third-party plugin, and the test tools.
 #
 # Usage: bash tools/setup.sh            (from anywhere; works on the repository it lives in)
 # Environment: PYTHON   interpreter to build the venv from (default: python3; needs >= 3.10)
@@ -13,6 +13,10 @@ PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-$ROOT/.venv}"
 # torch is pinned exactly: any looser spec makes pip fetch GBs of CUDA wheels.
 TORCH_PIN="torch==2.13.0"
+# transformers (pinned; it does not depend on torch, so pip leaves torch alone): the examples
+# hf_gpt2/hf_llama/hf_mixtral.py and their tests use its models unchanged. The H200 machine has
+# 5.17.0 too.
+TRANSFORMERS_PIN="transformers==5.17.0"
 
 # Packages in dependency order; each is also installable alone (tools/check_isolation.sh).
 PACKAGES=(latch-core latch-ops latch-schedule latch-memory latch-capture latch-check latch-codegen-h100)
@@ -33,7 +37,9 @@ PIP=(quiet_pip "$VENV/bin/python" -m pip --disable-pip-version-check)
 
 # setuptools >= 70 builds PEP 660 editable wheels without the separate 'wheel' package, which lets
 # us skip build isolation (no per-package download of a build environment).
-"${PIP[@]}" install -q "setuptools>=70" "$TORCH_PIN" pytest hypothesis
+# nvidia-cuda-cuobjdump: the disassembler (no GPU needed) that latch-pipeline sass and the machine-code
+# tests read builds with.
+"${PIP[@]}" install -q "setuptools>=70" "$TORCH_PIN" "$TRANSFORMERS_PIN" pytest hypothesis nvidia-cuda-cuobjdump==13.5.37
 
 editable=()
 for p in "${PACKAGES[@]}"; do

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from latch_check import gpu
+from latch_check.pipeline import compile_example
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -20,7 +21,7 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 def test_two_weight_one_launch(tmp_path):
-    ex, doc, _ = gpu.prepare(str(EXAMPLES / "two_weight.py"), tmp_path, say=lambda m: None)
+    ex = compile_example(EXAMPLES / "two_weight.py", policy=False, build_dir=tmp_path).example
     run = gpu.GpuRun(ex, tmp_path)
     out = run.update(run.batches(0))
     assert run.prog.launches == 1
@@ -31,7 +32,6 @@ def test_two_weight_one_launch(tmp_path):
 @pytest.mark.parametrize("scheduler", ["barrier", "dataflow"])
 @pytest.mark.parametrize("example,policy", [("mlp", False), ("transformer", True)])
 def test_gates_over_ten_updates(example, policy, scheduler, tmp_path):
-    ex, doc, _ = gpu.prepare(str(EXAMPLES / f"{example}.py"), tmp_path, scheduler=scheduler, policy=policy,
-                             say=lambda m: None)
+    ex = compile_example(EXAMPLES / f"{example}.py", scheduler=scheduler, policy=policy, build_dir=tmp_path).example
     result = gpu.gpu_compare(ex, tmp_path, steps=10)
     assert result.passed, result.format()

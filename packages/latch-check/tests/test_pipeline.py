@@ -1,4 +1,5 @@
-"""``latch-pipeline compile``: the README's main command, end to end on the CPU."""
+"""``latch-pipeline compile``: the README's main command, end to end on the CPU; it runs exactly
+latch_core.pipeline's list of passes."""
 
 import shutil
 from pathlib import Path
@@ -14,7 +15,37 @@ TWO = str(ROOT / "examples" / "two_weight.py")
 
 
 def _cpu_only(monkeypatch):
-    monkeypatch.setattr(pipeline, "_device_sms", lambda: None)
+    monkeypatch.setattr(pipeline, "device_sms", lambda: None)
+
+
+def test_compile_runs_exactly_the_pipeline_list(monkeypatch, tmp_path):
+    """The document's provenance is latch_core.pipeline.PIPELINE in order (less the switched-off
+    stages); the Python API and the command run the same list."""
+    from latch_core.document import load
+    from latch_core.pipeline import NAMES, Request
+
+    _cpu_only(monkeypatch)
+    out = tmp_path / "two.latch.json"
+    r = CliRunner().invoke(main, ["compile", TWO, "--no-build", "--steps", "1", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    ran = [p.name for p in load(out).provenance]
+    assert ran == Request(TWO, build=False).passes() == [n for n in NAMES if n not in ("memory.remat", "build")]
+    c = pipeline.compile_example(TWO, build=False, remat_budget=1 << 20, policy=False)
+    assert [p.name for p in c.doc.provenance] == [n for n in NAMES if n not in ("memory.policy", "build")]
+    assert list(c.times) == [n for n in NAMES if n not in ("memory.policy", "build")]
+
+
+def test_a_second_compile_reads_capture_and_check_back(monkeypatch):
+    _cpu_only(monkeypatch)
+    first = CliRunner().invoke(main, ["compile", TWO, "--no-build", "--steps", "1", "--set", "lr=0.05"])
+    assert first.exit_code == 0, first.output
+    again = CliRunner().invoke(main, ["compile", TWO, "--no-build", "--steps", "1", "--set", "lr=0.05"])
+    assert again.exit_code == 0, again.output
+    assert "capture                       " in again.output and "cached (update" in again.output
+    assert "cached result of an identical run" in again.output
+    assert again.output.split("two_weight: step 0")[1] == first.output.split("two_weight: step 0")[1]
+    fresh = CliRunner().invoke(main, ["compile", TWO, "--no-build", "--steps", "1", "--set", "lr=0.05", "--no-cache"])
+    assert fresh.exit_code == 0 and "cached" not in fresh.output
 
 
 def test_compile_on_the_simulator_without_build(monkeypatch):
@@ -23,8 +54,22 @@ def test_compile_on_the_simulator_without_build(monkeypatch):
     assert r.exit_code == 0, r.output
     assert "no CUDA device seen by torch: checking on the CPU arena simulator" in r.output
     assert "latch compile two_weight.py: PASS: 2 run(s) on CPU arena simulator" in r.output
-    for stage in ("capture", "memory.policy", "schedule", "memory.plan", "schedule.validate"):
+    for stage in ("capture", "memory.policy", "schedule.split_reductions", "schedule", "memory.plan",
+                  "schedule.validate"):
         assert stage in r.output
+    assert "GATES two_weight barrier policy=f32: PASS over 2 updates" in r.output
+    assert "NOT simulated" not in r.output  # two_weight has no matrix product: the policy changes nothing
+
+
+def test_the_output_says_the_bf16_policy_is_not_simulated(monkeypatch):
+    _cpu_only(monkeypatch)
+    mlp = str(ROOT / "examples" / "mlp.py")
+    r = CliRunner().invoke(main, ["compile", mlp, "--no-build", "--steps", "1"])
+    assert r.exit_code == 0, r.output
+    assert "the BF16 policy is NOT simulated" in r.output and "(BF16 policy not simulated)" in r.output
+    assert "GATES mlp barrier policy=bf16: PASS over 1 updates" in r.output
+    r = CliRunner().invoke(main, ["compile", mlp, "--no-build", "--steps", "1", "--no-policy"])
+    assert r.exit_code == 0 and "NOT simulated" not in r.output and "policy=f32" in r.output
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
@@ -51,6 +96,17 @@ def test_gpu_target_without_a_gpu_is_an_error_not_a_fallback(monkeypatch):
     assert "PASS" not in r.output
 
 
+def test_missing_nvcc_is_named(monkeypatch, tmp_path):
+    _cpu_only(monkeypatch)
+    from latch_codegen_h100 import builder
+
+    monkeypatch.setenv("LATCH_NVCC", str(tmp_path / "no-nvcc"))
+    r = CliRunner().invoke(main, ["compile", TWO, "--build-dir", str(tmp_path / "b")])
+    assert r.exit_code == 2
+    assert "is not an executable file" in r.output and "--no-build" in r.output
+    assert builder  # the build pass reports the toolchain's own message, then what to do
+
+
 def _no_nvcc_anywhere(monkeypatch):
     from latch_codegen_h100 import builder
 
@@ -58,14 +114,6 @@ def _no_nvcc_anywhere(monkeypatch):
     monkeypatch.setattr(builder, "FALLBACK_NVCC", ())
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.delenv("LATCH_NVCC", raising=False)
-
-
-def test_missing_nvcc_is_named(monkeypatch):
-    _cpu_only(monkeypatch)
-    _no_nvcc_anywhere(monkeypatch)
-    r = CliRunner().invoke(main, ["compile", TWO])
-    assert r.exit_code == 2
-    assert "nvcc not found" in r.output and "LATCH_NVCC" in r.output and "--no-build" in r.output
 
 
 def test_compile_finds_nvcc_the_way_build_does(monkeypatch, tmp_path):
@@ -100,6 +148,8 @@ def test_a_failing_gate_fails_the_command(monkeypatch):
         return {k: (v * 1.001 if v.is_floating_point() else v) for k, v in out.items()}
 
     monkeypatch.setattr(simulator, "simulate", corrupt)
-    r = CliRunner().invoke(main, ["compile", TWO, "--no-build", "--steps", "1"])
+    # --no-cache: an earlier test's verdict for the same document is cached, and a monkeypatch is
+    # no change to any file the cache key reads
+    r = CliRunner().invoke(main, ["compile", TWO, "--no-build", "--steps", "1", "--no-cache"])
     assert r.exit_code == 1
     assert "FAIL" in r.output

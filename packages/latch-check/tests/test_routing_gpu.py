@@ -301,8 +301,9 @@ def test_tinymoe_bf16_with_routing_passes_its_gates_on_the_gpu(tmp_path):
     """The H200 acceptance of this gate (tools/gpu_check.sh runs the same with both strategies and
     prints the tables, so it deselects this test)."""
     small = dict(vocab=256, d_model=64, layers=2, heads=4, experts=4, expert_hidden=32, seq=32, device="cpu")
-    ex, doc, _ = gpu.prepare(str(EXAMPLES / "tinymoe.py"), tmp_path, policy=True, routing=True, overrides=small,
-                             say=lambda m: None)
+    from latch_check.pipeline import compile_example
+
+    ex = compile_example(EXAMPLES / "tinymoe.py", policy=True, routing=True, overrides=small, build_dir=tmp_path).example
     result = gpu.gpu_compare(ex, tmp_path, steps=10)
     assert result.passed, result.format()
     assert all(any(isinstance(g, RoutingGate) for g in t.gates) for t in result.tables)

@@ -1,4 +1,5 @@
-"""The build: nvcc -rdc units, device link, shared library with a C ABI, cache, error reports.
+"""The build: one nvcc translation unit (kernel.cu includes the units), shared library with a C ABI,
+cache, error reports.
 
 Needs nvcc (present in CI and on the development machine); no GPU.
 """
@@ -55,11 +56,14 @@ def test_build_links_a_library_with_the_c_abi_and_rebuilds_from_cache(tmp_path, 
     assert doc.build is not None and dict(doc.build.stats)["cached"] == "no"
     assert (out / "program.so").exists() and (out / "build.ninja").exists()
     ninja = (out / "build.ninja").read_text()
-    assert "-rdc=true" in ninja and "-dlink" in ninja and "arch=compute_90a,code=sm_90a" in ninja
+    # One translation unit (kernel.cu includes the unit files): no separate compilation, no device link.
+    assert "-rdc=true" not in ninja and "-dlink" not in ninja and "arch=compute_90a,code=sm_90a" in ninja
+    assert "build obj/kernel.o: cu src/kernel.cu | src/unit_0.cu" in ninja
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["key"] == doc.build.key
     lib = ctypes.CDLL(str(out / "program.so"))
-    assert lib.latch_abi_version() == 1
+    assert lib.latch_abi_version() == 2
+    assert lib.latch_block_threads() == 384
     assert lib.latch_num_bodies() == len(manifest["bodies"])
     assert (out / "tables" / "update.tasks.bin").stat().st_size == 96 * manifest["programs"]["update"]["num_tasks"]
 

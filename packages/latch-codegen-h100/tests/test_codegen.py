@@ -50,7 +50,7 @@ def test_fused_group_is_one_body_with_intermediates_in_registers():
     assert len(gen.manifest["bodies"]) == 3
     fused = next(b for b in gen.manifest["bodies"] if b["ops"] == ["latch::add", "latch::relu"])
     src = next(u.source for u in gen.units[1:] if any(k == fused["key"] for k in u.bodies))
-    body = src[src.index(f"latch_body_{fused['key']}"):]
+    body = src[src.index(fused["function"]):]
     body = body[:body.index("\n}\n")]
     stores = [ln for ln in body.splitlines() if "latch::st<" in ln]
     assert len(stores) == 2 and all("(out0," in ln for ln in stores)  # one per loop path, group output only
@@ -151,7 +151,7 @@ def test_missing_sections_and_placements_are_named():
 def test_task_and_instruction_tables_round_trip():
     rec = T.TaskRecord(body=3, task=7, group=2, op_begin=10, op_count=4, lo=(0, 5), hi=(4, 9))
     fields = T.unpack_tasks(rec.pack())[0]
-    assert fields[:8] == (3, 7, 2, 2, 10, 4, 0, 0)
+    assert fields[:8] == (3, 7, 2, 2, 10, 4, -1, -1)  # no tensor map, no local dependency
     assert fields[8:10] == (0, 5) and fields[16:18] == (4, 9)
     instrs, begins = T.pack_instrs([[("task", 0), ("signal", 1)], [("wait", 1, 2), ("barrier", 0)]])
     assert T.unpack_instrs(instrs) == [(1, 0, 0, 0), (4, 1, 0, 0), (3, 1, 2, 0), (2, 0, 0, 0)]

@@ -120,3 +120,15 @@ def test_layout_from_a_planned_document_matches_the_generated_tables():
         assert rep.program == "update" and sum(s.tasks for s in rep.sms) == len(lay.task_group)
     with pytest.raises(ProfileError, match="no program 'nope'"):
         layout_from_document(doc, "nope")
+
+
+def test_task_overhead_is_the_gap_between_consecutive_tasks_on_an_sm():
+    # SM 0: task [0, 10], task [13, 20] (gap 3), barrier, task; SM 1: task [1, 5], task [9, 12] (gap 4)
+    layout = ProgramLayout("update", ((("task", 0), ("task", 1), ("barrier", 0), ("task", 2)),
+                                      (("task", 3), ("task", 4), ("barrier", 0))),
+                           (0, 0, 0, 0, 0), {0: GroupInfo("latch::mul", "b", ("m",), None)})
+    rec = LaunchRecords("update", [(1, 10), (13, 20), (20, 30), (31, 40), (1, 5), (9, 12), (12, 30)],
+                        [(1, 41), (1, 40)])
+    rep = aggregate(layout, [rec])
+    assert sorted(rep.task_gaps_ns) == [3, 4]  # a task after a barrier is not a consecutive pair
+    assert "per-task overhead" in format_report(rep)

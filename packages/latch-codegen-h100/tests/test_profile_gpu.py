@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @pytest.mark.parametrize("scheduler", ["barrier", "dataflow"])
 def test_profiling_run_of_the_mlp(tmp_path, scheduler):
-    from latch_check.gpu import GpuRun
-    from latch_check.pipeline import compile_example
+    # the whole pipeline and the example runner are latch-check's (not a dependency of this package)
+    GpuRun = pytest.importorskip("latch_check.gpu").GpuRun
+    compile_example = pytest.importorskip("latch_check.pipeline").compile_example
     from latch_codegen_h100.runtime import ProgramError
 
     c = compile_example(ROOT / "examples" / "mlp.py", scheduler=scheduler, build=False)

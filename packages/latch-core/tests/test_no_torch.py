@@ -5,7 +5,8 @@ import sys
 
 CORE_MODULES = ["latch_core", "latch_core.cli", "latch_core.document", "latch_core.hookspecs", "latch_core.ir",
                 "latch_core.lint", "latch_core.passes", "latch_core.plugin", "latch_core.plugins",
-                "latch_core.registry", "latch_core.sections", "latch_core.text"]
+                "latch_core.registry", "latch_core.sections", "latch_core.text", "latch_core.pipeline",
+                "latch_core.progress", "latch_core.tiling"]
 
 # A meta-path finder that makes any torch import fail loudly, so the check holds even in a venv where
 # torch is installed (the isolation check additionally runs these tests where it is absent).

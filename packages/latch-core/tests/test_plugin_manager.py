@@ -148,6 +148,10 @@ def _scheduler(doc, options):
     return None
 
 
+def _configs(in_types, out_types, attrs):
+    return []
+
+
 @click.command("hello")
 def _hello():
     click.echo("hello")
@@ -155,11 +159,11 @@ def _hello():
 
 EXAMPLES = {
     "latch_register_ops": ((OPS[0],), "latch::add", "ops"),
-    "latch_register_derivatives": (("demo::op", "rule-object"), "demo::op", "derivatives"),
     "latch_register_lowerings": (("demo::op", "lowering-object"), "demo::op", "lowerings"),
     "latch_register_schedulers": (("greedy", _scheduler), "greedy", "schedulers"),
     "latch_register_passes": ((Pass("demo.pass", lambda d: d),), "demo.pass", "passes"),
     "latch_register_commands": ((_hello,), "hello", "commands"),
+    "latch_register_configs": (("demo::op", _configs), "demo::op", "configs"),
 }
 
 

@@ -67,7 +67,8 @@ def main(argv=None) -> int:
         rep = dict(dict(dict(d.graph.metadata).get("memory.remat", ())).get("update", ()))
         for strategy in args.strategies.split(","):
             t0 = time.perf_counter()
-            s = run_pass(passes.get("schedule"), d, scheduler=strategy)
+            s = run_pass(passes.get("schedule"), run_pass(passes.get("schedule.split_reductions"), d),
+                         scheduler=strategy)
             t_sched = time.perf_counter() - t0
             t0 = time.perf_counter()
             s = run_pass(passes.get("memory.plan"), s)

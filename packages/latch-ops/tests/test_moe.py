@@ -31,15 +31,12 @@ def test_registered_through_the_moe_entry_point(monkeypatch):
         assert regs.ops.owner(name) == "moe"
         assert regs.ops.get(name) is SPECS[name]
         assert callable(SPECS[name].extra["reference"])
-    # derivative rules: the autograd formula registered with each differentiable custom op, and
-    # the backward ops it emits, themselves registered ops
-    assert sorted(regs.derivatives) == [S.RAGGED_MM, S.TOKEN_TOPK]
-    for name in regs.derivatives:
-        rule = regs.derivatives.get(name)
-        assert regs.derivatives.owner(name) == "moe" and all(b in regs.ops for b in rule.backward_ops)
+    # derivatives: each differentiable custom op carries its torch autograd formula (capture
+    # traces through it), and the backward ops that formula emits are registered Latch ops too
     custom = {S.RAGGED_MM: M._ragged_mm, S.TOKEN_TOPK: M._token_topk}
-    for name, op in custom.items():
-        assert regs.derivatives.get(name).load() is op._backward_fn  # what torch autograd calls
+    for op in custom.values():
+        assert op._backward_fn is not None
+    assert {S.TOKEN_TOPK_BACKWARD, S.RAGGED_MM_GRAD_X, S.RAGGED_MM_GRAD_W} <= set(regs.ops)
 
 
 def test_shape_rules():

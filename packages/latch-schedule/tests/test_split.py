@@ -64,3 +64,25 @@ def test_small_or_partial_reductions_are_left_alone(real_ops):
     big = _program((8192, 4096))
     g2, names = split_reductions(big, real_ops, cost=CostModel(), num_sms=132)
     assert names == ["s"] and g2.value("s.partial").shape == (8192,)
+
+
+def test_the_split_is_its_own_pass_and_schedule_no_longer_rewrites(real_ops):
+    """``schedule.split_reductions`` rewrites the graph (recording the nodes in its provenance);
+    ``schedule`` leaves the graph section as it finds it and refuses the old split options."""
+    from latch_core.document import program_doc
+    from latch_core.passes import run_pass
+    from latch_schedule.passes import SCHEDULE, SPLIT_REDUCTIONS
+
+    doc = program_doc(_program((4096, 2048)))
+    out = run_pass(SPLIT_REDUCTIONS, doc, num_sms=132, ops=real_ops)
+    assert doc.graph.programs[0].has_value("s.partial") is False  # the input is untouched
+    assert out.graph.programs[0].has_value("s.partial")
+    assert out.provenance[-1].name == "schedule.split_reductions" and "update: s" in out.provenance[-1].detail
+    lint(out.graph.programs[0], real_ops)
+    small = program_doc(_program((4, 4)))
+    same = run_pass(SPLIT_REDUCTIONS, small, num_sms=132, ops=real_ops)
+    assert same.graph == small.graph and same.provenance[-1].detail == "nothing to split"
+    scheduled = run_pass(SCHEDULE, doc, num_sms=132, ops=real_ops)
+    assert scheduled.graph == doc.graph  # the schedule pass never rewrites the graph
+    with pytest.raises(ValueError, match="run the pass schedule.split_reductions"):
+        run_pass(SCHEDULE, doc, num_sms=132, ops=real_ops, split_reductions=True)

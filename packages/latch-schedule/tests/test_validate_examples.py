@@ -1,7 +1,6 @@
 """The mutations issue 14 found accepted, on real documents (the MLP and the transformer, barrier and
 dataflow, the memory stage's own plan): each one is now rejected by the validator, with a message
-naming the culprit, and the barrier mutations agree with the code generator's own sync check (the
-kernel's preconditions): the validator refuses exactly what codegen refuses.
+naming the culprit.
 
 Needs torch and latch-capture (the examples are captured small).
 """
@@ -130,23 +129,15 @@ def _barrier_mutants(ps):
 
 
 @pytest.mark.parametrize("example", EXAMPLES)
-def test_barrier_mutations_are_rejected_as_the_kernel_and_codegen_reject_them(registries, docs, example):
+def test_barrier_mutations_are_rejected(registries, docs, example):
+    """(That the validator refuses whatever codegen's own sync check refuses, and that what it
+    refuses breaks on the kernel: tests/test_kernel_model.py.)"""
     doc = docs[(example, "barrier")]
     ps = _ps(doc)
     assert ps.num_barriers >= 2
-    try:
-        from latch_codegen_h100.bodies import CodegenError
-        from latch_codegen_h100.codegen import _check_sync
-    except ImportError:  # latch-schedule tested alone: the validator's half only
-        _check_sync = None
-    if _check_sync is not None:
-        _check_sync(ps)  # the valid one passes codegen's check
     for name, mps in _barrier_mutants(ps):
         problems = _validate(registries, _with(doc, mps))
         assert any("barrier" in p and ("SM " in p) for p in problems), (name, problems[:3])
-        if _check_sync is not None:
-            with pytest.raises(CodegenError):
-                _check_sync(mps)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -47,6 +47,10 @@ class TensorUpdate:
     update: Callable
     init_state: Callable | None = None
     forward_state: Callable | None = None
+    # What this update is in torch.optim terms, for benchmark controls (latch_check.controls): e.g.
+    # {"optimizer": "adamw", "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.1, "max_norm": 1.0,
+    # "lr": 3e-4 or None (then the example's hyper["lr"])}. Never read by capture.
+    control: Mapping | None = None
 
     def initial_state(self, params: Mapping[str, Any]) -> dict:
         if self.init_state is None:
@@ -61,7 +65,7 @@ class TensorUpdate:
 
 
 def tensor_update(update: Callable, *, init_state: Callable | None = None,
-                  forward_state: Callable | None = None) -> TensorUpdate:
+                  forward_state: Callable | None = None, control: Mapping | None = None) -> TensorUpdate:
     """Wrap a pure optimizer step for :func:`capture_module`.
 
     - ``update(params, grads, state, hyper)`` -> ``(new_params, new_state)`` or
@@ -86,7 +90,7 @@ def tensor_update(update: Callable, *, init_state: Callable | None = None,
     for name, fn in (("init_state", init_state), ("forward_state", forward_state)):
         if fn is not None and not callable(fn):
             raise CaptureError(f"tensor_update got a {type(fn).__name__} as {name}", hint="pass a function or None")
-    return TensorUpdate(update, init_state, forward_state)
+    return TensorUpdate(update, init_state, forward_state, control)
 
 
 @attrs.define

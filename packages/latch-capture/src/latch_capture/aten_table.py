@@ -19,32 +19,25 @@ import torch.fx as fx
 
 from latch_ops.common import from_torch_dtype
 
-from . import lower_elementwise, lower_nn, lower_shape
+from . import lower_attention, lower_elementwise, lower_nn, lower_routing, lower_shape
+from .fold import try_fold
 from .lower import Lowerer, bind_args, op_key, packet_key
 
-TABLE: dict = {**lower_elementwise.TABLE(), **lower_shape.TABLE(), **lower_nn.TABLE()}
+TABLE: dict = {**lower_elementwise.TABLE(), **lower_shape.TABLE(), **lower_nn.TABLE(), **lower_attention.TABLE(),
+                **lower_routing.TABLE()}
 
 _RANDOM = ("random ops hide their RNG state; put the model in eval() mode (dropout off) or use a Latch "
            "random op with explicit seed/offset inputs")
-_ATTENTION = "use latch_ops.attention.sdpa (one node with its own derivative rule) for attention"
 HINTS: dict[str, str] = {
-    "aten.topk": "use latch_ops.moe's token_topk (static shapes, its own derivative rule)",
-    "aten.sort": "use latch_ops.moe's route_order to order tokens by expert",
     "aten.argsort": "use latch_ops.moe's route_order to order tokens by expert",
     "aten.as_strided": "an as_strided view cannot be expressed without strides; use reshape/permute/slice",
     "aten.view.dtype": "reinterpreting a tensor's bits as another dtype is not supported; use .to(dtype)",
     "aten.nll_loss2d_forward": "reshape logits to [N, C] and targets to [N] before cross_entropy",
-    "aten.cumsum": "cumulative sums are not in Latch's vocabulary yet; precompute offsets with a Latch op",
     "aten.var": "write the variance as mean((x - mean(x))**2) (times n/(n-1) if unbiased)",
     "aten.std": "write the standard deviation with mean/sqrt",
     "aten.bernoulli": _RANDOM, "aten.native_dropout": _RANDOM, "aten.rand": _RANDOM, "aten.randn": _RANDOM,
     "aten.randint": _RANDOM, "aten.rand_like": _RANDOM, "aten.randn_like": _RANDOM, "aten.normal": _RANDOM,
     "aten.uniform": _RANDOM, "aten.randperm": _RANDOM, "aten.multinomial": _RANDOM,
-    "aten._scaled_dot_product_flash_attention_for_cpu": _ATTENTION,
-    "aten._scaled_dot_product_flash_attention": _ATTENTION,
-    "aten._scaled_dot_product_efficient_attention": _ATTENTION,
-    "aten._scaled_dot_product_attention_math": _ATTENTION,
-    "aten.scaled_dot_product_attention": _ATTENTION,
 }
 
 
@@ -52,6 +45,9 @@ def lower_node(lw: Lowerer, node: fx.Node) -> Any:
     target = node.target
     if isinstance(target, torch._ops.OpOverload) and target.namespace == "latch":
         return lower_latch(lw, node)
+    folded = try_fold(lw, node)
+    if folded is not None:
+        return folded
     key = op_key(target)
     fn = TABLE.get(key)
     if fn is None:

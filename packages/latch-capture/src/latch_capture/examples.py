@@ -15,6 +15,9 @@ from .api import Example
 from .errors import CaptureError
 
 
+MODULES: dict[str, Any] = {}  # resolved example path -> the module last loaded from it
+
+
 def load_module(path: str | Path):
     p = Path(path)
     if not p.is_file():
@@ -39,6 +42,7 @@ def load_module(path: str | Path):
     finally:
         if added:
             sys.path.remove(folder)
+    MODULES[str(p.resolve())] = module
     return module
 
 
@@ -136,3 +140,22 @@ def _value(v: str) -> Any:
         except ValueError:
             pass
     return v
+
+
+_LOADED: dict[tuple[str, str, str], Example] = {}
+
+
+def load_example_once(path: str | Path, **overrides: Any) -> Example:
+    """:func:`load_example`, memoised for the process by (file, its content, overrides): the capture
+    pass and the checks after it share one Example (one model, one set of initial weights)."""
+    import json
+
+    from .cache import file_digest
+
+    p = Path(path)
+    if not p.is_file():
+        raise CaptureError(f"example file {str(p)!r} does not exist", hint="give the path of a Python file defining build()")
+    memo = (str(p.resolve()), file_digest(p.resolve()), json.dumps(overrides, sort_keys=True, default=repr))
+    if memo not in _LOADED:
+        _LOADED[memo] = load_example(p, **overrides)
+    return _LOADED[memo]

@@ -104,6 +104,11 @@ class Lowerer:
         self.source: str | None = None
         self._counter = 0
         self._view_src: dict[str, tuple] = {}  # view result -> (kind, operand, attrs): see reshape()
+        # Values known at capture time (folded from constants, see fold.py): name -> tensor. Such a
+        # name has a type but no defining node until a node reads it (``resolve``), so a value only
+        # ever inspected (a causal mask) costs nothing in the graph.
+        self.known: dict[str, torch.Tensor] = {}
+        self._alias: dict[str, str] = {}
 
     # ---------------------------------------------------------------- naming, values, nodes
     def fresh(self, base: str) -> str:
@@ -118,13 +123,13 @@ class Lowerer:
         return self.types[name]
 
     def where(self) -> str:
-        return op_key(self.fx_node.target) if self.fx_node is not None else "?"
+        return op_key(self.fx_node.target).removesuffix(".default") if self.fx_node is not None else "?"
 
     def emit(self, op: str, inputs: Sequence[str | None], attrs: Mapping[str, Any] | None = None,
              base: str | None = None) -> list[str]:
         """Add one Latch node; returns its output value names (types from the op's shape rule)."""
         attrs = dict(attrs or {})
-        inputs = [None if i is None else str(i) for i in inputs]
+        inputs = [None if i is None else self.resolve(str(i)) for i in inputs]
         try:
             spec = self.ops.get(op)
         except Exception:
@@ -158,6 +163,51 @@ class Lowerer:
         self.types[name] = t
         self.values.append(Value(name, t.shape, t.dtype, CONST, data=flat))
         return Ref(name)
+
+    # ---------------------------------------------------------------- values known at capture time
+    def fold(self, base: str, data: torch.Tensor) -> str:
+        """A value whose data is known now (computed from constants): typed, defined on first use."""
+        t = ttype_of(data, f"constant {base!r}")
+        name = self.fresh(base)
+        self.types[name] = t
+        self.known[name] = data
+        return Ref(name)
+
+    def known_value(self, name: str | None) -> torch.Tensor | None:
+        """The data of a value known at capture time, else None."""
+        return None if name is None else self.known.get(str(name))
+
+    def resolve(self, name: str) -> str:
+        """The value a node may read for ``name``: a known value gets its defining nodes now (a
+        ``latch::full`` when uniform, a constant expanded along broadcast dims, else a constant)."""
+        if name not in self.known:
+            return name
+        real = self._alias.get(name)
+        if real is None:
+            real = self._alias[name] = self._materialize(name, self.known[name])
+        return real
+
+    def _materialize(self, name: str, data: torch.Tensor) -> str:
+        t = self.types[name]
+        flat = data.reshape(-1)
+        if flat.numel() > 0:
+            first = flat[0]
+            same = (flat == first) | (flat.isnan() & first.isnan()) if data.is_floating_point() else flat == first
+            if bool(same.all()):
+                v = first.item()
+                return self.full(t.shape, v, t.dtype)
+        # dims along which torch broadcast (stride 0): keep one slice, expand back
+        sl = tuple(slice(0, 1) if data.shape[d] > 1 and data.stride(d) == 0 else slice(None) for d in range(data.dim()))
+        compact = data[sl]
+        if compact.numel() < data.numel():
+            return self.expand(self.const(name, compact.contiguous()), t.shape)
+        # the known value becomes a constant under its own name (a buffer keeps the buffer's name)
+        del self.types[name]
+        self.taken.discard(name)
+        real = self.const(name, data.contiguous())
+        if real != name:
+            raise LoweringBug(f"constant {name!r} was renamed to {real!r}")
+        return real
 
     # ---------------------------------------------------------------- helpers for table entries
     def cast(self, name: str, dtype: str) -> str:
@@ -240,7 +290,11 @@ class Lowerer:
                 if ph.users:
                     self.fx_node, self.source = ph, None
                     self.taken.discard(name)  # a buffer's constant keeps the buffer's name
-                    self.env[ph] = self.const(name, self.consts[name])
+                    data = self.consts[name]
+                    if data.device.type != "meta" and not data.is_floating_point() and not data.is_complex():
+                        self.env[ph] = self.fold(name, data.detach())
+                    else:
+                        self.env[ph] = self.const(name, data)
                 continue
             self.types[name] = t
             self.env[ph] = name
@@ -253,7 +307,12 @@ class Lowerer:
                 continue
             self.fx_node, self.source = node, node_source(node)
             if node.op == "get_attr":
-                self.env[node] = self.const(str(node.target).lstrip("_"), getattr(self.gm, node.target))
+                data = getattr(self.gm, node.target)
+                base = str(node.target).lstrip("_")
+                if isinstance(data, torch.Tensor) and data.device.type != "meta" and not data.is_floating_point():
+                    self.env[node] = self.fold(base, data.detach())
+                else:
+                    self.env[node] = self.const(base, data)
                 continue
             if node.op == "output":
                 flat = node.args[0]
@@ -265,7 +324,7 @@ class Lowerer:
                     if not isinstance(v, str):
                         raise CaptureError(f"output {key!r} is not a tensor computed by the traced code",
                                            hint="return tensors from the objective and the update")
-                    outputs.append(str(v))
+                    outputs.append(self.resolve(str(v)))
                 continue
             if node.op != "call_function":
                 raise LoweringBug(f"unexpected fx node kind {node.op} ({node.name})")

@@ -85,6 +85,11 @@ def binary(op: str, *, swap: bool = False, has_alpha: bool = False):
     return low
 
 
+def floor_divide(lw: Lowerer, a: dict) -> str:
+    """``a // b``: div with rounding_mode="floor" (torch's floor_divide rounds toward -inf)."""
+    return apply_binary(lw, "div", a["self"], a["other"], lw.out_type().dtype, {"rounding_mode": "floor"})
+
+
 def logical(op: str):
     """logical_and/or/xor, and the bitwise forms on bool tensors."""
 
@@ -261,6 +266,7 @@ def TABLE() -> dict:
         t[f"aten.{n}"] = binary(n, has_alpha=n in ("add", "sub"))
     t["aten.rsub"] = binary("sub", swap=True, has_alpha=True)
     t["aten.true_divide"] = binary("div")
+    t["aten.floor_divide"] = floor_divide
     for n in ("logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor"):
         t[f"aten.{n}"] = logical(n)
     for n in ("neg", "abs", "sign", "relu", "exp", "log", "log1p", "expm1", "sqrt", "rsqrt", "reciprocal",

@@ -38,6 +38,24 @@ def softmax(op: str):
     return low
 
 
+def safe_softmax(lw: Lowerer, a: dict) -> str:
+    """``_safe_softmax`` (attention's math path): a softmax whose fully masked rows (every entry
+    -inf) give 0 instead of NaN; its backward is the plain softmax backward."""
+    out = lw.out_type()
+    x = lw.cast(a["self"], out.dtype)
+    if not lw.type(x).shape:
+        return lw.full((), 1.0, out.dtype)
+
+    def rows(xs):
+        (v,) = xs
+        y = lw.emit1("latch::softmax", [v])
+        m = lw.emit1("latch::amax", [v], {"dims": (len(lw.type(v).shape) - 1,), "keepdim": True})
+        dead = lw.expand(lw.emit1("latch::eq", [m], {"scalar": float("-inf")}), lw.type(v).shape)
+        return lw.emit1("latch::where", [dead, None, y], {"scalar_a": 0.0})
+
+    return _last_dim(lw, [x], a["dim"], rows)
+
+
 def softmax_backward(op: str):
     def low(lw: Lowerer, a: dict) -> str:
         g, y = a["grad_output"], a["output"]
@@ -180,9 +198,44 @@ def index_put(lw: Lowerer, a: dict) -> str:
     return lw.emit1("latch::scatter", [x, idx_b, src], {"dim": d})
 
 
+def topk(lw: Lowerer, a: dict) -> tuple[str, str]:
+    """torch.topk(x, k, dim, largest, sorted) -> latch::token_topk on x viewed as [rows, size(dim)]:
+    the k largest per row in descending order, ties to the lower index (a valid order for torch's
+    sorted and unsorted forms alike). ``largest=False`` takes the top-k of -x. Its derivative is
+    torch's (zeros scattered at the indices), lowered like any scatter."""
+    x, k = a["self"], int(a["k"])
+    t = lw.type(x)
+    if t.dtype not in ("f64", "f32", "bf16", "f16"):
+        raise lw.fail(f"top-k of a {t.dtype} tensor", "Latch's top-k ranks float values; cast the tensor to float first")
+    nd = max(len(t.shape), 1)
+    d = int(a.get("dim", -1)) % nd
+    if not t.shape:
+        x, t = lw.reshape(x, (1,)), lw.type(lw.reshape(x, (1,)))
+    shape = t.shape
+    perm = [i for i in range(len(shape)) if i != d] + [d]
+    inv = [perm.index(i) for i in range(len(shape))]
+    xp = lw.permute(x, perm)
+    lead = tuple(shape[i] for i in perm[:-1])
+    rows = 1
+    for s_ in lead:
+        rows *= s_
+    x2 = lw.reshape(xp, (rows, shape[d]))
+    largest = a.get("largest", True)
+    if not largest:
+        x2 = lw.emit1("latch::neg", [x2])
+    values, indices = lw.emit("latch::token_topk", [x2], {"k": k})
+    if not largest:
+        values = lw.emit1("latch::neg", [values])
+    out_v, out_i = lw.out_type(0), lw.out_type(1)
+    values = lw.permute(lw.reshape(values, lead + (k,)), inv)
+    indices = lw.permute(lw.reshape(indices, lead + (k,)), inv)
+    return lw.reshape(values, out_v.shape), lw.reshape(lw.cast(indices, out_i.dtype), out_i.shape)
+
+
 def TABLE() -> dict:
     return {
         "aten._softmax": softmax("softmax"),
+        "aten._safe_softmax": safe_softmax,
         "aten._log_softmax": softmax("log_softmax"),
         "aten._softmax_backward_data": softmax_backward("softmax_backward"),
         "aten._log_softmax_backward_data": softmax_backward("log_softmax_backward"),
@@ -200,4 +253,5 @@ def TABLE() -> dict:
         "aten.index_add": index_add,
         "aten.index.Tensor": index,
         "aten.index_put": index_put,
+        "aten.topk": topk,
     }

@@ -151,6 +151,37 @@ def cat(lw: Lowerer, a: dict) -> str:
     return lw.emit1("latch::concat", xs, {"dim": _dim(a["dim"], len(out.shape))})
 
 
+def constant_pad_nd(lw: Lowerer, a: dict) -> str:
+    """F.pad(x, pad, value=v) (mode "constant"): ``pad`` pairs (before, after) from the last dim
+    backwards; a negative amount crops (constant_pad_nd's own backward pads by the negation)."""
+    x = a["self"]
+    pad = [int(p) for p in a["pad"]]
+    t = lw.type(x)
+    nd = len(t.shape)
+    if len(pad) % 2 or len(pad) // 2 > nd:
+        raise lw.fail(f"padding {pad} of a {nd}-dim tensor", "give (before, after) pairs for at most every dim")
+    value = a.get("value")
+    value = 0 if value is None else value
+    for i in range(len(pad) // 2):
+        d = nd - 1 - i
+        lo, hi = pad[2 * i], pad[2 * i + 1]
+        size = lw.type(x).shape[d]
+        if lo < 0 or hi < 0:
+            x = emit_slice(lw, x, d, max(-lo, 0), size - max(-hi, 0), 1)
+        parts = []
+        for amount in (lo, hi):
+            if amount > 0:
+                shape = list(lw.type(x).shape)
+                shape[d] = amount
+                parts.append(lw.full(shape, value, t.dtype))
+            else:
+                parts.append(None)
+        pieces = [p for p in (parts[0], x, parts[1]) if p is not None]
+        if len(pieces) > 1:
+            x = lw.emit1("latch::concat", pieces, {"dim": d})
+    return x
+
+
 def stack(lw: Lowerer, a: dict) -> str:
     out = lw.out_type()
     dim = _dim(a["dim"], len(out.shape))
@@ -285,6 +316,7 @@ def TABLE() -> dict:
     t["aten.unbind.int"] = unbind
     t["aten.cat"] = cat
     t["aten.stack"] = stack
+    t["aten.constant_pad_nd"] = constant_pad_nd
     t["aten.mm"] = mm
     t["aten.bmm"] = mm
     t["aten.addmm"] = addmm

@@ -1,8 +1,9 @@
 """Which line of the user's code produced each traced op.
 
 Forward (and objective, forward_state, optimizer) ops: a TorchFunctionMode sees every torch call the
-user's code makes, finds the innermost frame that is the user's (not torch, not Latch, not the
-standard library) and sets it as fx's current stack trace, which ``make_fx`` copies onto the nodes
+user's code makes, finds the innermost frame that is the user's (not torch, not a Latch or Latch
+plugin package, not the standard library; installed libraries such as transformers ARE user code,
+so a model from site-packages reports its own file, e.g. ``modeling_llama.py``) and sets it as fx's current stack trace, which ``make_fx`` copies onto the nodes
 it creates under ``fx.traceback.preserve_node_meta()``. The same mode tags the autograd node of each
 result with that line.
 
@@ -17,6 +18,7 @@ working directory when inside it).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import sysconfig
@@ -27,36 +29,87 @@ import torch
 import torch.fx.traceback as fx_traceback
 from torch.overrides import TorchFunctionMode
 
-import latch_ops
-
 _KEY = "latch_source"
 
+# Latch's own packages: their frames are plumbing (the CLI, the pipeline, op wrappers), never the
+# line a user wrote. Third-party plugin packages (entry point group latch.plugins) are skipped too:
+# a plugin's op wrapper is called from the user's line, which is the one to report.
+LATCH_PACKAGES = ("latch_core", "latch_capture", "latch_ops", "latch_check", "latch_schedule", "latch_memory",
+                  "latch_codegen_h100")
 
-def _skip_roots() -> tuple[str, ...]:
-    roots = {
-        os.path.dirname(torch.__file__),
-        os.path.dirname(os.path.abspath(__file__)),  # latch_capture
-        os.path.dirname(os.path.abspath(latch_ops.__file__)),  # op wrappers (e.g. latch_ops.attention.sdpa)
-    }
+
+def _package_dir(name: str) -> str | None:
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        return list(spec.submodule_search_locations)[0]
+    return os.path.dirname(spec.origin) if spec.origin else None
+
+
+def _plugin_packages() -> set[str]:
+    try:
+        from importlib.metadata import entry_points
+
+        eps = entry_points(group="latch.plugins")
+    except Exception:  # broken metadata: only the built-in packages are skipped
+        return set()
+    return {ep.value.split(":")[0].split(".")[0] for ep in eps}
+
+
+def _skip_roots() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(roots whose frames are skipped, roots inside them that hold user code again).
+
+    Skipped: torch, every Latch package and plugin package, and the standard library. The standard
+    library's folder can contain site-packages (a virtual environment's ``platstdlib`` is
+    ``.venv/lib/pythonX.Y``): installed libraries such as transformers are user code, the model's
+    own file is the line to report, so site-/dist-packages folders are exempt from the stdlib rule.
+    """
+    roots = {os.path.dirname(torch.__file__)}
+    for name in set(LATCH_PACKAGES) | _plugin_packages():
+        d = _package_dir(name)
+        if d and name != "torch":
+            roots.add(d)
+    keep = set()
     for key in ("stdlib", "platstdlib"):
         p = sysconfig.get_paths().get(key)
         if p:
             roots.add(p)
-    return tuple(os.path.join(os.path.realpath(r), "") for r in roots)
+    for key in ("purelib", "platlib"):
+        p = sysconfig.get_paths().get(key)
+        if p:
+            keep.add(p)
+    for p in sys.path:
+        if os.path.basename(p.rstrip(os.sep)) in ("site-packages", "dist-packages"):
+            keep.add(p)
+
+    def norm(paths):
+        return tuple(sorted({os.path.join(os.path.realpath(r), "") for r in paths}))
+
+    return norm(roots), norm(keep)
 
 
-_ROOTS = _skip_roots()
+_ROOTS, _KEEP = _skip_roots()
 _IS_USER: dict[str, bool] = {}
 
 
 def _is_user(filename: str) -> bool:
+    """True for a frame of user code: the longest root containing the file decides (a skipped root,
+    or a kept site-packages folder inside a skipped one); a file under no skipped root is user code."""
     r = _IS_USER.get(filename)
     if r is None:
         if filename.startswith("<"):
             r = False
         else:
             real = os.path.realpath(filename)
-            r = not any(real.startswith(root) for root in _ROOTS)
+            best, r = -1, True
+            for roots, user in ((_ROOTS, False), (_KEEP, True)):
+                for root in roots:
+                    if real.startswith(root) and len(root) > best:
+                        best, r = len(root), user
         _IS_USER[filename] = r
     return r
 
@@ -72,15 +125,48 @@ def format_source(filename: str, line: int, function: str) -> str:
     return f"{path}:{line} in {function}"
 
 
+_CAPTURE_DIR = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(__file__))), "")
+_IS_CAPTURE: dict[str, bool] = {}
+
+
+def _is_capture(filename: str) -> bool:
+    r = _IS_CAPTURE.get(filename)
+    if r is None:
+        r = _IS_CAPTURE[filename] = os.path.realpath(filename).startswith(_CAPTURE_DIR)
+    return r
+
+
+_NN_DIR = os.path.join(os.path.realpath(os.path.dirname(torch.nn.__file__)), "")
+_IS_NN: dict[str, bool] = {}
+
+
+def _is_nn(filename: str) -> bool:
+    r = _IS_NN.get(filename)
+    if r is None:
+        r = _IS_NN[filename] = os.path.realpath(filename).startswith(_NN_DIR)
+    return r
+
+
 def user_source(depth: int = 1) -> str | None:
-    """The innermost user frame above the caller, formatted; None when there is none."""
+    """The innermost user frame above the caller, formatted; None when there is none.
+
+    The walk stops at the first frame of latch-capture itself: frames outside it are the code that
+    called capture (the CLI, a pipeline, click), never the line that produced a traced op. A model
+    made only of torch.nn layers (``nn.Sequential(nn.Linear(...), ...)``) has no frame of its own:
+    then the innermost torch.nn frame (the layer's ``forward``) is the model's line.
+    """
     f = sys._getframe(depth)
+    layer = None
     while f is not None:
-        code = f.f_code
-        if _is_user(code.co_filename):
-            return format_source(code.co_filename, f.f_lineno, code.co_name)
+        name = f.f_code.co_filename
+        if _is_user(name):
+            return format_source(name, f.f_lineno, f.f_code.co_name)
+        if _is_capture(name):
+            break
+        if layer is None and _is_nn(name) and f.f_code.co_name == "forward":
+            layer = format_source(name, f.f_lineno, f.f_code.co_name)
         f = f.f_back
-    return None
+    return layer
 
 
 class SourceTracker(TorchFunctionMode):
@@ -99,6 +185,9 @@ class SourceTracker(TorchFunctionMode):
         self._progress = progress
         self._t0 = time.perf_counter()
         self._next_report = self._t0 + 2.0
+        from .substitute import substitutes
+
+        self.substitutes = substitutes()  # library calls traced as Latch ops (substitute.py)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -107,7 +196,12 @@ class SourceTracker(TorchFunctionMode):
         if src is not None:
             self.last_source = src
             fx_traceback.set_stack_trace([src])
-        out = func(*args, **kwargs)
+        out = None
+        sub = self.substitutes.get(func) if self.substitutes else None
+        if sub is not None:
+            out = sub(*args, **kwargs)
+        if out is None:
+            out = func(*args, **kwargs)
         if src is not None:
             _tag_grad_fns(out, src)
         self.last_source = outer

@@ -17,6 +17,7 @@ change of an INPUT (``state["m"].mul_(b)``) would be silently dropped, so it is 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Callable, Mapping
 
@@ -155,9 +156,32 @@ _HINT_SHAPE = ("its output shape depends on tensor values (nonzero, boolean-mask
                "Latch needs static shapes: use torch.where with a mask, or a fixed-size formulation")
 
 
+@contextlib.contextmanager
+def traced_like_export():
+    """What library code sees while capture traces: ``torch.compiler.is_compiling()`` is True, as in
+    torch.export's non-strict tracing (which sets the same flag around its make_fx trace).
+
+    Libraries written to be exportable check it to skip data-dependent shortcuts: transformers'
+    ``is_tracing()`` (mask creation, packed-sequence detection), MoE dispatch without ``.tolist()``.
+    Capture's functional tensors are not the FakeTensors those checks also look for, so without the
+    flag such code runs ``if tensor.all():`` and fails as a data-dependent read. ``is_exporting()``
+    stays False: it changes how torch functionalizes mutating custom ops."""
+    import torch.compiler as tc
+
+    old = getattr(tc, "_is_compiling_flag", None)
+    if old is None:  # a torch without the flag: nothing to set
+        yield
+        return
+    tc._is_compiling_flag = True
+    try:
+        yield
+    finally:
+        tc._is_compiling_flag = old
+
+
 def _run(fn: Callable, names: list[str], fakes: list, tracker: SourceTracker, what: str):
     try:
-        with fx_traceback.preserve_node_meta():
+        with fx_traceback.preserve_node_meta(), traced_like_export():
             return make_fx(_functionalized(fn, names, what), tracing_mode="fake")(*fakes)
     except CaptureError:
         raise
@@ -259,12 +283,43 @@ def trace_forward_backward(spec: CaptureInputs, model, objective: Callable, forw
     t0 = time.perf_counter()
     say(f"capture: tracing forward + backward ({len(order)} inputs)")
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    gm = _run(fb, order, _fakes(mode, order, spec.types), tracker, "forward + backward")
-    t1 = time.perf_counter()
-    say(f"capture: traced forward + backward in {t1 - t0:.1f} s ({len(gm.graph.nodes)} torch nodes); lowering")
-    consts = {n: b for n, b in spec.buffers}
-    frag = lower.lower(gm, order, keys, ops, consts=consts, progress=say)
+    try:
+        gm = _run(fb, order, _fakes(mode, order, spec.types), tracker, "forward + backward")
+        t1 = time.perf_counter()
+        say(f"capture: traced forward + backward in {t1 - t0:.1f} s ({len(gm.graph.nodes)} torch nodes); lowering")
+        consts = {n: b for n, b in spec.buffers}
+        frag = lower.lower(gm, order, keys, ops, consts=consts, progress=say)
+    except CaptureError as e:
+        hint = library_hint(model, e)
+        if hint is None:
+            raise
+        raise CaptureError(e.what, op=e.op, source=e.source, hint=hint) from e.__cause__
     return Traced(frag, tuple(keys), time.perf_counter() - t0)
+
+
+def library_hint(model, err: CaptureError) -> str | None:
+    """A better hint for a capture failure caused by a known library setting (the config switch to
+    use instead), else None. transformers: ``config._experts_implementation`` / ``_attn_implementation``."""
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return None
+    experts = getattr(cfg, "_experts_implementation", None)
+    attn = getattr(cfg, "_attn_implementation", None)
+    where = err.source or ""
+    if experts == "eager" and "data-dependent" in err.what:
+        return ('transformers\' experts_implementation="eager" loops over the experts a batch hits (nonzero, shapes '
+                'from data), which a static graph cannot hold: use the default experts_implementation="grouped_mm" '
+                'or "batched_mm" (from_pretrained(..., experts_implementation="grouped_mm"), or '
+                'model.set_experts_implementation("grouped_mm"))')
+    if "masking_utils.py" in where or ("attention with a mask computed from the batch" in err.what and attn):
+        return ("transformers builds its attention mask from the batch's attention_mask here; Latch's attention "
+                "takes causal or full attention only (no padding masks yet): for unpadded batches drop "
+                "attention_mask from the model's inputs (the causal mask is built without it)")
+    if attn not in (None, "sdpa", "eager") and ("attention" in where or "attention" in (err.op or "")):
+        return (f'transformers\' attn_implementation="{attn}" calls kernels Latch cannot capture: use '
+                'attn_implementation="sdpa" (the default) or "eager" (from_pretrained(..., attn_implementation="sdpa"), '
+                'or model.set_attn_implementation("sdpa"))')
+    return None
 
 
 def _check_forward_state(fs, spec: CaptureInputs) -> dict:

@@ -6,7 +6,14 @@ Both start from the same weights, state and batches and then each follows its ow
 
 The eager update is plain PyTorch on float64 copies of everything: ``functional_call`` of the
 model, the objective, ``torch.autograd.grad``, and the user's optimizer function, run with float64
-as the default dtype (tensors the model creates match the interpreter's float64). With K
+as the default dtype (tensors the model creates match the interpreter's float64) and with every
+float dtype the code names read as float64 (:class:`Float64Everywhere`). That is the program's own
+meaning of a cast: model code written for FP32 casts explicitly (Llama's RMSNorm
+``.to(torch.float32)``, rotary ``.float()``, ``softmax(dtype=torch.float32)``, the loss's
+``logits.float()``); in the captured FP32 program such a cast of an FP32 value is no node at all,
+and the FP64 reference runs every float value at FP64 (a cast between float dtypes keeps its
+operand's width, CONTRACTS.md section 1). Eager FP64 without the rule would round through FP32 at
+each of those casts, and the check would measure FP32 rounding instead of the capture. With K
 microbatches it accumulates the K gradients and losses in order and divides by K, the meaning of
 the ``accumulate``/``accumulate_and_update`` programs.
 """
@@ -18,6 +25,7 @@ from typing import Any, Callable, Mapping
 
 import attrs
 import torch
+from torch.overrides import TorchFunctionMode
 
 from latch_capture import Example, advance, batch_inputs, bind_inputs, program_inputs
 from latch_capture import tree as _tree
@@ -25,6 +33,45 @@ from latch_capture.errors import CaptureError
 
 from . import reference
 from .gates import FP64_THRESHOLD, GateTable, program_gates
+
+
+class Float64Everywhere(TorchFunctionMode):
+    """Every floating dtype that code passes to torch reads as float64: ``x.to(torch.float32)``,
+    ``x.float()`` / ``.half()`` / ``.bfloat16()``, ``softmax(x, dtype=torch.float32)``,
+    ``torch.zeros(..., dtype=torch.bfloat16)``. Integer and bool dtypes are untouched. Torch kernels
+    with no float64 form (``grouped_mm``) run as a plain loop (``latch_capture.substitute``)."""
+
+    _TO_F64 = frozenset({torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16})
+
+    def __init__(self):
+        super().__init__()
+        from latch_capture.substitute import eager_substitutes
+
+        self._subs = eager_substitutes()  # torch kernels without a float64 form (grouped_mm)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self._TO_F64:
+            return args[0].double()
+        args, kwargs = _f64_dtypes(args), _f64_dtypes(kwargs)
+        sub = self._subs.get(func)
+        if sub is not None:
+            out = sub(*args, **kwargs)
+            if out is not None:
+                return out
+        return func(*args, **kwargs)
+
+
+def _f64_dtypes(x):
+    if isinstance(x, torch.dtype):
+        return torch.float64 if x.is_floating_point and x != torch.float64 else x
+    if isinstance(x, tuple):
+        return tuple(_f64_dtypes(v) for v in x)
+    if isinstance(x, list):
+        return [_f64_dtypes(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _f64_dtypes(v) for k, v in x.items()}
+    return x
 
 
 @contextlib.contextmanager
@@ -79,7 +126,7 @@ def eager_update(example: Example, params: dict, state: Any, batches: list[tuple
     acc: dict[str, torch.Tensor] = {}
     loss_acc = None
     metrics: dict = {}
-    with _default_dtype(torch.float64):
+    with _default_dtype(torch.float64), Float64Everywhere():
         for inputs, targets in batches:
             fs = dict(opt.forward_state(dict(params), state, dict(hyper_t))) if opt.forward_state else {}
             leaves = {n: fs.get(n, p).detach().requires_grad_() for n, p in params.items()}
@@ -167,55 +214,3 @@ def compare(example: Example, doc=None, *, steps: int = 3, thresholds: float | M
         say(f"check: step {step}: {'ok' if tables[-1].passed else 'FAILED'}")
         flat = advance(last, flat, out)
     return CompareResult(tuple(tables))
-
-
-# ------------------------------------------------------------------------------------------
-# CLI: latch-pipeline check EXAMPLE.py [-d DOC]
-
-import click  # noqa: E402
-
-from latch_core.cli import InterspersedCommand  # noqa: E402
-
-
-@click.command("check", cls=InterspersedCommand)
-@click.argument("example", type=click.Path(dir_okay=False))
-@click.option("-d", "--doc", "doc_path", type=click.Path(dir_okay=False), default=None,
-              help="captured document to check (default: capture the example now)")
-@click.option("--steps", type=int, default=3, show_default=True, help="updates to compare")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="argument for the example's build()")
-@click.option("--microbatches", type=int, default=None, help="override the example's microbatch count")
-@click.option("--threshold", type=float, default=FP64_THRESHOLD, show_default=True, help="relative-L2 gate")
-def check_command(example, doc_path, steps, overrides, microbatches, threshold):
-    """Compare EXAMPLE.py's captured update (FP64 interpreter) with eager PyTorch in FP64."""
-    import sys
-
-    from latch_capture.examples import load_example, parse_overrides
-    from latch_core.document import DocumentError, load
-
-    try:
-        kw = parse_overrides(list(overrides))
-        if microbatches is not None:
-            kw["microbatches"] = microbatches
-        ex = load_example(example, **kw)
-        doc = load(doc_path) if doc_path else None
-        if doc is not None and doc.graph is None:
-            raise CaptureError(f"{doc_path} has no graph section", hint="capture it first (latch-pipeline capture)")
-        if doc is not None:
-            k_doc = int(doc.graph.meta("microbatches", 1))
-            if k_doc != ex.microbatches:
-                raise CaptureError(f"{doc_path} was captured with {k_doc} microbatches, the example has {ex.microbatches}",
-                                   hint="pass --microbatches or re-capture")
-            last = doc.graph.programs[-1]
-            if not any(g.name == "grads" for g in last.outputs):
-                click.echo(f"note: {doc_path} has no gradient outputs; capture with --grads to gate each gradient",
-                           err=True)
-        result = compare(ex, doc, steps=steps, thresholds=threshold,
-                         progress=lambda m: click.echo(m, err=True))
-    except (CaptureError, DocumentError, reference.ReferenceError) as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(2)
-    click.echo(result.format())
-    if not result.passed:
-        click.echo("check: FAILED", err=True)
-        sys.exit(1)
-    click.echo(f"check: {steps} step(s) passed")

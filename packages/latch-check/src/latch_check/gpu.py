@@ -34,15 +34,13 @@ in-place copies), and against that eager update captured once in a CUDA graph an
 events, medians, all measured in the same process. ``launch_counts`` counts the GPU activities
 (kernels, copies, fills) of one program update with the torch profiler.
 
-    python -m latch_check.gpu examples/mlp.py --scheduler dataflow --steps 10 --bench
+    latch-pipeline compile examples/mlp.py --target gpu --scheduler dataflow --steps 10 --bench
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -54,20 +52,12 @@ from latch_core.document import Document, load
 from . import reference
 from .compare import CompareResult
 from .gates import Gate, GateTable, RoutingGate, program_gates, routing_gate
+from .policy import has_routing, policy_of  # noqa: F401  (re-exported: latch_check.gpu.policy_of)
 
 GATES_F32 = {"loss": 1e-5, "grad": 1e-4, "new_params": 1e-5, "param_update": 1e-3, "new_state": 1e-4,
              "metric": 1e-4}
 GATES_BF16 = {"loss": 1e-2, "grad": 5e-2, "new_params": 1e-3, "param_update": 1e-1, "new_state": 5e-2,
               "metric": 5e-2}
-
-
-def policy_of(doc: Document) -> str:
-    """"bf16" when any node computes with half-precision operands, else "f32"."""
-    for g in doc.graph.programs:
-        for n in g.nodes:
-            if n.attr("operand_dtype") in ("bf16", "f16"):
-                return "bf16"
-    return "f32"
 
 
 def thresholds_for(doc: Document) -> dict[str, float]:
@@ -105,20 +95,20 @@ def policy_faithful_ops(ops=None):
 
 
 def _layout_dtypes(doc: Document) -> dict[str, torch.dtype]:
-    from latch_codegen_h100.runtime import DTYPES
+    from latch_ops.common import torch_dtype
 
-    return {v.name: DTYPES[v.dtype] for v in doc.graph.layout}
+    return {v.name: torch_dtype(v.dtype) for v in doc.graph.layout}
 
 
 def _batch_dtypes(doc: Document) -> dict[str, torch.dtype]:
-    from latch_codegen_h100.runtime import DTYPES
+    from latch_ops.common import torch_dtype
 
     out = {}
     for g in doc.graph.programs:
         for grp in g.inputs:
             if grp.name == "batch":
                 for n in grp.values:
-                    out[n] = DTYPES[g.value(n).dtype]
+                    out[n] = torch_dtype(g.value(n).dtype)
     return out
 
 
@@ -127,7 +117,7 @@ class GpuRun:
 
     def __init__(self, example, build_dir: str | Path, *, device: str | torch.device = "cuda"):
         from latch_capture import bind_inputs
-        from latch_codegen_h100.runtime import Program
+        from latch_codegen_h100 import Program
 
         self.example = example
         self.dir = Path(build_dir)
@@ -165,10 +155,6 @@ class GpuRun:
 
 # ------------------------------------------------------------------------------------------
 # One update's gates: free FP64 reference, or routing gates + the reference replaying the routing
-
-
-def has_routing(graph) -> bool:
-    return any(g.name == "routing" for g in graph.outputs)
 
 
 def decision_nodes(graph) -> list[tuple[Any, str]]:
@@ -429,8 +415,11 @@ def launch_counts(step: Callable[[], Any], updates: int = 5) -> dict[str, float]
     return out
 
 
-def bench(example, build_dir: str | Path, *, iters: int = 50, warmup: int = 10) -> dict[str, Any]:
-    """Median ms per update: the Latch program, eager PyTorch, and eager captured in a CUDA graph."""
+def bench(example, build_dir: str | Path, *, iters: int = 50, warmup: int = 10, strongest: bool = False,
+          eager: bool = True) -> dict[str, Any]:
+    """Median ms per update: the Latch program, eager PyTorch, and eager captured in a CUDA graph;
+    with ``strongest`` also the compiled model with the whole update in one CUDA graph
+    (latch_check.controls); ``eager=False`` skips the two eager controls."""
     run = GpuRun(example, build_dir)
     batches = run.batches(0)
     gb = [run.gpu_batch(b) for b in batches]
@@ -441,10 +430,12 @@ def bench(example, build_dir: str | Path, *, iters: int = 50, warmup: int = 10) 
         return prog(run.layout, run.layout, batch_arg, run.hyper, check=False)
 
     res: dict[str, Any] = {}
+    warmup = min(warmup, max(2, iters))  # a slow program with few iterations needs few warm-ups
+    back_to_back = max(3, min(20, iters))
     t = _events_ms(latch_step, iters, warmup)
     prog.check()
     res["latch_ms"] = statistics.median(t)
-    res["latch_pipelined_ms"] = _pipelined_ms(latch_step, 20)
+    res["latch_pipelined_ms"] = _pipelined_ms(latch_step, back_to_back)
     prog.check()
     n0 = prog.launches
     latch_step()
@@ -455,6 +446,20 @@ def bench(example, build_dir: str | Path, *, iters: int = 50, warmup: int = 10) 
         prog.check()
     except Exception as e:  # the profiler is a measurement aid; its failure is reported, not fatal
         res["activities_per_update"] = f"profiler failed: {type(e).__name__}: {e}"
+    if strongest:
+        from .controls import compiled_graph_step
+
+        try:
+            t0 = time.perf_counter()
+            replay, info = compiled_graph_step(example, run.device, bf16=policy_of(run.doc) == "bf16")
+            res["compiled_setup_s"] = time.perf_counter() - t0
+            res["compiled_graph_ms"] = statistics.median(_events_ms(replay, iters, min(warmup, 3)))
+            res["compiled_graph_pipelined_ms"] = _pipelined_ms(replay, 20)
+            res["compiled_parameters"] = info["parameters"]
+        except Exception as e:  # reported, never a silent pass
+            res["compiled_graph_ms"] = f"control failed: {type(e).__name__}: {e}"
+    if not eager:
+        return res
     step, _ = eager_step_fn(example, run.device)
     res["eager_ms"] = statistics.median(_events_ms(step, iters, warmup))
     res["eager_pipelined_ms"] = _pipelined_ms(step, 20)
@@ -473,75 +478,3 @@ def bench(example, build_dir: str | Path, *, iters: int = 50, warmup: int = 10) 
     except Exception as e:
         res["cuda_graph_ms"] = f"capture failed: {type(e).__name__}: {e}"
     return res
-
-
-# ------------------------------------------------------------------------------------------
-# Command line: capture -> schedule -> plan -> build -> gates -> timings, for one example
-
-
-def prepare(example_path: str, out_dir: str | Path, *, scheduler: str = "barrier", policy: bool = False,
-            overrides: Mapping[str, Any] | None = None, say: Callable[[str], None] = print, routing: bool = False):
-    """Capture (with gradients, and routing decisions where ``routing``), optionally apply
-    memory.policy, schedule, plan, validate, build: ``latch_check.pipeline.compile_example``."""
-    from .pipeline import compile_example
-
-    c = compile_example(example_path, overrides=overrides, scheduler=scheduler, policy=policy, routing=routing,
-                        build_dir=out_dir)
-    t = c.times
-    plan_s = sum(v for k, v in t.items() if k not in ("capture", "build"))
-    stats = dict(c.doc.build.stats)
-    say(f"{c.example.name}: capture {t['capture']:.2f} s, schedule+plan {plan_s:.2f} s ({scheduler}), build "
-        f"{t['build']:.2f} s (cached: {stats.get('cached')}, {stats.get('bodies')} bodies)")
-    return c.example, c.doc, {"capture_s": t["capture"], "plan_s": plan_s, "build_s": t["build"],
-                              "cached": stats.get("cached")}
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m latch_check.gpu", description=__doc__.splitlines()[0])
-    ap.add_argument("example")
-    ap.add_argument("--dir", default=None, help="build directory (default: build/<example>-<scheduler>)")
-    ap.add_argument("--scheduler", default="barrier")
-    ap.add_argument("--policy", action="store_true", help="apply memory.policy (BF16 matmul/attention operands)")
-    ap.add_argument("--routing", action="store_true",
-                    help="output routing decisions; gate them as near-ties and replay them in the reference (MoE)")
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--bench", action="store_true")
-    ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    args = ap.parse_args(argv)
-    from latch_capture.examples import parse_overrides
-
-    name = Path(args.example).stem
-    out = Path(args.dir or f"build/{name}-{args.scheduler}{'-policy' if args.policy else ''}")
-    ex, doc, times = prepare(args.example, out, scheduler=args.scheduler, policy=args.policy,
-                             overrides=parse_overrides(args.overrides), routing=args.routing)
-    t0 = time.perf_counter()
-    _, _, again = prepare(args.example, out, scheduler=args.scheduler, policy=args.policy,
-                          overrides=parse_overrides(args.overrides), say=lambda m: None, routing=args.routing)
-    print(f"{name}: cached rebuild {again['build_s']:.3f} s (cached: {again['cached']}); "
-          f"whole second pipeline {time.perf_counter() - t0:.2f} s")
-    ok = True
-    if args.steps > 0:
-        result = gpu_compare(ex, out, steps=args.steps)
-        print(result.format())
-        ok = result.passed
-        fails = sum(len(t.failures()) for t in result.tables)
-        routed = " routing=replayed" if has_routing(doc.graph.programs[-1]) else ""
-        print(f"GATES {name} {args.scheduler} policy={policy_of(doc)}{routed}: "
-              f"{'PASS' if ok else f'FAIL ({fails} gates)'} over {args.steps} updates")
-    if args.bench:
-        r = bench(ex, out, iters=args.iters)
-        def ms(key):
-            v = r.get(key)
-            return "-" if v is None else v if isinstance(v, str) else f"{v:.4f}"
-
-        print(f"BENCH {name} {args.scheduler}: ms/update (each timed alone | 20 back to back): "
-              f"latch {ms('latch_ms')} | {ms('latch_pipelined_ms')}, eager {ms('eager_ms')} | "
-              f"{ms('eager_pipelined_ms')}, cuda graph {ms('cuda_graph_ms')} | {ms('cuda_graph_pipelined_ms')}; "
-              f"launches/update {r['launches_per_update']}; GPU activities/update {r['activities_per_update']}; "
-              f"build cold {times['build_s']:.2f} s (cached: {times['cached']}), cached {again['build_s']:.3f} s")
-    return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

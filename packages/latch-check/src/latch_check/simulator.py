@@ -9,8 +9,12 @@ What it executes (docs/CONTRACTS.md section 5):
   DeadlockError, which names every stuck SM and its instruction);
 - each task computes its whole fusion group with the ops' ``extra["reference"]`` functions, on
   copies of its inputs in which everything outside the task's read boxes is poisoned (NaN for
-  floats, the dtype's minimum for integers), then stores ONLY its write boxes: a footprint smaller
-  than what the body needs shows up as NaN in the result;
+  floats), then stores ONLY its write boxes: a footprint smaller than what the body needs shows up
+  as NaN in the result. Integers have no NaN, and a poisoned index makes a gather's reference
+  fail: a task whose integer inputs are partly outside its boxes (an embedding split by rows of
+  its indices) runs its group twice, the unread integers filled with the smallest and then the
+  largest value it did read, and a write-box element that differs between the two depends on
+  unread data: NaN (or an error for an integer result);
 - when the last reader of a value has run, the value's bytes are poisoned (NaN) and marked free.
 
 Storage width: every element is stored as float64, whatever its dtype, at ``esize`` consecutive
@@ -20,6 +24,11 @@ plan's, byte for byte, and arithmetic stays exact, so the result matches the FP6
 interpreter to rounding. A read takes the first slot and treats the element as NaN unless all its
 slots agree: a partial overwrite by a misaligned value is caught too. Integers (< 2**53) and
 booleans round-trip exactly. Cost: 8 bytes of host memory per planned byte.
+
+Cost: bookkeeping (pending reads, ownership, clobber checks) is local to the boxes a task touches;
+what grows with the whole value is the poisoned copy of each input and the group's reference,
+once per task (the project's transformer at d_model 512, seq 256, 2,529 tasks: ~50 s on CI's
+2 cores; it could not run before, as its embedding is split into several tasks).
 
 Checks (``checks=True``, the default), besides the numbers: every byte carries the id of the value
 that last wrote it and every element of a value the number of reads still to come (including one
@@ -55,6 +64,14 @@ _TORCH = {
 
 class SimulationError(UserError, RuntimeError):
     """The schedule or memory plan does something the program's semantics forbid."""
+
+
+def _overlapping(boxes) -> bool:
+    for i in range(len(boxes)):
+        for j in range(i + 1, len(boxes)):
+            if all(max(a0, b0) < min(a1, b1) for (a0, a1), (b0, b1) in zip(boxes[i], boxes[j])):
+                return True
+    return False
 
 
 def _fmt_box(box) -> str:
@@ -160,23 +177,51 @@ class ArenaSimulator:
             if v.role == "const" and v.name in self.place:
                 data = torch.tensor(v.data, dtype=torch.float64).reshape(v.shape)
                 self._write(v.name, tuple((0, d) for d in v.shape), data)
-        # reads still to come, per element: one per reading task (union of its boxes), one for the exit
-        self.read_mask: dict[tuple[int, str], torch.Tensor] = {}
+        # reads still to come, per element: one per reading task (union of its boxes), one for the exit.
+        # Bookkeeping stays within the boxes a task touches (a task's reads are kept as its boxes, or
+        # as one union mask only where its boxes of a value overlap), and ``live`` counts each
+        # value's elements with reads pending, so no step costs the size of a whole value per task.
+        self.task_reads: dict[int, list[tuple[str, Any]]] = {}
         self.pending = {v: torch.zeros(g.value(v).shape, dtype=torch.int32) for v in self.place}
         self.readers: dict[str, set[int]] = {}
         for t in self.ps.tasks:
-            for v in {a.value for a in t.reads}:
-                m = torch.zeros(g.value(v).shape, dtype=torch.bool)
-                for a in t.reads:
-                    if a.value == v:
-                        m[tuple(slice(lo, hi) for lo, hi in a.box)] = True
-                self.read_mask[(t.id, v)] = m
-                self.pending[v] += m.to(torch.int32)
+            per_value: dict[str, list] = {}
+            for a in t.reads:
+                per_value.setdefault(a.value, []).append(tuple(a.box))
+            reads = []
+            for v, bxs in per_value.items():
+                bxs = list(dict.fromkeys(bxs))
+                if len(bxs) == 1 or not _overlapping(bxs):
+                    sel: Any = [self._slices(v, b) for b in bxs]
+                else:
+                    m = torch.zeros(g.value(v).shape, dtype=torch.bool)
+                    for b in bxs:
+                        m[self._slices(v, b)] = True
+                    sel = m
+                reads.append((v, sel))
+                self._add_pending(v, sel, 1)
                 self.readers.setdefault(v, set()).add(t.id)
+            self.task_reads[t.id] = reads
         for v in self.outputs:
             self.pending[v] += 1
+        self.live = {v: int(self.pending[v].count_nonzero()) for v in self.place}
         self.done: set[int] = set()
         self.last_writer: dict[str, int] = {}
+
+    def _add_pending(self, v: str, sel, delta: int) -> int:
+        """pending[v] += delta over a task's selection; returns how many elements reached zero."""
+        pend = self.pending[v]
+        if isinstance(sel, torch.Tensor):
+            zeroed = int((pend[sel] == -delta).sum()) if delta < 0 else 0
+            pend[sel] += delta
+            return zeroed
+        zeroed = 0
+        for sl in sel:
+            region = pend[sl]
+            if delta < 0:
+                zeroed += int((region == -delta).sum())
+            region += delta
+        return zeroed
 
     def _write(self, v: str, box, data: torch.Tensor, task: int | None = None) -> None:
         if tuple(data.shape) != tuple(self.graph.value(v).shape):
@@ -197,18 +242,19 @@ class ArenaSimulator:
         others = own[(own >= 0) & (own != vid)]
         if others.numel() == 0:
             return  # fresh, freed or already v's bytes
-        for x in torch.unique(others).tolist():
+        lo, hi = int(others.min()), int(others.max())
+        owners = [lo] if lo == hi else torch.unique(others).tolist()
+        for x in owners:
             if x < 0 or x == vid:
                 continue
             xname = self.names[x]
-            if not bool(self.pending[xname].any()):
+            if self.live[xname] == 0:
                 continue  # x is dead: its bytes are free to take
-            # the exact elements of x under these bytes: map byte positions back to x's elements
+            # the exact elements of x under these bytes: map the box's byte positions to x's elements
             p, xp = self.place[v], self.place[xname]
             e, xe = DTYPES[self.graph.value(v).dtype], DTYPES[self.graph.value(xname).dtype]
-            pos = torch.arange(p.offset, p.offset + p.nbytes, dtype=torch.int64).view(*self.graph.value(v).shape, e)
-            sel = pos[self._slices(v, box)][own == x]
-            elems = torch.unique((sel - xp.offset) // xe)
+            sel = self._box_bytes(v, box, p.offset, e)[own == x]
+            elems = (sel - xp.offset) // xe
             if bool((self.pending[xname].reshape(-1)[elems] > 0).any()):
                 waiting = sorted(self.readers.get(xname, set()) - self.done)
                 who = f"tasks {waiting[:8]} still have to read it" if waiting else "it is a program output"
@@ -218,7 +264,20 @@ class ArenaSimulator:
                     f"{self.last_writer.get(xname, 'input')}); {who}: the memory plan ends {xname!r}'s lifetime "
                     "too early, or the schedule does not order those reads before this write")
 
-    def _read(self, v: str, boxes, task: int) -> torch.Tensor:
+    def _box_bytes(self, v: str, box, offset: int, esize: int) -> torch.Tensor:
+        """Byte positions of ``v``'s elements in ``box``, shaped [*box, esize] (like ``_view``)."""
+        shape = self.graph.value(v).shape
+        strides = [esize] * len(shape)
+        for d in range(len(shape) - 2, -1, -1):
+            strides[d] = strides[d + 1] * shape[d + 1]
+        pos = torch.arange(esize, dtype=torch.int64) + offset
+        nd = len(shape)
+        for d, (lo, hi) in enumerate(box):
+            ax = torch.arange(lo, hi, dtype=torch.int64) * strides[d]
+            pos = pos + ax.view(*([1] * d), hi - lo, *([1] * (nd - d - 1)), 1)
+        return pos
+
+    def _read(self, v: str, boxes, task: int, read_mask: list | None = None) -> torch.Tensor:
         val = self.graph.value(v)
         floating = val.dtype in FLOAT_DTYPES
         if floating:
@@ -228,6 +287,7 @@ class ArenaSimulator:
         else:
             fill = float(torch.iinfo(_TORCH[val.dtype]).min)
         out = torch.full(val.shape, fill, dtype=torch.float64)
+        seen = torch.zeros(val.shape, dtype=torch.bool) if read_mask is not None else None
         buf = self.buffers[self.place[v].buffer]
         vid = self.ids[v]
         data, owner = self._view(v, buf.data), self._view(v, buf.owner)
@@ -257,10 +317,14 @@ class ArenaSimulator:
             if not floating and bool(torch.isnan(vals).any()):
                 raise SimulationError(f"task {task} reads poisoned integer data of {v!r}{_fmt_box(box)} at {self._where(v)}")
             out[sl] = vals
+            if seen is not None:
+                seen[sl] = True
+        if read_mask is not None:
+            read_mask.append(seen)
         return out.to(_TORCH[val.dtype])
 
     def _free_if_dead(self, v: str) -> None:
-        if v in self.outputs or bool(self.pending[v].any()):
+        if v in self.outputs or self.live[v] > 0:
             return
         buf = self.buffers[self.place[v].buffer]
         p = self.place[v]
@@ -281,7 +345,73 @@ class ArenaSimulator:
                 raise SimulationError(f"task {tid} reads {a.value!r}, which is not an input of its group {grp.id} "
                                       f"(inputs {list(grp.inputs)})")
             boxes.setdefault(a.value, []).append(a.box)
-        env: dict[str, Any] = {v: self._read(v, boxes.get(v, ()), tid) for v in grp.inputs}
+        env: dict[str, Any] = {}
+        unread: dict[str, torch.Tensor] = {}  # integer/bool inputs -> elements outside the read boxes
+        for v in grp.inputs:
+            if self.graph.value(v).dtype in FLOAT_DTYPES:
+                env[v] = self._read(v, boxes.get(v, ()), tid)
+            else:
+                seen: list = []
+                env[v] = self._read(v, boxes.get(v, ()), tid, seen)
+                if not bool(seen[0].all()):
+                    unread[v] = ~seen[0]
+        if not unread:
+            env = self._compute(tid, grp, env)
+        else:
+            env = self._compute_split_integers(tid, grp, env, unread, t.writes)
+        # this task's reads are over before its stores (a body loads before it stores), so a task
+        # may overwrite in place what it alone still had to read
+        for v, sel in self.task_reads[tid]:
+            self.live[v] -= self._add_pending(v, sel, -1)
+        self.done.add(tid)
+        for a in t.writes:
+            if a.value not in grp.outputs:
+                raise SimulationError(f"task {tid} writes {a.value!r}, which is not an output of its group {grp.id} "
+                                      f"(outputs {list(grp.outputs)})")
+            self._write(a.value, a.box, env[a.value], tid)
+        for v in boxes:
+            self._free_if_dead(v)
+
+    def _compute_split_integers(self, tid: int, grp, env: dict, unread: dict, writes) -> dict:
+        """The group on inputs whose integer elements outside the task's read boxes are poisoned.
+
+        A float NaN propagates to what depends on it; an integer has no such value, and an index
+        outside its range makes a gather's reference raise. So the unread integer elements are
+        filled twice with values the task did read (its smallest, then its largest; 0 where it read
+        none), both valid wherever the read ones are, and the group runs on each: an element of the
+        task's write boxes that differs between the two runs depends on data the footprint does not
+        cover, and becomes NaN (a float) or an error (an integer), as a float read outside the boxes
+        would."""
+        runs = []
+        for pick in (torch.min, torch.max):
+            e = dict(env)
+            for v, mask in unread.items():
+                x = e[v]
+                read = x[~mask]
+                fill = pick(read) if read.numel() else torch.zeros((), dtype=x.dtype)
+                e[v] = torch.where(mask, fill.to(x.dtype), x)
+            runs.append(self._compute(tid, grp, e))
+        out, other = runs
+        for a in writes:
+            v = a.value
+            x, y = out[v], other[v]
+            sl = self._slices(v, a.box)
+            differ = (x[sl] != y[sl]) & ~(torch.isnan(x[sl]) & torch.isnan(y[sl])) if x.is_floating_point() else x[sl] != y[sl]
+            if bool(differ.any()):
+                if not x.is_floating_point():
+                    raise SimulationError(
+                        f"task {tid} (group {grp.id}) writes {v!r}{_fmt_box(a.box)}, which depends on elements of "
+                        f"{sorted(unread)} outside the task's read boxes: a read footprint is too small")
+                region = x[sl].clone()
+                region[differ] = float("nan")
+                x = x.clone()
+                x[sl] = region
+                out[v] = x
+        return out
+
+    def _compute(self, tid: int, grp, env: dict) -> dict:
+        """Every node of the group with the ops' references; ``env`` holds the group's inputs."""
+        env = dict(env)
         for name in grp.nodes:
             node = self.nodes.get(name)
             if node is None:
@@ -310,20 +440,20 @@ class ArenaSimulator:
                     raise SimulationError(f"node {name!r}: reference of {node.op} gave {o!r} shape {tuple(val.shape)}, "
                                           f"declared {self.graph.value(o).shape}")
                 env[o] = val
-        # this task's reads are over before its stores (a body loads before it stores), so a task
-        # may overwrite in place what it alone still had to read
-        for v in boxes:
-            self.pending[v] -= self.read_mask[(tid, v)].to(torch.int32)
-        self.done.add(tid)
-        for a in t.writes:
-            if a.value not in grp.outputs:
-                raise SimulationError(f"task {tid} writes {a.value!r}, which is not an output of its group {grp.id} "
-                                      f"(outputs {list(grp.outputs)})")
-            self._write(a.value, a.box, env[a.value], tid)
-        for v in boxes:
-            self._free_if_dead(v)
+        return env
 
     def run(self, inputs: Mapping[str, torch.Tensor], seed: int = 0) -> dict[str, torch.Tensor]:
+        # One intra-op thread: the simulation is thousands of mid-sized ops, where torch's thread
+        # pool costs more than it gives, most of all on a busy machine (the d_model 512 transformer
+        # on CI's 2 cores under load: 139 s with 2 threads, 49 s with 1).
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self._run(inputs, seed)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _run(self, inputs: Mapping[str, torch.Tensor], seed: int) -> dict[str, torch.Tensor]:
         self._reset(inputs)
         for tid in legal_order(self.ps, seed):
             self._run_task(tid)
@@ -377,7 +507,8 @@ def prepare(doc: Document, *, scheduler: str | None = None, num_sms: int | None 
             opts["scheduler"] = scheduler
         if num_sms:
             opts["num_sms"] = int(num_sms)
-        doc = run_pass(passes.get("schedule"), doc, **opts)
+        split = {"num_sms": opts["num_sms"]} if "num_sms" in opts else {}
+        doc = run_pass(passes.get("schedule"), run_pass(passes.get("schedule.split_reductions"), doc, **split), **opts)
     if doc.memory is None:
         doc = run_pass(passes.get("memory.plan"), doc)
     return doc
@@ -416,62 +547,3 @@ def check_example(example, doc: Document, *, steps: int = 1, seed: int = 0, thre
             say(f"simulate: step {step} {name}: {'ok' if tables[-1].passed else 'FAILED'}")
             flat = advance(g, flat, out)
     return CompareResult(tuple(tables))
-
-
-import click  # noqa: E402
-
-
-def _simulate_command():
-    from latch_core.cli import InterspersedCommand
-
-    @click.command("simulate", cls=InterspersedCommand)
-    @click.argument("example", type=click.Path(dir_okay=False))
-    @click.option("-d", "--doc", "doc_path", type=click.Path(dir_okay=False), default=None,
-                  help="document to run (default: capture the example now); schedule and memory are added if missing")
-    @click.option("-o", "--output", "out_path", type=click.Path(dir_okay=False), default=None,
-                  help="write the scheduled and planned document here")
-    @click.option("--scheduler", default=None, help="strategy (default: $LATCH_SCHEDULER, else barrier)")
-    @click.option("--num-sms", type=int, default=None, help="SMs to schedule for (default: the scheduler's, 132)")
-    @click.option("--fuse/--no-fuse", default=True, show_default=True, help="fuse elementwise chains")
-    @click.option("--steps", type=int, default=1, show_default=True, help="updates to simulate")
-    @click.option("--seed", type=int, default=0, show_default=True, help="picks the random legal task order")
-    @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="argument for the example's build()")
-    @click.option("--microbatches", type=int, default=None, help="override the example's microbatch count")
-    @click.option("--threshold", type=float, default=SIM_THRESHOLD, show_default=True, help="relative-L2 gate")
-    @click.option("--check-finite", is_flag=True, help="name the first input holding a NaN or an infinity")
-    def simulate_command(example, doc_path, out_path, scheduler, num_sms, fuse, steps, seed, overrides,
-                         microbatches, threshold, check_finite):
-        """Run EXAMPLE.py's schedule and memory plan on the CPU arena simulator against FP64."""
-        import sys
-
-        from latch_capture.errors import CaptureError
-        from latch_capture.examples import load_example, parse_overrides
-        from latch_core.document import DocumentError, load, save
-        from latch_core.passes import PassError
-
-        try:
-            kw = parse_overrides(list(overrides))
-            if microbatches is not None:
-                kw["microbatches"] = microbatches
-            ex = load_example(example, **kw)
-            doc = load(doc_path) if doc_path else ex.capture(grads=True, progress=lambda m: click.echo(m, err=True))
-            doc = prepare(doc, scheduler=scheduler, num_sms=num_sms, fuse=fuse)
-            if out_path:
-                save(doc, out_path)
-            for pm in doc.memory.programs:
-                click.echo(f"memory plan {pm.program}: arena {pm.arena_bytes:,} bytes, peak live {pm.peak_live_bytes:,} bytes")
-            result = check_example(ex, doc, steps=steps, seed=seed, thresholds=threshold,
-                                   progress=lambda m: click.echo(m, err=True), check_finite=check_finite or None)
-        except (CaptureError, DocumentError, PassError, SimulationError, ValueError) as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(2)
-        click.echo(result.format())
-        if not result.passed:
-            click.echo("simulate: FAILED", err=True)
-            sys.exit(1)
-        click.echo(f"simulate: {len(result.tables)} program run(s) passed")
-
-    return simulate_command
-
-
-simulate_command = _simulate_command()

@@ -2,22 +2,35 @@
 
     build(doc, out_dir) -> Document          generate + compile; adds the ``build`` section
     Program.load(build_dir)(params, state, batch, hyper=None) -> loss   (needs torch + a GPU)
+    sass_report(build_dir / "program.so")   the machine code: HGMMA, UTMALDG, USETMAXREG, spills
 
-Code generation and the build never import torch; ``Program`` (the runtime) does, on first use.
+This is the package's public API (``[tool.latch] public`` in its pyproject: other packages import
+these names, not the modules behind them). Code generation and the build never import torch;
+``Program`` (the runtime) does, on first use. Every name loads on first use, so importing the
+plugin module stays cheap.
 """
 
-from .bodies import CodegenError
-from .builder import BuildError, build
-from .codegen import generate
-from .lowering import BodyContext, Lowering, LoweringError, NodeInfo, Operand
+_LAZY = {
+    "CodegenError": "bodies", "BuildError": "builder", "build": "builder", "generate": "codegen",
+    "BodyContext": "lowering", "Lowering": "lowering", "LoweringError": "lowering", "NodeInfo": "lowering",
+    "Operand": "lowering", "Program": "runtime", "ProgramError": "runtime", "LaunchError": "runtime",
+    "TensorMap": "lowering", "sass_report": "sass", "SassError": "sass",
+}
 
 __all__ = ["build", "generate", "BuildError", "CodegenError", "Lowering", "LoweringError", "BodyContext",
-           "NodeInfo", "Operand", "Program", "ProgramError", "LaunchError"]
+           "NodeInfo", "Operand", "Program", "ProgramError", "LaunchError", "TensorMap", "sass_report", "SassError"]
 
 
 def __getattr__(name):
-    if name in ("Program", "ProgramError", "LaunchError"):
-        from . import runtime
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'latch_codegen_h100' has no attribute {name!r}")
+    import importlib
 
-        return getattr(runtime, name)
-    raise AttributeError(f"module 'latch_codegen_h100' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -57,9 +57,7 @@ class BodySpec:
     def key(self) -> str:
         return hashlib.sha256(repr(self).encode()).hexdigest()[:16]
 
-    @property
-    def func(self) -> str:
-        return f"latch_body_{self.key}"
+
 
     def of_kind(self, kind: str) -> list[int]:
         return [i for i, v in enumerate(self.values) if v.kind == kind]
@@ -186,12 +184,50 @@ def single_node_ok(spec: BodySpec) -> bool:
     return ins == set(spec.of_kind(IN)) and set(spec.of_kind(OUT)) <= set(n.outputs)
 
 
-def render_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> tuple[str, int]:
-    """(C++ source of the body's device function, dynamic shared memory bytes it needs)."""
+FUNC, PFUNC = "@FUNC@", "@PFUNC@"  # placeholders for the function names in Rendered.source
+
+
+@attrs.frozen
+class Rendered:
+    """A body's generated code and what the kernel needs to know about it.
+
+    ``source`` names its functions ``@FUNC@`` (consumer half) and ``@PFUNC@`` (producer half): bodies
+    whose source is the same text share one function (``func``), told apart at run time only by
+    their ``args`` (``c.args``, a row of the kernel's constant table), so code size and compile time
+    grow with distinct texts, not with distinct shapes."""
+
+    source: str
+    smem: int  # scratch shared memory (bytes)
+    tensor_maps: tuple = ()  # TensorMap records, in the order the body uses them
+    stage_bytes: int = 0  # bytes of one ring stage (bodies with a producer half)
+    args: tuple[int, ...] = ()
+
+    @property
+    def produces(self) -> bool:
+        return bool(self.tensor_maps)
+
+    @property
+    def share(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()[:16]
+
+    @property
+    def func(self) -> str:
+        return f"latch_body_{self.share}"
+
+    @property
+    def producer_func(self) -> str:
+        return f"latch_produce_{self.share}"
+
+    def named(self) -> str:
+        return self.source.replace(FUNC, self.func).replace(PFUNC, self.producer_func)
+
+
+def render_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> Rendered:
+    """The C++ source of the body's device function(s) and what the kernel needs to know."""
     for n in spec.nodes:
         if n.op not in lowerings:
             raise LoweringError(f"no lowering for op {n.op}")
-    smem = 0
+    smem, maps, stage_bytes, producer, inline, args = 0, (), 0, None, False, ()
     if len(spec.nodes) == 1 and lowerings[spec.nodes[0].op].body is not None:
         if not single_node_ok(spec):
             raise LoweringError(
@@ -203,7 +239,21 @@ def render_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> tuple[str, in
         decl, _ = _ptr_decl(spec)
         stmts = low.body(ctx)
         smem = int(low.smem(ctx)) if low.smem is not None else 0
+        args = tuple(int(x) for x in low.args(ctx)) if low.args is not None else ()
         lines = decl + ["  {"] + ["    " + s if s else s for s in stmts.splitlines()] + ["  }"]
+        inline = low.inline
+        prod_src = low.producer(ctx) if low.producer is not None else None  # None: no producer half here
+        if prod_src is not None:
+            inline = True
+            maps = tuple(low.tensor_maps(ctx))
+            stage_bytes = int(low.stage_bytes(ctx))
+            if not maps:
+                raise LoweringError(f"{low.op}: a producer half with no tensor maps")
+            nops = len(ctx.inputs) + len(ctx.outputs)
+            for m in maps:
+                if not 0 <= m.operand < nops:
+                    raise LoweringError(f"{low.op}: tensor map of operand {m.operand}; the body has {nops} operands")
+            producer = decl + ["  {"] + ["    " + s if s else s for s in prod_src.splitlines()] + ["  }"]
     else:
         missing = [n.op for n in spec.nodes if not lowerings[n.op].fusable]
         if missing:
@@ -215,9 +265,12 @@ def render_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> tuple[str, in
         from .fuse import fused_body  # fuse imports this module
 
         lines = fused_body(spec, lowerings)
-    head = f"// {spec.describe()}"
-    src = "\n".join([head, f"__device__ __noinline__ void {spec.func}(const latch::Ctx& c) {{"] + lines + ["}", ""])
-    return src, smem
+    qual = "__device__ __forceinline__" if inline else "__device__ __noinline__"
+    out = [f"{qual} void {FUNC}(const latch::Ctx& c) {{"] + lines + ["}", ""]
+    if producer is not None:
+        out += [f"__device__ __forceinline__ bool {PFUNC}(const latch::Ctx& c, latch::Pipe& p) {{"]
+        out += producer + ["  return true;", "}", ""]
+    return Rendered("\n".join(out), smem, maps, stage_bytes, args)
 
 
 def numel(shape) -> int:

@@ -17,6 +17,7 @@ signatures leaves the sources, and the compiled library, unchanged.
 from __future__ import annotations
 
 import concurrent.futures as _cf
+import math
 import multiprocessing as _mp
 import os
 from pathlib import Path
@@ -30,11 +31,12 @@ from latch_core.registry import VIEW
 from latch_core.sections import BARRIER, SIGNAL, TASK, WAIT, ProgramMemory, ProgramSchedule
 
 from . import tables as T
-from .bodies import BodySpec, CodegenError, GroupSite, group_spec, node_index, render_body
+from .bodies import BodySpec, CodegenError, GroupSite, Rendered, group_spec, node_index, render_body
 from .lowering import Lowering, LoweringError
 
 CUDA_DIR = Path(__file__).parent / "cuda"
-THREADS = 256
+THREADS = 256  # consumer threads: what every op body is written to (LATCH_THREADS)
+BLOCK_THREADS = THREADS + 128  # plus the producer warpgroup (cuda/latch_kernel_main.cuh)
 ARENA = "arena"
 
 
@@ -130,6 +132,9 @@ class _ProgramPlan:
     name: str
     tables: T.ProgramTables
     info: dict
+    group_rec: dict  # group id -> (body id, op_begin, op_count)
+    locs: dict  # group id -> [(buffer, offset)] of its operands (inputs, then outputs)
+    body_keys: dict  # group id -> body key
 
 
 def _check_sync(ps: ProgramSchedule) -> dict[int, int]:
@@ -193,6 +198,8 @@ def _plan_program(doc: Document, ps: ProgramSchedule, pm: ProgramMemory, ext: di
 
     operands: list[tuple[int, int]] = []
     group_rec: dict[int, tuple[int, int, int]] = {}  # group id -> (body id, op_begin, op_count)
+    group_locs: dict[int, list[tuple[int, int]]] = {}
+    group_keys: dict[int, str] = {}
     groups_info = {}
     groups_by_id = {grp.id: grp for grp in ps.groups}
     index = node_index(g)
@@ -224,6 +231,8 @@ def _plan_program(doc: Document, ps: ProgramSchedule, pm: ProgramMemory, ext: di
             sites[key] = GroupSite(ps.program, grp.id, tuple(grp.nodes), tuple(nodes[x].source for x in grp.nodes))
             body_ids[key] = len(body_ids)
         group_rec[grp.id] = (body_ids[key], len(operands), len(locs))
+        group_locs[grp.id] = locs
+        group_keys[grp.id] = key
         operands.extend(locs)
         groups_info[str(grp.id)] = {
             "nodes": list(grp.nodes),
@@ -233,14 +242,12 @@ def _plan_program(doc: Document, ps: ProgramSchedule, pm: ProgramMemory, ext: di
         }
 
     counters = _check_sync(ps)
-    records = []
     for k, t in enumerate(ps.tasks):
         if t.id != k:
             raise CodegenError(f"program {ps.program!r}: task ids must be 0..{len(ps.tasks) - 1} in order; "
                                f"position {k} holds task {t.id}")
         if t.group not in group_rec:
             raise CodegenError(f"program {ps.program!r} task {t.id}: no group {t.group}")
-        body, ob, oc = group_rec[t.group]
         grp = groups_by_id[t.group]
         prim = g.value(grp.primary)
         if len(t.tile) != len(prim.shape):
@@ -259,13 +266,12 @@ def _plan_program(doc: Document, ps: ProgramSchedule, pm: ProgramMemory, ext: di
                     "schedule this op as one task")
         if len(t.tile) > T.MAX_DIMS:
             raise CodegenError(f"program {ps.program!r} task {t.id}: rank {len(t.tile)} exceeds {T.MAX_DIMS}")
-        records.append(T.TaskRecord(body, t.id, t.group, ob, oc, tuple(a for a, _ in t.tile), tuple(b for _, b in t.tile)))
 
     sms = [[(ins[0], counters[ins[1]], *ins[2:]) if ins[0] in (WAIT, SIGNAL) else ins for ins in sm] for sm in ps.sms]
     instrs, sm_begin = T.pack_instrs(sms)
     tabs = T.ProgramTables(
-        instrs=instrs, sm_begin=sm_begin, tasks=b"".join(r.pack() for r in records),
-        operands=T.pack_operands(operands), expected=T.pack_u32(c.expected for c in ps.counters),
+        instrs=instrs, sm_begin=sm_begin, tasks=b"", operands=T.pack_operands(operands),
+        expected=T.pack_u32(c.expected for c in ps.counters),
     )
 
     outputs = []
@@ -307,7 +313,63 @@ def _plan_program(doc: Document, ps: ProgramSchedule, pm: ProgramMemory, ext: di
         "groups": groups_info,
         "tables": {k: f"tables/{ps.program}.{k}.bin" for k in tabs.files()},
     }
-    return _ProgramPlan(ps.program, tabs, info)
+    return _ProgramPlan(ps.program, tabs, info, group_rec, group_locs, group_keys)
+
+
+def local_deps(ps: ProgramSchedule) -> dict[int, int]:
+    """Task id -> the position, among its SM list's tasks, of the latest earlier task of the same list
+    that writes a value the task reads (-1 if none). The worker's producer may issue a task's TMA loads
+    while earlier tasks of its SM still run; it waits for this one first (Task::dep). Dependencies on
+    other SMs are ordered by the schedule's own waits and barriers, which the producer keeps."""
+    out: dict[int, int] = {}
+    for sm in ps.sms:
+        last_writer: dict[str, int] = {}
+        pos = 0
+        for ins in sm:
+            if ins[0] != TASK:
+                continue
+            t = ps.tasks[ins[1]]
+            out[t.id] = max((last_writer.get(a.value, -1) for a in t.reads), default=-1)
+            for a in t.writes:
+                last_writer[a.value] = pos
+            pos += 1
+    return out
+
+
+def _finish_tables(doc: Document, plan: _ProgramPlan, rendered: dict) -> _ProgramPlan:
+    """The task records and tensor maps of a program, once every body is rendered (a body with a
+    producer half gets its group's tensor maps, and its tasks the index of the first)."""
+    ps = next(p for p in doc.schedule.programs if p.program == plan.name)
+    g = doc.graph.program(ps.program)
+    maps: list[T.TmapRecord] = []
+    first_map: dict[int, int] = {}
+    descr = []
+    for gid, key in plan.body_keys.items():
+        r = rendered[key]
+        if not r.produces:
+            continue
+        first_map[gid] = len(maps)
+        locs = plan.locs[gid]
+        for j, m in enumerate(r.tensor_maps):
+            buf, off = locs[m.operand]
+            grp = next(x for x in ps.groups if x.id == gid)
+            value = (*grp.inputs, *grp.outputs)[m.operand]
+            v = g.value(value)
+            if math.prod(m.dims) != v.numel:
+                raise CodegenError(f"program {ps.program!r} group {gid}: tensor map {j} views {value!r} "
+                                   f"({v.dtype}{list(v.shape)}) as dims {list(m.dims)}; the element counts differ")
+            maps.append(T.TmapRecord.of(buf, off, v.dtype, m.dims, m.box, m.swizzle))
+            descr.append({"group": gid, "value": value, "dims": list(m.dims), "box": list(m.box)})
+    deps = local_deps(ps) if first_map else {}
+    records = []
+    for t in ps.tasks:
+        body, ob, oc = plan.group_rec[t.group]
+        tm = first_map.get(t.group, -1)
+        records.append(T.TaskRecord(body, t.id, t.group, ob, oc, tuple(a for a, _ in t.tile),
+                                    tuple(b for _, b in t.tile), tm, deps.get(t.id, -1) if tm >= 0 else -1))
+    tabs = attrs.evolve(plan.tables, tasks=b"".join(r.pack() for r in records), tmaps=T.pack_tmaps(maps))
+    info = dict(plan.info, num_tmaps=len(maps), tmaps=descr, tables={k: f"tables/{ps.program}.{k}.bin" for k in tabs.files()})
+    return attrs.evolve(plan, tables=tabs, info=info)
 
 
 def _constants(doc: Document) -> tuple[bytes, list[dict]]:
@@ -352,6 +414,7 @@ def _init_worker() -> None:
 
 
 def _render_unit(name: str, specs: list[BodySpec], lowerings: dict[str, Lowering] | None = None):
+    """Render the bodies of one unit: ("ok", [(key, Rendered)], headers) or ("error", key, message)."""
     lowerings = lowerings if lowerings is not None else _WORKER_LOWERINGS
     headers: list[str] = []
     for s in specs:
@@ -359,22 +422,35 @@ def _render_unit(name: str, specs: list[BodySpec], lowerings: dict[str, Lowering
             for h in lowerings[n.op].headers:
                 if h not in headers:
                     headers.append(h)
-    lines = [f"// {name}: generated by latch-codegen-h100; do not edit", '#include "latch_kernel.cuh"']
-    lines += [f'#include "{h}"' for h in headers]
-    lines.append("")
-    ranges, smem = [], {}
+    out = []
     for s in specs:
         try:
-            src, nbytes = render_body(s, lowerings)
+            out.append((s.key, render_body(s, lowerings)))
         except LoweringError as e:
             return ("error", s.key, str(e))
         except Exception as e:  # a lowering that crashes is a bug in that plugin: say which op
             return ("error", s.key, f"lowering crashed: {type(e).__name__}: {e}")
+    return ("ok", out, tuple(headers))
+
+
+def _unit_source(name: str, bodies: list[tuple[str, "Rendered"]], specs: dict[str, BodySpec], headers,
+                 emitted: set[str]) -> tuple[str, tuple]:
+    """A unit file: its headers and every body function not already emitted by an earlier unit
+    (bodies with the same text share one function). Returns (text, line ranges per body key)."""
+    lines = [f"// {name}: generated by latch-codegen-h100; do not edit (included by kernel.cu)", "#pragma once",
+             '#include "latch_kernel.cuh"']
+    lines += [f'#include "{h}"' for h in headers]
+    lines.append("")
+    ranges = []
+    for key, r in bodies:
+        if r.func in emitted:
+            continue
+        emitted.add(r.func)
         first = len(lines) + 1
-        lines.extend(src.splitlines())
-        ranges.append((first, len(lines), s.key))
-        smem[s.key] = nbytes
-    return ("ok", "\n".join(lines) + "\n", tuple(ranges), smem, tuple(headers))
+        lines.append(f"// {specs[key].describe()}")
+        lines.extend(r.named().splitlines())
+        ranges.append((first, len(lines), key))
+    return "\n".join(lines) + "\n", tuple(ranges)
 
 
 def _assign_units(specs: dict[str, BodySpec], per_unit: int) -> list[list[BodySpec]]:
@@ -395,20 +471,71 @@ def _render_all(chunks, lowerings, jobs: int, parallel: bool):
     return [_render_unit(n, c, lowerings) for n, c in zip(names, chunks)]
 
 
-def _kernel_source(body_keys: list[str], specs: dict[str, BodySpec], max_ops: int) -> str:
+# Shared memory the worker may use per block: the device's opt-in maximum for sm_90 (227 KiB), less
+# what the worker's own static records take (the queue, mbarriers: ~2 KiB) and the ring's alignment.
+SMEM_BUDGET = 232448 - 4096 - 1024
+MAX_STAGES = 8
+
+
+def ring_geometry(stage_bytes: int, scratch: int) -> tuple[int, int]:
+    """(stages, stage bytes) of the ring: as many stages of the largest stage any body needs as fit
+    beside the bodies' scratch (at most MAX_STAGES; none when no body streams through the ring)."""
+    if stage_bytes <= 0:
+        return 0, 0
+    stage_bytes = -(-stage_bytes // 1024) * 1024
+    stages = min(MAX_STAGES, (SMEM_BUDGET - scratch) // stage_bytes)
+    if stages < 2:
+        raise CodegenError(f"the ring needs at least 2 stages of {stage_bytes} bytes beside {scratch} bytes of "
+                           f"scratch; only {SMEM_BUDGET} bytes of shared memory are available")
+    return stages, stage_bytes
+
+
+def _kernel_source(body_keys: list[str], specs: dict[str, BodySpec], rendered: dict, units: list[str], max_ops: int,
+                   stages: int, stage_bytes: int, scratch: int) -> str:
+    max_args = max([1] + [len(rendered[k].args) for k in body_keys])
     lines = [
         "// kernel.cu: generated by latch-codegen-h100; do not edit",
+        "// One translation unit: the bodies (the unit files, included below) are compiled with the worker,",
+        "// so hot bodies inline into its dispatch and the register split (setmaxnreg) survives.",
         f"#define LATCH_MAX_OPERANDS {max(1, max_ops)}",
         f"#define LATCH_NUM_BODIES {len(body_keys)}",
+        f"#define LATCH_MAX_ARGS {max_args}",
+        f"#define LATCH_STAGES {stages}",
+        f"#define LATCH_STAGE_BYTES {stage_bytes}",
+        f"#define LATCH_SCRATCH_BYTES {scratch}",
         '#include "latch_kernel.cuh"',
         "",
     ]
-    lines += [f"__device__ void {specs[k].func}(const latch::Ctx& c);" for k in body_keys]
-    lines += ["", "__device__ __forceinline__ void latch_dispatch(int body, const latch::Ctx& c) {", "  switch (body) {"]
+    lines += [f'#include "{u}"' for u in units]
+    lines += ["", "// Run-time constants of each body (Ctx::args), by body id.",
+              "__device__ __constant__ long long latch_body_args[LATCH_NUM_BODIES * LATCH_MAX_ARGS] = {"]
     for i, k in enumerate(body_keys):
-        lines.append(f"    case {i}: {specs[k].func}(c); break;  // {specs[k].describe()[:100]}")
-    lines += ["    default: latch_report(latch::ERR_BAD_BODY, body, LATCH_NUM_BODIES);", "  }", "}", "",
-              '#include "latch_kernel_main.cuh"', ""]
+        a = list(rendered[k].args) + [0] * (max_args - len(rendered[k].args))
+        lines.append("  " + ", ".join(f"{x}LL" for x in a) + ",")
+    lines += ["};", ""]
+
+    def switch(funcs: dict[str, list[int]], call: str, default: str) -> list[str]:
+        out = ["  switch (body) {"]
+        for f, ids in funcs.items():
+            labels = " ".join(f"case {i}:" for i in ids)
+            out.append(f"    {labels}")
+            out.append(f"      {call.format(f=f)}")
+        out += [f"    default: {default}", "  }"]
+        return out
+
+    by_func: dict[str, list[int]] = {}
+    by_producer: dict[str, list[int]] = {}
+    for i, k in enumerate(body_keys):
+        r = rendered[k]
+        by_func.setdefault(r.func, []).append(i)
+        if r.produces:
+            by_producer.setdefault(r.producer_func, []).append(i)
+    lines += ["__device__ __forceinline__ void latch_dispatch(int body, const latch::Ctx& c) {"]
+    lines += switch(by_func, "{f}(c); break;", "latch_report(latch::ERR_BAD_BODY, body, LATCH_NUM_BODIES);")
+    lines += ["}", "", "// Producer halves (TMA loads into the ring); false when a wait was aborted.",
+              "__device__ __forceinline__ bool latch_produce(int body, const latch::Ctx& c, latch::Pipe& p) {"]
+    lines += switch(by_producer, "return {f}(c, p);", "return true;")
+    lines += ["}", "", '#include "latch_kernel_main.cuh"', ""]
     return "\n".join(lines)
 
 
@@ -453,7 +580,7 @@ def generate(doc: Document, *, bodies_per_unit: int | None = None, jobs: int | N
     specs: dict[str, BodySpec] = {}
     sites: dict[str, GroupSite] = {}
     body_ids: dict[str, int] = {}
-    plans = []
+    plans: list[_ProgramPlan] = []
     for ps in doc.schedule.programs:
         try:
             pm = doc.memory.program(ps.program)
@@ -467,7 +594,7 @@ def generate(doc: Document, *, bodies_per_unit: int | None = None, jobs: int | N
         bodies_per_unit = -(-len(specs) // units_for(len(specs), jobs)) if specs else 1
     chunks = _assign_units(specs, max(1, bodies_per_unit))
     results = _render_all(chunks, lowerings, jobs, parallel=regs is None and len(specs) >= parallel_min_bodies)
-    units, smem, headers = [], {}, []
+    units, rendered, emitted, headers = [], {}, set(), []
     for i, r in enumerate(results):
         if r[0] == "error":
             _, key, msg = r
@@ -475,14 +602,20 @@ def generate(doc: Document, *, bodies_per_unit: int | None = None, jobs: int | N
             g = doc.graph.program(site.program)
             where = ", ".join(_where(g, n) for n in site.nodes[:4])
             raise CodegenError(f"{site.describe()}: cannot lower {where}: {msg}")
-        _, src, ranges, sm, hdrs = r
-        units.append(Unit(f"unit_{i}.cu", src, tuple(k for _, _, k in ranges), ranges))
-        smem.update(sm)
+        _, bodies, hdrs = r
         headers += [h for h in hdrs if h not in headers]
+        src, ranges = _unit_source(f"unit_{i}.cu", bodies, specs, hdrs, emitted)
+        units.append(Unit(f"unit_{i}.cu", src, tuple(k for _, _, k in ranges), ranges))
+        rendered.update(bodies)
+    smem = {k: r.smem for k, r in rendered.items()}
+    plans = [_finish_tables(doc, p, rendered) for p in plans]
     max_ops = max((len(s.of_kind("in")) + len(s.of_kind("out")) for s in specs.values()), default=1)
-    kernel = Unit("kernel.cu", _kernel_source(body_keys, specs, max_ops))
-    kernel_smem = max([1024] + list(smem.values()))
-    kernel_smem = (kernel_smem + 127) // 128 * 128
+    scratch = max([1024] + list(smem.values()))
+    scratch = (scratch + 127) // 128 * 128
+    stages, stage_bytes = ring_geometry(max([0] + [r.stage_bytes for r in rendered.values()]), scratch)
+    kernel = Unit("kernel.cu", _kernel_source(body_keys, specs, rendered, [u.name for u in units], max_ops,
+                                              stages, stage_bytes, scratch))
+    kernel_smem = stages * stage_bytes + scratch + 1024
 
     include_dirs = include_dirs_of(lowerings)
     for h in headers:
@@ -494,7 +627,9 @@ def generate(doc: Document, *, bodies_per_unit: int | None = None, jobs: int | N
     manifest = {
         "abi": T.ABI_VERSION,
         "threads": THREADS,
+        "block_threads": BLOCK_THREADS,
         "smem": kernel_smem,
+        "ring": {"stages": stages, "stage_bytes": stage_bytes, "scratch": scratch},
         "max_operands": max(1, max_ops),
         "num_sms": doc.schedule.num_sms,
         "strategy": doc.schedule.strategy,
@@ -505,7 +640,9 @@ def generate(doc: Document, *, bodies_per_unit: int | None = None, jobs: int | N
         "program_order": [p.name for p in plans],
         "metadata": {k: v for k, v in _plain(doc.graph.metadata)},
         "bodies": [{"id": body_ids[k], "key": k, "ops": list(specs[k].ops), "describe": specs[k].describe(),
-                    "smem": smem.get(k, 0)} for k in body_keys],
+                    "smem": smem.get(k, 0), "tensor_maps": len(rendered[k].tensor_maps),
+                    "stage_bytes": rendered[k].stage_bytes, "function": rendered[k].func,
+                    "args": list(rendered[k].args)} for k in body_keys],
         "units": [{"name": u.name, "bodies": list(u.bodies), "lines": [list(x) for x in u.lines]} for u in units],
     }
     return Generated(

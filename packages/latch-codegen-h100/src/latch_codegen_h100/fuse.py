@@ -23,12 +23,12 @@ def tile_loop_open(rank: int, indent: str = "  ") -> tuple[list[str], list[str]]
     Coordinates ``x0..x{r-1}`` are absolute (the tile's offset included), of type long long."""
     lines = []
     if rank == 0:
-        lines.append(f"{indent}for (long long i = threadIdx.x; i < 1; i += blockDim.x) {{")
+        lines.append(f"{indent}for (long long i = threadIdx.x; i < 1; i += LATCH_THREADS) {{")
         return lines, []
     for d in range(rank):
         lines.append(f"{indent}const long long e{d} = (long long)c.t->hi[{d}] - c.t->lo[{d}];")
     lines.append(f"{indent}const long long n = {' * '.join(f'e{d}' for d in range(rank))};")
-    lines.append(f"{indent}for (long long i = threadIdx.x; i < n; i += blockDim.x) {{")
+    lines.append(f"{indent}for (long long i = threadIdx.x; i < n; i += LATCH_THREADS) {{")
     if rank == 1:
         lines.append(f"{indent}  const long long x0 = c.t->lo[0] + i;")
     else:
@@ -152,7 +152,7 @@ def _const_loop(shape, indent: str = "  ") -> tuple[list[str], list[str]]:
         inner *= d
     lines = [f"{indent}const long long n = ((long long)c.t->hi[0] - c.t->lo[0]) * {inner}LL;",
              f"{indent}const long long base_ = (long long)c.t->lo[0] * {inner}LL;",
-             f"{indent}for (long long i = threadIdx.x; i < n; i += blockDim.x) {{",
+             f"{indent}for (long long i = threadIdx.x; i < n; i += LATCH_THREADS) {{",
              f"{indent}  const long long l_ = base_ + i;"]
     acc = 1
     coords = [""] * r

@@ -33,7 +33,7 @@ def _forward(ctx: BodyContext) -> str:
     B, H, Tq, Tk, D, Dv, acc, nc, rnd, causal, scale = _common(ctx, q, k, v)
     lse_arg = f"{lse.ptr} + bh * {Tq}LL" if lse.present else f"({lse.ctype}*)nullptr"
     lse_t = lse.ctype
-    lines = ["const int warp_ = threadIdx.x >> 5, nwarps_ = blockDim.x >> 5;",
+    lines = ["const int warp_ = threadIdx.x >> 5, nwarps_ = LATCH_THREADS >> 5;",
              f"{acc}* wsm = ({acc}*){ctx.smem} + warp_ * 64;",
              f"const long long n_rows = {cgen.tile_count(3)};",
              "for (long long r = warp_; r < n_rows; r += nwarps_) {"]

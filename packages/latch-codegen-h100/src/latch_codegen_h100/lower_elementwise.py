@@ -1,5 +1,5 @@
 """Lowerings of the elementwise ops of the core vocabulary (latch_ops/elementwise.py): expression
-forms only, so any chain of them fuses into one body (``bodies.elementwise_body``).
+forms only, so any chain of them fuses into one body (``bodies.render_body``).
 
 An expression receives its operands in compute type (``float`` for f32/bf16/f16, ``double`` for
 f64, ``long long`` for integers, ``bool``) and its result is converted to the output's compute type

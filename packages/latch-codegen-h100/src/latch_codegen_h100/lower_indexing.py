@@ -18,7 +18,7 @@ HEADER = "latch_common.cuh"
 
 def _tile_loop(rank: int, prefix: str = "y") -> list[str]:
     lines = [f"const long long n_tile = {cgen.tile_count(rank)};",
-             "for (long long i = threadIdx.x; i < n_tile; i += blockDim.x) {"]
+             "for (long long i = threadIdx.x; i < n_tile; i += LATCH_THREADS) {"]
     lines += cgen.tile_decode("i", rank, prefix, "  ")
     return lines
 
@@ -56,7 +56,7 @@ def _fill_tile(out, value: str, src=None) -> list[str]:
     v = f"latch::ld<{src.ctype}>({src.ptr}, {off})" if src is not None else value
     lines.append(f"  latch::st<{out.ctype}>({out.ptr}, {off}, {v});")
     lines.append("}")
-    lines.append("__syncthreads();  // the tile is filled before any thread accumulates into it")
+    lines.append("latch::block_sync();  // the tile is filled before any thread accumulates into it")
     return lines
 
 
@@ -68,7 +68,7 @@ def _embedding_backward(ctx: BodyContext) -> str:
     pad = int(ctx.attr("padding_idx", -1) if ctx.attr("padding_idx") is not None else -1)
     lines = _fill_tile(dw, f"({compute_type(dw.dtype)})0")
     lines += [
-        "const int lane_ = threadIdx.x & 31, warp_ = threadIdx.x >> 5, nwarps_ = blockDim.x >> 5;",
+        "const int lane_ = threadIdx.x & 31, warp_ = threadIdx.x >> 5, nwarps_ = LATCH_THREADS >> 5;",
         f"for (long long k = warp_; k < {N}LL; k += nwarps_) {{",
         f"  const long long t = (long long)latch::ld<{idx.ctype}>({idx.ptr}, k);",
         _check("t", n),
@@ -117,7 +117,7 @@ def _scatter(accumulate: bool):
         ts = list(js)
         ts[dim] = "t"
         lines = _fill_tile(out, "", src=x)
-        lines.append(f"for (long long k = threadIdx.x; k < {idx.numel}LL; k += blockDim.x) {{")
+        lines.append(f"for (long long k = threadIdx.x; k < {idx.numel}LL; k += LATCH_THREADS) {{")
         lines += cgen.const_decode("k", idx.shape, "j", "  ")
         lines.append(f"  const long long t = (long long)latch::ld<{idx.ctype}>({idx.ptr}, k);")
         lines.append(_check("t", x.shape[dim]))
@@ -141,7 +141,7 @@ def _index_add(ctx: BodyContext) -> str:
     ts = list(js)
     ts[dim] = "t"
     lines = _fill_tile(out, "", src=x)
-    lines.append(f"for (long long k = threadIdx.x; k < {src.numel}LL; k += blockDim.x) {{")
+    lines.append(f"for (long long k = threadIdx.x; k < {src.numel}LL; k += LATCH_THREADS) {{")
     lines += cgen.const_decode("k", src.shape, "j", "  ")
     lines.append(f"  const long long t = (long long)latch::ld<{idx.ctype}>({idx.ptr}, j{dim});")
     lines.append(_check("t", x.shape[dim]))

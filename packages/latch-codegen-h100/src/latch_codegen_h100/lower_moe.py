@@ -41,7 +41,7 @@ def _token_topk_backward(ctx: BodyContext) -> str:
     k = g.shape[1]
     E = out.shape[1]
     lines = [f"const long long n_tile = {cgen.tile_count(2)};",
-             "for (long long i = threadIdx.x; i < n_tile; i += blockDim.x) {"]
+             "for (long long i = threadIdx.x; i < n_tile; i += LATCH_THREADS) {"]
     lines += cgen.tile_decode("i", 2, "y", "  ")
     lines += [f"  float v = 0.0f;" if out.dtype != "f64" else "  double v = 0.0;",
               f"  for (int s = 0; s < {k}; ++s)",

@@ -22,7 +22,7 @@ def _acc(dtype: str) -> str:
 def _rows_loop(lead_rank: int, lead_shape, call: str) -> list[str]:
     """A warp-per-row loop over the tile's box of the leading ``lead_rank`` dims; ``call`` uses
     ``row`` (the flat row index)."""
-    lines = ["const int warp_ = threadIdx.x >> 5, nwarps_ = blockDim.x >> 5;",
+    lines = ["const int warp_ = threadIdx.x >> 5, nwarps_ = LATCH_THREADS >> 5;",
              f"const long long n_rows = {cgen.tile_count(lead_rank)};",
              "for (long long i = warp_; i < n_rows; i += nwarps_) {"]
     lines += cgen.tile_decode("i", lead_rank, "y", "  ")
@@ -117,7 +117,7 @@ def _nll_loss_backward(ctx: BodyContext) -> str:
     scale = f" / (double)latch::ld<{total.ctype}>({total.ptr}, 0)" if red == 1 else ""
     w = f"(double)latch::ld<{weight.ctype}>({weight.ptr}, t)" if weight is not None else "1.0"
     lines = [f"const long long n_tile = {cgen.tile_count(r)};",
-             "for (long long i = threadIdx.x; i < n_tile; i += blockDim.x) {"]
+             "for (long long i = threadIdx.x; i < n_tile; i += LATCH_THREADS) {"]
     lines += cgen.tile_decode("i", r, "y", "  ")
     lines += [f"  const long long t = (long long){target.ptr}[{row}];",
               f"  {ct} v = ({ct})0;",

@@ -79,7 +79,7 @@ def _copy(a, n: NodeInfo) -> str:
 def _loop(ctx: BodyContext) -> list[str]:
     out = ctx.outputs[0]
     lines = [f"const long long n_tile = {cgen.tile_count(out.rank)};",
-             "for (long long i = threadIdx.x; i < n_tile; i += blockDim.x) {"]
+             "for (long long i = threadIdx.x; i < n_tile; i += LATCH_THREADS) {"]
     lines += cgen.tile_decode("i", out.rank, "y", "  ")
     return lines
 

@@ -13,7 +13,17 @@ A plugin registers one :class:`Lowering` per op through ``latch_register_lowerin
   coordinates its consumer needs).
 - ``body``: the statements of a device function computing one task's tile of the op's outputs
   (``body(ctx) -> str``, ``ctx`` a :class:`BodyContext`). Ops that are neither elementwise nor
-  views need it.
+  views need it. It runs on the worker's 256 consumer threads (latch_common.cuh states the rules:
+  ``latch::block_sync()``, ``LATCH_THREADS``).
+- ``producer`` (with ``tensor_maps`` and ``stage_bytes``): the producer half of a body that streams
+  its operands through the kernel's ring of shared-memory stages with TMA (``producer(ctx) -> str``,
+  statements run by ONE producer thread, ``c`` the task's context and ``p`` the producer's
+  ``latch::Pipe``, which the statements advance; they ``return false;`` when a wait was aborted).
+  ``tensor_maps(ctx)`` lists the :class:`TensorMap` the two halves use, in order (encoded by the
+  runtime at load time from the operands' addresses; ``ctx.tmap(j)`` is map j's address in device
+  code); ``stage_bytes(ctx)`` is the size of one ring stage the body needs. Such a body is compiled
+  inline into the kernel's dispatch (``inline`` is implied), and its consumer half (``body``) reads
+  the stages from ``c.pipe``.
 
 An op that has only ``expr`` or ``view_map`` gets its body from the fused generator (a group of
 one).
@@ -114,13 +124,40 @@ class Operand:
         return tuple(reversed(out))
 
 
+SWIZZLE_CODES = {0: 0, 32: 1, 64: 2, 128: 3}  # bytes -> CUtensorMapSwizzle
+TMAP_DTYPES = {"u8": 0, "f16": 6, "f32": 7, "f64": 8, "bf16": 9, "i32": 3, "i64": 5}  # -> CUtensorMapDataType
+
+
+@attrs.frozen
+class TensorMap:
+    """One TMA tensor map a body uses: operand ``operand`` of the body (an index into
+    ``ctx.inputs + ctx.outputs``), viewed as a row-major tensor of ``dims`` (innermost first; their
+    product is the operand's element count), loaded in boxes of ``box`` elements with ``swizzle``
+    bytes of shared-memory swizzling (0, 32, 64 or 128)."""
+
+    operand: int
+    dims: tuple[int, ...] = attrs.field(converter=tuple)
+    box: tuple[int, ...] = attrs.field(converter=tuple)
+    swizzle: int = 128
+
+    def __attrs_post_init__(self):
+        if not 1 <= len(self.dims) <= 3 or len(self.box) != len(self.dims):
+            raise LoweringError(f"tensor map of operand {self.operand}: dims {self.dims} / box {self.box} must have "
+                                "one to three matching entries")
+        if self.swizzle not in SWIZZLE_CODES:
+            raise LoweringError(f"tensor map of operand {self.operand}: swizzle {self.swizzle} is not one of 0/32/64/128")
+        if any(not 1 <= b <= 256 for b in self.box):
+            raise LoweringError(f"tensor map of operand {self.operand}: box {self.box} has an extent outside 1..256")
+
+
 @attrs.frozen
 class BodyContext:
     """What a ``body`` lowering sees: one node and the task's tile (as C++ expressions).
 
     ``lo(d)``/``hi(d)`` are the tile's half-open range along dimension ``d`` of the primary output
-    (``outputs[primary]``); ``smem`` is a ``char*`` to the block's dynamic shared memory (size
-    declared by the lowering's ``smem``); ``threads`` the block size. ``aliased`` is true when the
+    (``outputs[primary]``); ``smem`` is a ``char*`` to the body's scratch shared memory (size
+    declared by the lowering's ``smem``; never the ring); ``threads`` the consumer threads a body
+    runs on. ``aliased`` is true when the
     memory plan gives the (view) output the same bytes as its first input.
     """
 
@@ -137,6 +174,10 @@ class BodyContext:
 
     def lo(self, d: int) -> str:
         return f"c.t->lo[{d}]"
+
+    def tmap(self, j: int) -> str:
+        """Device address of the body's tensor map ``j`` (see :attr:`Lowering.tensor_maps`)."""
+        return f"(c.tmaps + {128 * j})"
 
     def hi(self, d: int) -> str:
         return f"c.t->hi[{d}]"
@@ -155,9 +196,10 @@ class Lowering:
 
     ``headers`` are included by every unit that instantiates this op (paths relative to one of
     ``include_dirs``, which a third-party plugin points at its own package data); their contents
-    are part of the build's cache key. ``smem(ctx) -> int`` is the dynamic shared memory the body
-    needs (bytes). ``version`` is bumped by the plugin when emitted code changes without a header
-    change (it is part of the cache key through the generated source anyway; it documents intent).
+    are part of the build's cache key. ``smem(ctx) -> int`` is the scratch shared memory the body
+    needs (bytes). A change to what a lowering emits reaches the build's cache key through the
+    generated source (and the request key through the plugin's Python sources); no version field
+    is needed.
     """
 
     op: str
@@ -171,10 +213,25 @@ class Lowering:
     # that splits a group of this op into several tasks (they would all write everything).
     whole: bool = False
     doc: str = ""
+    # The producer half (TMA loads into the ring) and what it needs; see the module docstring.
+    producer: Callable[[BodyContext], str] | None = None
+    tensor_maps: Callable[[BodyContext], list[TensorMap]] | None = None
+    stage_bytes: Callable[[BodyContext], int] | None = None
+    # Compile the body inline into the kernel's dispatch (hot bodies: no call, registers shared with
+    # the worker's loop). Implied by ``producer``.
+    inline: bool = False
+    # Run-time constants of the body (``c.args[i]`` in its code): a lowering that reads its shapes
+    # from there instead of spelling them out lets every node with the same code share one function.
+    args: Callable[[BodyContext], tuple[int, ...]] | None = None
 
     def __attrs_post_init__(self):
         if self.expr is None and self.body is None and self.view_map is None:
             raise LoweringError(f"lowering of {self.op}: give an `expr` (elementwise form), a `view_map` or a `body`")
+        if (self.producer is None) != (self.tensor_maps is None) or (self.producer is None) != (self.stage_bytes is None):
+            raise LoweringError(f"lowering of {self.op}: a producer half needs `producer`, `tensor_maps` and "
+                                "`stage_bytes` together")
+        if self.producer is not None and self.body is None:
+            raise LoweringError(f"lowering of {self.op}: a producer half needs the consumer half `body`")
 
     @property
     def fusable(self) -> bool:

@@ -1,5 +1,8 @@
 """latch-codegen-h100's registrations with Latch (entry point group latch.plugins): the H100
-lowerings of the core vocabulary, and the ``build`` and ``run`` commands of ``latch-pipeline``."""
+lowerings of the core vocabulary, the body configurations of ``latch::matmul``
+(:mod:`latch_codegen_h100.matmul_configs`), the ``build`` pass (the last stage of
+latch_core.pipeline), and the ``build``, ``run`` and ``sass`` commands of ``latch-pipeline``. Importing this module imports neither
+torch nor the lowerings: each hook imports what it registers."""
 
 from __future__ import annotations
 
@@ -9,13 +12,15 @@ import time
 import click
 
 from latch_core.hookspecs import hookimpl
-
-from . import (
-    lower_attention, lower_elementwise, lower_indexing, lower_matmul, lower_moe, lower_nn, lower_reduce, lower_views,
-)
+from latch_core.passes import Pass
 
 
 def all_lowerings():
+    from . import (
+        lower_attention, lower_elementwise, lower_indexing, lower_matmul, lower_moe, lower_nn, lower_reduce,
+        lower_views,
+    )
+
     return (lower_elementwise.lowerings() + lower_reduce.lowerings() + lower_matmul.lowerings()
             + lower_views.lowerings() + lower_indexing.lowerings() + lower_nn.lowerings()
             + lower_attention.lowerings() + lower_moe.lowerings())
@@ -25,6 +30,43 @@ def all_lowerings():
 def latch_register_lowerings(register):
     for low in all_lowerings():
         register(low.op, low)
+
+
+def _build_pass(doc, directory=None, jobs=None, use_cache=True, profile=False, progress=None):
+    """Lower every node to CUDA and compile (``builder.build``) into ``directory`` (default
+    ``build/<example>-<strategy>``); nvcc missing is an error saying what to do."""
+    from pathlib import Path
+
+    from .builder import BuildError, build, find_nvcc
+
+    try:
+        find_nvcc()
+    except BuildError as e:
+        raise BuildError(f"{e}; or stop before the build pass (latch-pipeline compile --no-build)") from None
+    if directory is None:
+        name = doc.graph.meta("example", "") or "program"
+        directory = Path("build") / f"{name}-{doc.schedule.strategy}"
+    out = build(doc, directory, jobs=jobs, use_cache=use_cache, profile=profile)
+    st = dict(out.build.stats)
+    return out, (f"{directory} ({st.get('bodies', '?')} bodies, {len(out.build.units)} units, "
+                 f"cached: {st.get('cached') or 'no'})")
+
+
+BUILD = Pass("build", _build_pass, requires={"graph", "schedule", "memory"}, ensures={"build"},
+             doc="lower every node to CUDA and compile with ninja/nvcc (options directory, jobs, use_cache, profile); "
+                 "cached by request and by content")
+
+
+@hookimpl
+def latch_register_passes(register):
+    register(BUILD)
+
+
+@hookimpl
+def latch_register_configs(register):
+    from . import matmul_configs
+
+    register("latch::matmul", matmul_configs.configs)
 
 
 class _Interspersed(click.Command):
@@ -111,7 +153,26 @@ def run_cmd(build_dir, inputs, steps, seed, save_path):
         click.echo(f"wrote {save_path}")
 
 
+@click.command("sass", cls=_Interspersed)
+@click.argument("build_dir", type=click.Path(file_okay=False, exists=True))
+def sass_cmd(build_dir):
+    """Report what BUILD_DIR/program.so's machine code holds: HGMMA (tensor cores), UTMALDG (TMA),
+    USETMAXREG (the register split), local memory; runs without a GPU."""
+    from pathlib import Path
+
+    from .sass import SassError, report
+
+    try:
+        r = report(Path(build_dir) / "program.so")
+    except SassError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    for line in r.lines():
+        click.echo(line)
+
+
 @hookimpl
 def latch_register_commands(register):
     register(build_cmd)
     register(run_cmd)
+    register(sass_cmd)

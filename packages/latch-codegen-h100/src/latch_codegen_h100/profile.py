@@ -144,6 +144,9 @@ class ProgramReport:
     by_body: tuple[Row, ...] = ()
     by_group: tuple[Row, ...] = ()
     timer_step_ns: int | None = None
+    # Per-task overhead: the gaps between one task's end and the next task's start on the same SM,
+    # over every pair of consecutive tasks (queue hand-over, operand pointers, dispatch).
+    task_gaps_ns: tuple[int, ...] = ()
 
     @property
     def sm_time_ns(self) -> int:
@@ -187,6 +190,7 @@ def aggregate(layout: ProgramLayout, launches: Sequence[LaunchRecords]) -> Progr
     by_body: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     by_group: dict[int, list[int]] = defaultdict(lambda: [0, 0])
     kernel_ns, step = 0, None
+    gaps: list[int] = []
     for rec in launches:
         if rec.program != layout.program:
             raise ProfileError(f"records of program {rec.program!r} given with the layout of {layout.program!r}")
@@ -203,7 +207,7 @@ def aggregate(layout: ProgramLayout, launches: Sequence[LaunchRecords]) -> Progr
         stamps = [k0, k1]
         for sm, instrs in enumerate(layout.sms):
             acc = per_sm[sm]
-            prev_end, first, busy = None, None, 0
+            prev_end, first, busy, prev_task = None, None, 0, False
             for kind, arg in instrs:
                 b, e = rec.instrs[pc]
                 if not b or not e or e < b or b < k0 or e > k1 or (prev_end is not None and b < prev_end):
@@ -214,6 +218,8 @@ def aggregate(layout: ProgramLayout, launches: Sequence[LaunchRecords]) -> Progr
                 d = e - b
                 stamps += (b, e)
                 if kind == "task":
+                    if prev_task:
+                        gaps.append(b - prev_end)
                     acc["busy"] += d
                     tasks_on[sm] += 1
                     gid = layout.task_group[arg]
@@ -227,6 +233,7 @@ def aggregate(layout: ProgramLayout, launches: Sequence[LaunchRecords]) -> Progr
                     raise ProfileError(f"program {layout.program!r}: SM {sm} instruction {pc} has unknown kind {kind!r}")
                 first = b if first is None else first
                 prev_end = e
+                prev_task = kind == "task"
                 pc += 1
             if first is None:  # an empty list: the block only passed the barriers
                 acc["spare"] += win
@@ -262,6 +269,7 @@ def aggregate(layout: ProgramLayout, launches: Sequence[LaunchRecords]) -> Progr
         event_ms=sum(r.event_ms for r in launches) if all(r.event_ms is not None for r in launches) else None,
         grid=grid, lists=lists, sms=tuple(sms), totals=totals,
         by_op=rows(by_op, str), by_body=rows(by_body, str), by_group=rows(by_group, group_name), timer_step_ns=step,
+        task_gaps_ns=tuple(gaps),
     )
 
 
@@ -312,6 +320,11 @@ def format_report(rep: ProgramReport, *, top: int = 15, per_sm: bool = False) ->
         f"(barriers {100 * rep.fraction('barrier'):.2f}%, counters {100 * rep.fraction('counter'):.2f}%; "
         f"target < {100 * WAIT_TARGET:.0f}%: {'met' if rep.waiting_fraction < WAIT_TARGET else 'NOT met'})",
     ]
+    if rep.task_gaps_ns:
+        g = sorted(rep.task_gaps_ns)
+        lines.append(f"  per-task overhead (gap between consecutive tasks on an SM): median {g[len(g) // 2] / 1e3:.3f} us, "
+                     f"mean {sum(g) / len(g) / 1e3:.3f} us, 90th percentile {g[int(0.9 * (len(g) - 1))] / 1e3:.3f} us "
+                     f"over {len(g)} pairs")
     listed = [s for s in rep.sms if s.sm < rep.lists]
     if listed:
         lines.append("  per SM, ms per launch (min / median / max over the SMs with a list):")

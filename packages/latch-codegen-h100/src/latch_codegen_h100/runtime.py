@@ -36,7 +36,8 @@ DTYPES = {
     "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8, "u8": torch.uint8,
     "bool": torch.bool,
 }
-ERR_WAIT_TIMEOUT, ERR_BARRIER_TIMEOUT, ERR_BAD_BODY, ERR_INDEX_RANGE = 1, 2, 3, 4
+ERR_WAIT_TIMEOUT, ERR_BARRIER_TIMEOUT, ERR_BAD_BODY, ERR_INDEX_RANGE, ERR_PIPE_TIMEOUT = 1, 2, 3, 4, 5
+TMAP_BYTES = 128
 DEFAULT_TIMEOUT_S = 10.0
 PROFILE_KEEP = 64  # launches whose records a profiling build keeps until profile() reads them
 PROFILE_SLEEP_CYCLES = 200_000  # ~0.1 ms of GPU sleep before a profiled launch (longer than the launch call)
@@ -56,11 +57,11 @@ class _Args(ctypes.Structure):
         ("operands", ctypes.c_void_p), ("buffers", ctypes.c_void_p), ("counters", ctypes.c_void_p),
         ("expected", ctypes.c_void_p), ("barrier", ctypes.c_void_p), ("error", ctypes.c_void_p),
         ("num_lists", ctypes.c_int32), ("epoch", ctypes.c_uint32), ("num_barriers", ctypes.c_uint32),
-        ("program", ctypes.c_int32), ("timeout_ns", ctypes.c_uint64),
+        ("program", ctypes.c_int32), ("timeout_ns", ctypes.c_uint64), ("tmaps", ctypes.c_void_p),
     ]
 
 
-assert ctypes.sizeof(_Args) == 96
+assert ctypes.sizeof(_Args) == 104
 
 # Error record: int32 code, block, pc, task, counter; uint32 value, target; int32 abort, program,
 # pad; int64 a, b.
@@ -102,8 +103,12 @@ class _ProgramTables:
         self.name = name
         self.info = info
         self.raw = {k: (root / p).read_bytes() for k, p in info["tables"].items()}
+        self.num_tmaps = int(info.get("num_tmaps", 0))
+        self.encoded: dict[int, tuple] = {}  # pointer table address -> (that table, its encoded maps on the device)
         self.dev = {}
         for k, data in self.raw.items():
+            if k == "tmaps":
+                continue
             t = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(16, dtype=torch.uint8)
             self.dev[k] = t.to(device)
         n = max(1, info["num_counters"])
@@ -171,6 +176,11 @@ class Program:
             if self.smem > smem_max.value:
                 raise ProgramError(f"the kernel needs {self.smem} bytes of shared memory per block; the device "
                                    f"allows {smem_max.value}")
+            self.block_threads = int(self.lib.latch_block_threads())
+            self.lib.latch_dynamic_smem.restype = ctypes.c_longlong
+            if int(self.lib.latch_dynamic_smem()) != self.smem:
+                raise ProgramError(f"{lib_path}: the library needs {self.lib.latch_dynamic_smem()} bytes of dynamic "
+                                   f"shared memory, the manifest says {self.smem}: they come from different builds")
             blocks, regs = ctypes.c_int(), ctypes.c_int()
             self._check(self.lib.latch_prepare(device.index, ctypes.c_longlong(self.smem), ctypes.byref(blocks),
                                                ctypes.byref(regs)), "preparing the kernel")
@@ -326,6 +336,7 @@ class Program:
             a.num_barriers = info["num_barriers"]
             a.program = self._program_index[prog]
             a.timeout_ns = self.timeout_ns
+            a.tmaps = self._tensor_maps(p, ptrs).data_ptr() if p.num_tmaps else None
             if len(self._args_cache) > 16:
                 self._args_cache.clear()
             self._args_cache[(prog, ptrs.data_ptr())] = a
@@ -336,12 +347,46 @@ class Program:
         else:
             code = self.lib.latch_launch(ctypes.byref(a), self.device.index, self.num_sms,
                                          ctypes.c_longlong(self.smem), ctypes.c_void_p(stream))
-        self._check(code, f"launching program {prog!r} ({self.num_sms} blocks x 256 threads, {self.smem} B smem)")
+        self._check(code, f"launching program {prog!r} ({self.num_sms} blocks x {self.block_threads} threads, "
+                          f"{self.smem} B smem)")
         p.epoch += 1
         self.launches += 1
         for cb in info["copy_back"]:
             dst = bound[cb["old"]].view(-1).view(torch.uint8)
             dst.copy_(self.arena[cb["offset"]:cb["offset"] + cb["nbytes"]])
+
+    def _tensor_maps(self, p: "_ProgramTables", ptrs: torch.Tensor) -> torch.Tensor:
+        """The program's TMA tensor maps encoded for the buffers of ``ptrs`` (the device pointer table),
+        on the device. Encoded on the host by the library (the driver's cuTensorMapEncodeTiled) once per
+        pointer table, which the runtime caches by the bound addresses, so a training loop over the same
+        tensors encodes once."""
+        key = ptrs.data_ptr()
+        hit = p.encoded.get(key)
+        if hit is not None and hit[0] is ptrs:
+            return hit[1]
+        host_ptrs = ptrs.cpu()
+        out = torch.empty(p.num_tmaps * TMAP_BYTES + 64, dtype=torch.uint8)
+        base = out.data_ptr()
+        aligned = (base + 63) // 64 * 64
+        detail = ctypes.c_int(0)
+        specs = ctypes.create_string_buffer(p.raw["tmaps"], len(p.raw["tmaps"]))
+        code = self.lib.latch_encode_tmaps(specs, p.num_tmaps, ctypes.c_void_p(host_ptrs.data_ptr()),
+                                           ctypes.c_void_p(aligned), ctypes.byref(detail))
+        if code == -1:
+            raise LaunchError("the CUDA driver has no cuTensorMapEncodeTiled (needs a CUDA 12 driver or newer)")
+        if code != 0:
+            i = code - 1000
+            m = p.info.get("tmaps", [{}] * (i + 1))[i]
+            raise LaunchError(f"program {p.name!r}: the driver refused tensor map {i} (group {m.get('group')}, value "
+                              f"{m.get('value')!r}, dims {m.get('dims')}, box {m.get('box')}) with CUresult "
+                              f"{detail.value}; the tensor's address or strides are not 16-byte aligned")
+        enc = out[aligned - base: aligned - base + p.num_tmaps * TMAP_BYTES]
+        t = torch.empty(p.num_tmaps * TMAP_BYTES, dtype=torch.uint8, device=self.device)
+        t.copy_(enc)  # from pageable memory: synchronous, so ``out`` may go away
+        if len(p.encoded) > 8:
+            p.encoded.clear()
+        p.encoded[key] = (ptrs, t)  # holding ptrs keeps its address from being reused by another table
+        return t
 
     def _launch_profiled(self, prog: str, a: _Args, stream: int) -> int:
         """The profiling build's launch: records for every instruction, then every block (see
@@ -405,6 +450,20 @@ class Program:
             if check:
                 self.check()
         return out
+
+    def launch(self, prog: str, params=None, state=None, batch=None, hyper=None) -> None:
+        """Launch one program once and return at once: no output is read and no error record is
+        waited for (call :meth:`check`; :meth:`outputs` reads the outputs). For benchmarks."""
+        if prog not in self.programs:
+            raise ProgramError(f"no program {prog!r} in this build; it has {sorted(self.programs)}")
+        with torch.cuda.device(self.device):
+            bound = self._bind(prog, params, state, batch, hyper)
+            self._launch(prog, self._pointer_table(bound), bound)
+
+    def outputs(self, prog: str, params=None, state=None, batch=None, hyper=None) -> dict[str, torch.Tensor]:
+        """Copies of program ``prog``'s outputs (not written in place) as its last launch left them."""
+        with torch.cuda.device(self.device):
+            return self._read_outputs(prog, self._bind(prog, params, state, batch, hyper))
 
     def run(self, params, state, batch, hyper=None, *, check: bool = True, groups=None) -> dict[str, torch.Tensor]:
         """One complete update: ``update``, or ``accumulate`` K-1 times then ``accumulate_and_update``.
@@ -489,6 +548,12 @@ class Program:
         if code == ERR_INDEX_RANGE:
             return (f"program {prog!r}: task {task} ({self._task_desc(prog, task)}) read index {a}, outside [0, {b}); "
                     "check the batch's index tensors")
+        if code == ERR_PIPE_TIMEOUT:
+            what = (f"a stage of the ring (mbarrier at shared address {a}, phase parity {b})" if a >= 0
+                    else f"the consumers to finish this SM's task number {b} before loading its outputs")
+            return (f"program {prog!r}: pipeline timeout on SM {block}, task {task} ({self._task_desc(prog, task)}): "
+                    f"waited {self.timeout_ns / 1e9:g} s for {what}; the producer and consumer halves of a body "
+                    "disagree about the stages they use (a bug in that body's lowering)")
         return f"program {prog!r}: kernel error code {code} (SM {block}, task {task})"
 
     def unsatisfiable_waits(self, prog: str) -> list[str]:

@@ -4,11 +4,14 @@ These bytes are the program; the compiled kernel only interprets them. They are 
 sources (``tables/<program>.*.bin``) and uploaded by the runtime, never baked into the source, so a
 changed schedule or memory plan over the same op signatures reuses the compiled library.
 
-Layouts (little-endian) mirror ``cuda/latch_kernel.cuh`` (``LATCH_ABI_VERSION`` 1):
+Layouts (little-endian) mirror ``cuda/latch_kernel.cuh`` (``LATCH_ABI_VERSION`` 2):
 - Instr:   4 x int32 (kind, a, b, c)
-- Task:    24 x int32 (body, task, group, ndim, op_begin, op_count, pad, pad, lo[8], hi[8])
+- Task:    24 x int32 (body, task, group, ndim, op_begin, op_count, tmap, dep, lo[8], hi[8])
 - Operand: int32 buffer, int32 pad, int64 byte offset
 - sm_begin: int32[num_lists + 1]; expected: uint32[num_counters]
+- Tmap:    the tensor maps to encode at load time (``latch::TmapSpec`` in cuda/latch_kernel_main.cuh):
+           int32 buffer, dtype code; int64 offset; int32 rank, swizzle code; int64 dims[3];
+           int64 strides[2] (bytes); int32 box[3]; int32 pad (80 bytes)
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import struct
 
 import attrs
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 MAX_DIMS = 8
 I_TASK, I_BARRIER, I_WAIT, I_SIGNAL = 1, 2, 3, 4
 KIND_CODES = {"task": I_TASK, "barrier": I_BARRIER, "wait": I_WAIT, "signal": I_SIGNAL}
@@ -25,8 +28,11 @@ KIND_CODES = {"task": I_TASK, "barrier": I_BARRIER, "wait": I_WAIT, "signal": I_
 INSTR = struct.Struct("<4i")
 TASK = struct.Struct(f"<8i{MAX_DIMS}i{MAX_DIMS}i")
 OPERAND = struct.Struct("<iiq")
+TMAP = struct.Struct("<iiqii3q2q3ii")
 
-assert INSTR.size == 16 and TASK.size == 96 and OPERAND.size == 16
+assert INSTR.size == 16 and TASK.size == 96 and OPERAND.size == 16 and TMAP.size == 80
+
+DTYPE_BYTES = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "u8": 1}
 
 
 @attrs.frozen
@@ -38,14 +44,54 @@ class TaskRecord:
     op_count: int
     lo: tuple[int, ...]
     hi: tuple[int, ...]
+    tmap: int = -1  # first tensor map of the group (-1: the body loads none)
+    dep: int = -1  # see Task::dep (cuda/latch_kernel.cuh)
 
     def pack(self) -> bytes:
         nd = len(self.lo)
         if nd > MAX_DIMS:
             raise ValueError(f"task {self.task}: tile of rank {nd} exceeds {MAX_DIMS}")
         pad = (0,) * (MAX_DIMS - nd)
-        return TASK.pack(self.body, self.task, self.group, nd, self.op_begin, self.op_count, 0, 0,
+        return TASK.pack(self.body, self.task, self.group, nd, self.op_begin, self.op_count, self.tmap, self.dep,
                          *self.lo, *pad, *self.hi, *pad)
+
+
+@attrs.frozen
+class TmapRecord:
+    """One tensor map to encode at load time: a row-major tensor at (buffer, offset)."""
+
+    buffer: int
+    offset: int
+    dtype: str
+    dims: tuple[int, ...]
+    box: tuple[int, ...]
+    swizzle: int  # bytes
+
+    @classmethod
+    def of(cls, buffer, offset, dtype, dims, box, swizzle) -> "TmapRecord":
+        return cls(int(buffer), int(offset), dtype, tuple(int(d) for d in dims), tuple(int(b) for b in box), int(swizzle))
+
+    def pack(self) -> bytes:
+        from .lowering import SWIZZLE_CODES, TMAP_DTYPES
+
+        if self.dtype not in TMAP_DTYPES:
+            raise ValueError(f"tensor map of a {self.dtype} tensor: TMA takes {sorted(TMAP_DTYPES)}")
+        esize = DTYPE_BYTES[self.dtype]
+        strides, acc = [], esize
+        for d in self.dims[:-1]:
+            acc *= d
+            strides.append(acc)
+        r = len(self.dims)
+        if self.offset % 16 or any(s % 16 for s in strides):
+            raise ValueError(f"tensor map at offset {self.offset} with byte strides {strides}: TMA needs 16-byte "
+                             "aligned addresses and strides")
+        pad = lambda xs, n: list(xs) + [0] * (n - len(xs))  # noqa: E731
+        return TMAP.pack(self.buffer, TMAP_DTYPES[self.dtype], self.offset, r, SWIZZLE_CODES[self.swizzle],
+                         *pad(self.dims, 3), *pad(strides, 2), *pad(self.box, 3), 0)
+
+
+def pack_tmaps(maps) -> bytes:
+    return b"".join(m.pack() for m in maps)
 
 
 @attrs.frozen
@@ -55,10 +101,11 @@ class ProgramTables:
     tasks: bytes
     operands: bytes
     expected: bytes
+    tmaps: bytes = b""
 
     def files(self) -> dict[str, bytes]:
         return {"instrs": self.instrs, "sm_begin": self.sm_begin, "tasks": self.tasks,
-                "operands": self.operands, "expected": self.expected}
+                "operands": self.operands, "expected": self.expected, "tmaps": self.tmaps}
 
 
 def pack_instrs(sms) -> tuple[bytes, bytes]:

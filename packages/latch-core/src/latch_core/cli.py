@@ -4,6 +4,11 @@ Core provides ``plugins``, ``show``, ``validate`` and ``passes`` (run a named se
 a file). Stage packages add subcommands through ``latch_register_commands``; installing only
 latch-core gives a working CLI with fewer commands.
 
+Startup is kept light: plugin modules import nothing heavy, registries fill per hook on first use
+(``--help`` reads only the commands), and commands import their work when they run; ``--help``,
+``show``, ``validate``, ``schedule``, ``plan`` and ``passes`` over core, schedule and memory passes
+never import torch (test_cli_startup.py).
+
 Chaining: ``latch-pipeline show a.latch.json validate a.latch.json``. Commands that transform a
 document read ``-i/--input`` and write ``-o/--output``; chained commands run in order, so a later
 command can read what an earlier one wrote. A chained command cannot take a variable number of
@@ -20,7 +25,7 @@ from . import document as _document
 from . import errors as _errors
 from . import plugins as _plugins
 from .lint import lint_section
-from .passes import PassError, run_pipeline
+from .passes import PassError
 from .text import format_document
 
 
@@ -79,9 +84,16 @@ class InterspersedCommand(click.Command):
 
 
 @click.group(cls=LatchGroup, chain=True)
+@click.option("-q", "--quiet", is_flag=True, help="no progress bars (they are drawn only on a terminal anyway)")
 @click.option("--debug", is_flag=True, help="show Python tracebacks for errors (also LATCH_DEBUG=1)")
-def main(debug):
-    """Latch: compile a PyTorch training update into one persistent Hopper kernel."""
+def main(quiet, debug):
+    """Latch: compile a PyTorch training update into one persistent Hopper kernel.
+
+    The compiler is one list of passes (latch_core.pipeline): `compile` runs all of it,
+    `passes` any part of it."""
+    from . import progress
+
+    progress.set_quiet(quiet)
     _errors.set_debug(debug)
 
 
@@ -164,34 +176,75 @@ def validate_cmd(file):
 
 
 @main.command("passes")
-@click.option("-i", "--input", "inp", type=click.Path(dir_okay=False), help="document to read")
+@click.option("-i", "--input", "inp", type=click.Path(dir_okay=False),
+              help="document to read (default: an empty one, for a sequence starting with capture)")
 @click.option("-o", "--output", "out", type=click.Path(dir_okay=False), help="document to write")
-@click.option("--list", "list_only", is_flag=True, help="list registered passes and exit")
+@click.option("-O", "--option", "pass_options", multiple=True, metavar="PASS.KEY=VALUE",
+              help="an option of one pass, e.g. -O schedule.scheduler=dataflow -O capture.example=ex.py")
+@click.option("--list", "list_only", is_flag=True, help="list the pipeline's stages and every registered pass, and exit")
 @click.argument("sequence", required=False)
-def passes_cmd(inp, out, list_only, sequence):
+def passes_cmd(inp, out, pass_options, list_only, sequence):
     """Run a comma-separated SEQUENCE of named passes, in order: -i IN -o OUT a,b,c.
 
-    The sequence is one argument (not one per pass) so that further chained commands can follow:
+    An item may be a pass name, `pipeline` (the whole compiler, latch_core.pipeline) or a range of
+    the pipeline, `a..b` (`schedule..build`, `..memory.plan`). The sequence is one argument (not one
+    per pass) so that further chained commands can follow:
     ``latch-pipeline passes -i a.latch.json -o b.latch.json core.lint show b.latch.json``.
     """
+    from . import pipeline
+
     regs = registries_or_exit()
     if list_only:
+        click.echo("pipeline (latch_core.pipeline), in order:")
+        for st in pipeline.PIPELINE:
+            state = "" if st.name in regs.passes else f"   [not installed: {st.package}]"
+            click.echo(f"  {st.name:<26s} {st.package:<19s} {st.what}{state}")
+        click.echo("registered passes:")
         for name, p in regs.passes.items():
             click.echo(f"{name}: requires {sorted(p.requires)} ensures {sorted(p.ensures)}  [{regs.passes.owner(name)}]")
         return
-    if not (inp and out and sequence):
-        missing = [what for what, v in (("-i/--input", inp), ("-o/--output", out), ("SEQUENCE", sequence)) if not v]
+    if not (out and sequence):
+        missing = [what for what, v in (("-o/--output", out), ("SEQUENCE", sequence)) if not v]
         raise click.UsageError(f"passes: missing {', '.join(missing)}; e.g. passes -i in.latch.json -o out.latch.json core.lint")
-    names = [n.strip() for n in sequence.split(",") if n.strip()]
-    doc = load_or_exit(inp)
     try:
-        seq = [regs.passes.get(n) for n in names]
-        doc = run_pipeline(seq, doc, on_pass=lambda p, d: click.echo(f"  {p.name}: {d.provenance[-1].seconds * 1000:.1f} ms"))
+        names = pipeline.sub_list(sequence)
+        options = _pass_options(pass_options, names)
+        doc = load_or_exit(inp) if inp else _document.Document()
+        doc = pipeline.run(names, doc, options, registry=regs.passes,
+                           on_pass=lambda p, d: click.echo(f"  {p.name}: {d.provenance[-1].seconds * 1000:.1f} ms"
+                                                           + (f"  {d.provenance[-1].detail}" if d.provenance[-1].detail else "")))
     except (PassError, ValueError) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
     _document.save(doc, out)
     click.echo(f"wrote {out}")
+
+
+def _pass_options(items, names) -> dict[str, dict]:
+    """``["schedule.scheduler=dataflow", "capture.example=ex.py"]`` -> per-pass option dicts; the pass
+    is the longest name of the sequence that prefixes the key (pass names contain dots)."""
+    out: dict[str, dict] = {}
+    for item in items:
+        key, eq, raw = item.partition("=")
+        owner = max((n for n in names if key.startswith(n + ".")), key=len, default=None)
+        if not eq or owner is None:
+            raise click.UsageError(f"option {item!r} is not PASS.KEY=VALUE for a pass of the sequence ({', '.join(names)})")
+        out.setdefault(owner, {})[key[len(owner) + 1:]] = _value(raw)
+    return out
+
+
+def _value(v: str):
+    low = v.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low == "none":
+        return None
+    for conv in (int, float):
+        try:
+            return conv(v)
+        except ValueError:
+            pass
+    return v
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -72,6 +72,11 @@ def _record_fields(cls: type) -> tuple[str, ...] | None:
         return names
 
 
+def encode(obj: Any) -> Any:
+    """The JSON-ready form of any document record (what :func:`dumps` writes for it)."""
+    return _encode(obj)
+
+
 def _encode(obj: Any) -> Any:
     # Hot path (a TinyMoE-200M schedule has millions of small records and tuples): scalars first,
     # then tuples, then records, with the per-class field list looked up once.

@@ -2,7 +2,9 @@
 
 A pass is a pure function of the document (``Document -> Document``, never mutating its input) with
 a name, the sections it ``requires`` and the sections it ``ensures``. The runner checks both sides
-of the contract and appends a provenance record (name, start time, duration) to the result.
+of the contract and appends a provenance record (name, start time, duration, detail) to the result.
+A pass may return ``(document, detail)`` to say something in its provenance record (e.g. capture's
+``cached``); the runner's ``detail`` argument, when given, comes first.
 """
 
 from __future__ import annotations
@@ -54,10 +56,11 @@ def run_pass(p: Pass, doc: Document, *, detail: str = "", **options: Any) -> Doc
     t0 = time.perf_counter()
     out = p.run(doc, **options)
     seconds = time.perf_counter() - t0
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], str):
+        out, said = out
+        detail = f"{detail}; {said}" if detail and said else detail or said
     if not isinstance(out, Document):
         raise PassError(f"pass {p.name!r} returned {type(out).__name__}, not a Document")
-    if out is doc:
-        pass  # an identity pass is allowed: nothing changed
     lost = set(p.ensures) - out.sections()
     if lost:
         raise PassError(f"pass {p.name!r} ensures section(s) {sorted(lost)} but its result lacks them")

@@ -11,7 +11,6 @@ import os
 from importlib import metadata
 from typing import Any, Iterable
 
-import attrs
 import pluggy
 
 from . import hookspecs
@@ -27,26 +26,47 @@ class PluginError(UserError, RuntimeError):
     pass
 
 
-@attrs.define
+# registry attribute -> (hook, what one registered item is called in messages)
+KINDS = {
+    "ops": ("latch_register_ops", "op"),
+    "lowerings": ("latch_register_lowerings", "lowering"),
+    "schedulers": ("latch_register_schedulers", "scheduler"),
+    "passes": ("latch_register_passes", "pass"),
+    "commands": ("latch_register_commands", "command"),
+    "configs": ("latch_register_configs", "body-configuration function"),
+}
+
+
 class Registries:
-    ops: Registry
-    derivatives: Registry
-    lowerings: Registry
-    schedulers: Registry
-    passes: Registry
-    commands: Registry
-    plugins: list[tuple[str, str]]  # (plugin name, distribution "name version" or "-")
-    manager: pluggy.PluginManager = attrs.field(repr=False)
+    """One registry per hook, each filled on first use: ``latch-pipeline --help`` asks only for the
+    commands, so no plugin's op, lowering or pass registrations run (or import what they need)."""
+
+    def __init__(self, manager: pluggy.PluginManager, plugins: list[tuple[str, str]]):
+        self.manager = manager
+        self.plugins = plugins  # (plugin name, distribution "name version" or "-")
+        self._filled: dict[str, Registry] = {}
+
+    def _registry(self, attr: str) -> Registry:
+        reg = self._filled.get(attr)
+        if reg is None:
+            hook_name, kind = KINDS[attr]
+            reg = Registry(kind)
+            _fill(self.manager, hook_name, reg)
+            self._filled[attr] = reg
+        return reg
+
+    ops = property(lambda self: self._registry("ops"))
+    lowerings = property(lambda self: self._registry("lowerings"))
+    schedulers = property(lambda self: self._registry("schedulers"))
+    passes = property(lambda self: self._registry("passes"))
+    commands = property(lambda self: self._registry("commands"))
+    configs = property(lambda self: self._registry("configs"))
 
     def by_hook(self) -> dict[str, Registry]:
-        return {
-            "latch_register_ops": self.ops,
-            "latch_register_derivatives": self.derivatives,
-            "latch_register_lowerings": self.lowerings,
-            "latch_register_schedulers": self.schedulers,
-            "latch_register_passes": self.passes,
-            "latch_register_commands": self.commands,
-        }
+        return {hook: self._registry(attr) for attr, (hook, _) in KINDS.items()}
+
+    def __repr__(self) -> str:
+        return f"Registries(plugins={self.plugins!r}, filled={sorted(self._filled)})"
 
 
 def _allowed() -> set[str] | None:
@@ -105,32 +125,28 @@ def make_manager(extra_plugins: Iterable[tuple[str, Any]] = (), *, entry_points:
     return pm
 
 
-def collect(pm: pluggy.PluginManager) -> Registries:
-    regs = Registries(
-        ops=Registry("op"),
-        derivatives=Registry("derivative rule"),
-        lowerings=Registry("lowering"),
-        schedulers=Registry("scheduler"),
-        passes=Registry("pass"),
-        commands=Registry("command"),
-        plugins=[],
-        manager=pm,
-    )
+def collect(pm: pluggy.PluginManager, *, lazy: bool = False) -> Registries:
+    """The registries of ``pm``'s plugins; every hook runs now unless ``lazy`` (then each runs when
+    its registry is first used, and its registration errors surface there)."""
     dists = getattr(pm, "_latch_dists", {})
-    regs.plugins = [(name, dists.get(name, "-")) for name, _ in sorted(pm.list_name_plugin()) if name is not None]
-
-    for hook_name, registry in regs.by_hook().items():
-        hook = getattr(pm.hook, hook_name)
-        # get_hookimpls() lists implementations in registration order (pluggy CALLS them in reverse);
-        # registering in that order makes "registered by A and again by B" name the first one as A.
-        for impl in hook.get_hookimpls():
-            registrant = impl.plugin_name
-
-            def register(*args, _registry=registry, _registrant=registrant, _hook=hook_name):
-                _register(_registry, _hook, _registrant, args)
-
-            impl.function(register=register)
+    plugins = [(name, dists.get(name, "-")) for name, _ in sorted(pm.list_name_plugin()) if name is not None]
+    regs = Registries(pm, plugins)
+    if not lazy:
+        regs.by_hook()
     return regs
+
+
+def _fill(pm: pluggy.PluginManager, hook_name: str, registry: Registry) -> None:
+    hook = getattr(pm.hook, hook_name)
+    # get_hookimpls() lists implementations in registration order (pluggy CALLS them in reverse);
+    # registering in that order makes "registered by A and again by B" name the first one as A.
+    for impl in hook.get_hookimpls():
+        registrant = impl.plugin_name
+
+        def register(*args, _registrant=registrant):
+            _register(registry, hook_name, _registrant, args)
+
+        impl.function(register=register)
 
 
 def _register(registry: Registry, hook: str, registrant: str, args: tuple) -> None:
@@ -149,6 +165,9 @@ def _register(registry: Registry, hook: str, registrant: str, args: tuple) -> No
     else:
         if len(args) != 2 or not isinstance(args[0], str):
             raise RegistryError(f"plugin {registrant!r}: {hook} register() takes (name, item), got {args!r}")
+        if hook == "latch_register_configs" and not callable(args[1]):
+            raise RegistryError(f"plugin {registrant!r}: {hook} register({args[0]!r}, fn) needs a callable "
+                                f"fn(in_types, out_types, attrs) -> list[BodyConfig], got {args[1]!r}")
         registry.add(args[0], args[1], registrant)
 
 
@@ -159,7 +178,7 @@ def registries() -> Registries:
     """The process-wide registries from installed plugins (loaded once)."""
     global _CACHE
     if _CACHE is None:
-        _CACHE = collect(make_manager())
+        _CACHE = collect(make_manager(), lazy=True)
     return _CACHE
 
 

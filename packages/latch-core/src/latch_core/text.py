@@ -45,9 +45,23 @@ def format_graph(g: Graph, indent: str = "") -> list[str]:
     return lines
 
 
+def _matmul_configs(per_program) -> list[str]:
+    """The ``matmul_configs`` record of schedule.matmul_configs (graph metadata), one line per matmul."""
+    lines = ["  matmul_configs (node: batch*MxKxN layout -> config, split-K S, tiles, waves, estimate):"]
+    for prog, rows in per_program:
+        for row in rows:
+            r = dict(row)
+            lines.append(f"    {prog} {r.get('node')}: {r.get('shape')} {r.get('layout')} -> {r.get('config')} "
+                         f"S={r.get('split_k')} {r.get('tiles')} tiles {r.get('waves')} waves ~{r.get('cost_us')} us")
+    return lines
+
+
 def format_schedule(s: ScheduleSection, *, max_sms: int = 8, max_instrs: int = 12) -> list[str]:
     lines = [f"schedule: strategy {s.strategy}, {s.num_sms} SMs"]
     for k, v in s.stats:
+        if k == "matmul_configs" and isinstance(v, tuple):
+            lines.extend(_matmul_configs(v))
+            continue
         lines.append(f"  {k}: {v}")
     for ps in s.programs:
         kinds = _Counter(i[0] for sm in ps.sms for i in sm)
@@ -97,6 +111,8 @@ def format_document(doc: Document, *, source: str = "") -> str:
     from .document import SCHEMA_VERSION
 
     lines = [f"# latch document {source} (schema {SCHEMA_VERSION[0]}.{SCHEMA_VERSION[1]}); sections: {', '.join(sorted(doc.sections())) or 'none'}"]
+    if doc.provenance:
+        lines.append("# passes: " + " -> ".join(p.name for p in doc.provenance))
     for p in doc.provenance:
         detail = f"  {p.detail}" if p.detail else ""
         lines.append(f"# pass {p.name}: started {p.started}, took {p.seconds * 1000:.1f} ms{detail}")
@@ -104,6 +120,9 @@ def format_document(doc: Document, *, source: str = "") -> str:
         if doc.graph.layout:
             lines.append("layout " + ", ".join(f"%{v.name}: {v.type} ({v.role})" for v in doc.graph.layout))
         for k, v in doc.graph.metadata:
+            if k == "matmul_configs" and isinstance(v, tuple):
+                lines.extend(_matmul_configs(v))
+                continue
             lines.append(f"meta {k} = {_fmt_attr(v)}")
         for g in doc.graph.programs:
             lines.append(f"program {g.name}:")

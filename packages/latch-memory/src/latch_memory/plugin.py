@@ -9,9 +9,26 @@ import click
 from latch_core.hookspecs import hookimpl
 from latch_core.passes import Pass
 
-from .plan import DEFAULT_ALIGNMENT, plan
-from .policy import policy_pass
-from .remat import remat_pass
+DEFAULT_ALIGNMENT = 256  # = latch_memory.plan.DEFAULT_ALIGNMENT (a test keeps them equal)
+
+
+def plan(doc, **options):
+    from .plan import plan as _plan
+
+    return _plan(doc, **options)
+
+
+def policy_pass(doc, **options):
+    from .policy import policy_pass as _policy
+
+    return _policy(doc, **options)
+
+
+def remat_pass(doc, **options):
+    from .remat import remat_pass as _remat
+
+    return _remat(doc, **options)
+
 
 POLICY = Pass(
     "memory.policy", policy_pass, requires={"graph"}, ensures={"graph"},

@@ -15,12 +15,13 @@ wins (so a ``matmul`` + ``routing`` op is a matmul).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 import attrs
 
 from latch_core.document import Document
-from latch_core.ir import DTYPES, FLOAT_DTYPES, Graph, GraphSection, Node
+from latch_core.ir import DTYPES, FLOAT_DTYPES, Graph, GraphSection, Node, Value
 from latch_core.registry import Registry
 from latch_core.errors import UserError
 
@@ -138,9 +139,170 @@ def check_master(section: GraphSection, master: str) -> None:
                     "or pass master=None to keep the captured dtypes")
 
 
+# ---------------------------------------------------------------------------------------------
+# Stored operands: matmuls whose policy is BF16 (or F16) read tensors stored in that dtype.
+
+MATMUL_OP, CAST_OP, PERMUTE_OP, RESHAPE_OP = "latch::matmul", "latch::cast", "latch::permute", "latch::reshape"
+LOW = ("bf16", "f16")
+
+
+def _is_transpose(node: Node | None) -> bool:
+    # the same test as latch_schedule.layouts.is_transpose (latch-memory does not import latch-schedule)
+    if node is None or node.op != PERMUTE_OP or len(node.inputs) != 1:
+        return False
+    perm = node.attr("perm")
+    return isinstance(perm, tuple) and len(perm) >= 2 and perm == tuple(range(len(perm) - 2)) + (len(perm) - 1, len(perm) - 2)
+
+
+def _is_leading_reshape(g: Graph, node: Node | None) -> bool:
+    # latch_schedule.layouts.is_leading_reshape: keeps the last two dims, regroups the ones before
+    if node is None or node.op != RESHAPE_OP or len(node.inputs) != 1 or node.inputs[0] is None:
+        return False
+    x, y = g.value(node.inputs[0]).shape, g.value(node.outputs[0]).shape
+    return len(x) >= 2 and len(y) >= 2 and x[-2:] == y[-2:] and math.prod(x[:-2]) == math.prod(y[:-2])
+
+
+def _fresh(names: set[str], base: str) -> str:
+    name = base
+    while name in names:
+        name += "_"
+    names.add(name)
+    return name
+
+
+def store_operands(g: Graph, counts: dict) -> Graph:
+    """Insert the casts that store BF16/F16 matmul operands (module docstring of this section).
+
+    For each ``latch::matmul`` with ``operand_dtype`` bf16/f16 and f32 operands, each operand is
+    cast once per (value, dtype), the cast shared by every matmul reading it; the matmul keeps its
+    f32 result (``out_dtype``). A transposing permute (optionally under a leading-dims reshape)
+    between the value and the matmul is seen through: the permute's INPUT is cast and the permute
+    re-pointed at the cast, so ``schedule.matmul_layouts`` still folds it and a weight read both
+    transposed (forward) and as stored (input gradient) is cast once. That needs every reader of
+    the views to be such a matmul (else the operand itself is cast). A cast sits just before its
+    first reader and carries the first matmul's source line. Then a matmul whose output is read
+    only by casts to one float dtype writes that dtype itself (``out_dtype``; the casts go away)."""
+    producers = g.producers()
+    consumers = g.consumers()
+    outs = set(g.output_names())
+    index = {n.name: i for i, n in enumerate(g.nodes)}
+    low_mm = {n.name: n.attr("operand_dtype") for n in g.nodes if n.op == MATMUL_OP
+              and n.attr("operand_dtype") in LOW and len(n.inputs) == 2
+              and all(v is not None and g.value(v).dtype == "f32" for v in n.inputs)}
+    if not low_mm:
+        return g
+
+    def only_low_matmuls(v: str, dt: str) -> bool:
+        cs = consumers.get(v, [])
+        return v not in outs and bool(cs) and all(low_mm.get(c.name) == dt for c in cs)
+
+    def only_reader(v: str, node: Node) -> bool:
+        cs = consumers.get(v, [])
+        return v not in outs and len(cs) == 1 and cs[0].name == node.name
+
+    casts: dict[tuple[str, str], str] = {}  # (value, dtype) -> cast output
+    cast_at: dict[str, int] = {}  # cast output -> position of its first reader
+    cast_src: dict[str, str | None] = {}
+    repoint: dict[tuple[str, int], str] = {}  # (node, input slot) -> cast output
+    retype: dict[str, str] = {}  # view outputs now carrying the low dtype
+    names = {v.name for v in g.values} | {n.name for n in g.nodes}
+    seen_through = 0
+    for n in g.nodes:
+        dt = low_mm.get(n.name)
+        if dt is None:
+            continue
+        for slot, v in enumerate(n.inputs):
+            if v in retype:
+                continue  # already stored low through a view chain handled for another reader
+            p = producers.get(v)
+            head = None  # the chain's first view: it reads the base value
+            if _is_transpose(p) and only_low_matmuls(v, dt):
+                head = p
+            elif (_is_leading_reshape(g, p) and _is_transpose(producers.get(p.inputs[0]))
+                  and only_low_matmuls(v, dt) and only_reader(p.inputs[0], p)):
+                head = producers[p.inputs[0]]
+                retype[p.inputs[0]] = dt
+            base = head.inputs[0] if head is not None else v
+            key = (base, dt)
+            if key not in casts:
+                casts[key] = _fresh(names, f"{base}.{dt}")
+                cast_src[casts[key]] = n.source
+            c = casts[key]
+            reader = head if head is not None else n
+            cast_at[c] = min(cast_at.get(c, len(g.nodes)), index[reader.name])
+            if head is not None:
+                repoint[(head.name, 0)] = c
+                retype[v] = dt
+                seen_through += 1
+            else:
+                repoint[(n.name, slot)] = c
+    by_pos: dict[int, list[tuple[str, str, str]]] = {}
+    for (base, dt), c in casts.items():
+        by_pos.setdefault(cast_at[c], []).append((base, dt, c))
+    values = [attrs.evolve(v, dtype=retype[v.name]) if v.name in retype else v for v in g.values]
+    for (base, dt), c in casts.items():
+        values.append(Value(c, g.value(base).shape, dt))
+    nodes: list[Node] = []
+    for i, n in enumerate(g.nodes):
+        for base, dt, c in by_pos.get(i, ()):
+            nodes.append(Node(_fresh(names, f"cast.{c}"), CAST_OP, (base,), (c,), {"dtype": dt}, source=cast_src[c]))
+        if any((n.name, k) in repoint for k in range(len(n.inputs))):
+            n = attrs.evolve(n, inputs=[repoint.get((n.name, k), v) for k, v in enumerate(n.inputs)])
+        if n.name in low_mm:
+            n = attrs.evolve(n, attrs=dict(n.attr_dict, out_dtype=g.value(n.outputs[0]).dtype))
+        nodes.append(n)
+    g2 = attrs.evolve(g, values=values, nodes=nodes)
+    g2, folded = _fold_output_casts(g2)
+    counts["matmuls_with_stored_operands"] = counts.get("matmuls_with_stored_operands", 0) + len(low_mm)
+    counts["operand_casts"] = counts.get("operand_casts", 0) + len(casts)
+    counts["transposes_seen_through"] = counts.get("transposes_seen_through", 0) + seen_through
+    counts["output_casts_folded"] = counts.get("output_casts_folded", 0) + folded
+    return g2
+
+
+def _fold_output_casts(g: Graph) -> tuple[Graph, int]:
+    """A matmul whose output only feeds casts to one float dtype writes that dtype (out_dtype)."""
+    consumers = g.consumers()
+    outs = set(g.output_names())
+    rename: dict[str, str] = {}  # cast output -> the value the matmul now writes
+    drop: set[str] = set()  # cast node names
+    new_out: dict[str, tuple[str, str]] = {}  # matmul name -> (new output, dtype)
+    for n in g.nodes:
+        if n.op != MATMUL_OP or n.outputs[0] in outs:
+            continue
+        cs = consumers.get(n.outputs[0], [])
+        dts = {c.attr("dtype") for c in cs}
+        if not cs or any(c.op != CAST_OP for c in cs) or len(dts) != 1 or not dts <= set(LOW):
+            continue
+        if any(c.outputs[0] in outs for c in cs[1:]):
+            continue
+        first = cs[0].outputs[0]
+        new_out[n.name] = (first, dts.pop())
+        drop.update(c.name for c in cs)
+        for c in cs[1:]:
+            rename[c.outputs[0]] = first
+    if not new_out:
+        return g, 0
+    gone = {n.outputs[0] for n in g.nodes if n.name in new_out} | set(rename)
+    nodes = []
+    for n in g.nodes:
+        if n.name in drop:
+            continue
+        if n.name in new_out:
+            out, dt = new_out[n.name]
+            n = attrs.evolve(n, outputs=(out,), attrs=dict(n.attr_dict, out_dtype=dt))
+        if any(v in rename for v in n.inputs if v is not None):
+            n = attrs.evolve(n, inputs=[rename.get(v, v) if v is not None else None for v in n.inputs])
+        nodes.append(n)
+    values = [v for v in g.values if v.name not in gone]
+    return attrs.evolve(g, values=values, nodes=nodes), len(new_out)
+
+
 def apply_policy(section: GraphSection, ops: Registry, *, table: Mapping | None = None, ops_table: Mapping | None = None,
-                 nodes: Mapping | None = None, master: str | None = DEFAULT_MASTER) -> tuple[GraphSection, dict]:
-    """The policy applied to every program; returns the new section and a summary."""
+                 nodes: Mapping | None = None, master: str | None = DEFAULT_MASTER,
+                 store: bool = True) -> tuple[GraphSection, dict]:
+    """The policy applied to every program; returns the new section and a summary. ``store``: insert
+    the casts that store low-precision matmul operands (:func:`store_operands`)."""
     if master is not None:
         if master not in FLOAT_DTYPES:
             raise PolicyError(f"memory.policy: master={master!r} is not a float dtype; known: {sorted(FLOAT_DTYPES)}")
@@ -158,17 +320,24 @@ def apply_policy(section: GraphSection, ops: Registry, *, table: Mapping | None 
             raise PolicyError(f"memory.policy: nodes override names {k!r}, which is no node of any program")
     counts: dict[str, int] = {}
     programs = [_apply(p, ops, merged, op_over, node_over, counts) for p in section.programs]
-    summary = {"master": master, "table": merged, "ops": op_over, "nodes": node_over, "counts": counts}
+    stored: dict[str, int] = {}
+    if store:
+        programs = [store_operands(p, stored) for p in programs]
+    summary = {"master": master, "table": merged, "ops": op_over, "nodes": node_over, "counts": counts,
+               "stored": stored}
     meta = dict(section.metadata)
     meta["memory.policy"] = summary
     return attrs.evolve(section, programs=programs, metadata=meta), summary
 
 
-def policy_pass(doc: Document, *, table=None, ops=None, nodes=None, master=DEFAULT_MASTER, registry=None) -> Document:
-    """Pass ``memory.policy``. ``registry``: an op registry (default: the installed plugins')."""
+def policy_pass(doc: Document, *, table=None, ops=None, nodes=None, master=DEFAULT_MASTER, store=True,
+                registry=None) -> Document:
+    """Pass ``memory.policy``. ``registry``: an op registry (default: the installed plugins');
+    ``store=False`` keeps the attributes only (no casts: operands rounded inside the bodies)."""
     if registry is None:
         from latch_core.plugins import registries
 
         registry = registries().ops
-    section, _ = apply_policy(doc.graph, registry, table=table, ops_table=ops, nodes=nodes, master=master)
+    section, _ = apply_policy(doc.graph, registry, table=table, ops_table=ops, nodes=nodes, master=master,
+                              store=bool(store))
     return attrs.evolve(doc, graph=section)

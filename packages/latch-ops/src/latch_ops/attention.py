@@ -137,14 +137,14 @@ def cost_sdpa_backward(inputs, outputs, attrs) -> tuple[int, int]:
 
 
 # --------------------------------------------------------------------------------------------
-# Tilings (OpSpec.extra["tiling"], CONTRACTS.md section 3); latch_schedule is imported only when
-# a scheduler asks, never at import. (batch, head) pairs are independent in both ops.
+# Tilings (OpSpec.extra["tiling"], CONTRACTS.md section 3): the record is latch_core.tiling's, so
+# latch-ops needs no scheduler. (batch, head) pairs are independent in both ops.
 
 QUERY_TILE = 128  # query rows per forward task
 
 
 def _tiling(split_dims, footprint, granule, kind):
-    from latch_schedule.tiling import Tiling
+    from latch_core.tiling import Tiling
 
     return Tiling(split_dims, footprint, granule=granule, kind=kind)
 

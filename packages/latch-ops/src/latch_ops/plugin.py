@@ -6,11 +6,11 @@ their own entry point (``moe``), registered the way a third-party package would.
 
 from latch_core.hookspecs import hookimpl
 
-from .vocabulary import SPECS
-
 
 @hookimpl
 def latch_register_ops(register):
+    from .vocabulary import SPECS
+
     for spec in SPECS:
         register(spec)
     try:

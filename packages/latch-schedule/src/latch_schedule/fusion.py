@@ -16,6 +16,16 @@ convex (nothing leaves it except through the sink or as a program output), so a 
 its last node's position. The code generator's fused body generator computes such a
 group element by element over the tile (latch-codegen-h100 ``fuse.py``).
 
+Sibling fusion: a pointwise node that would be a group of its own (a ``latch::cast`` storing the
+BF16 copy of a value the policy feeds to matmuls, typically) and whose only input is produced by
+the sink of an elementwise group G (every node pointwise or a fusable view, at least one
+pointwise), at G's primary shape, joins G as an extra group output even though that input has
+other consumers: the body that computes the f32 value also writes its BF16 copy, instead of a
+second pass reading it back. The joined node reads only G's sink, which runs before it, and
+nothing of G depends on it, so G stays convex and runs where its sink ran; it becomes the group's
+last node (its output the primary, of the same shape), and every output still has the primary's
+shape, as the fused generator requires.
+
 Every group gets a body signature key: a hash of its nodes' ops, attributes, operand/result types
 and internal wiring (group inputs numbered by first use). Groups with equal keys share one body.
 """
@@ -97,6 +107,49 @@ def body_key(graph: Graph, nodes: Sequence[Node], inputs: Sequence[str]) -> str:
     return f"{names}/{digest}"
 
 
+def _siblings(graph: Graph, nodes, pointwise, view, find, parent, consumers, internal: set[str]) -> int:
+    """Sibling fusion (module docstring): a pointwise node alone in its group whose only input is
+    the output of an elementwise group's sink, at the group's primary shape, joins that group as
+    an extra output. A sink output whose readers all joined becomes internal (unless it is a
+    program output). Returns how many joined."""
+    producer = {o: i for i, n in enumerate(nodes) for o in n.outputs}
+    outputs = set(graph.output_names())
+    size: dict[int, int] = {}
+    for i in range(len(nodes)):
+        r = find(i)
+        size[r] = size.get(r, 0) + 1
+    elementwise: dict[int, bool] = {}  # group root -> every member pointwise or a fusable view, one pointwise
+    for i in range(len(nodes)):
+        r = find(i)
+        ok = pointwise[i] or view[i]
+        elementwise[r] = elementwise.get(r, True) and ok
+    has_pointwise = {find(i) for i in range(len(nodes)) if pointwise[i]}
+    joined = 0
+    for i, n in enumerate(nodes):
+        if not pointwise[i] or len(n.outputs) != 1 or find(i) != i or size.get(i, 1) != 1:
+            continue
+        ins = {v for v in n.inputs if v is not None}
+        if len(ins) != 1:
+            continue
+        p = producer.get(next(iter(ins)))
+        if p is None:
+            continue
+        root = find(p)
+        if root == i or not elementwise.get(root) or root not in has_pointwise:
+            continue
+        if graph.value(n.outputs[0]).shape != graph.value(nodes[root].outputs[0]).shape:
+            continue
+        if graph.value(nodes[p].outputs[0]).shape != graph.value(nodes[root].outputs[0]).shape:
+            continue
+        parent[i] = root
+        size[root] += 1
+        joined += 1
+        x = nodes[p].outputs[0]
+        if x not in outputs and all(find(c) == root for c in consumers.get(x, [])):
+            internal.add(x)
+    return joined
+
+
 def fuse(graph: Graph, ops: Registry | None, enabled: bool = True) -> list[GroupPlan]:
     """Groups of ``graph``'s nodes, in an order that is topological for the groups."""
     nodes = graph.nodes
@@ -164,11 +217,15 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True) -> list[Group
                 internal.add(o)
             parent[i] = root
 
+    if enabled:
+        _siblings(graph, nodes, pointwise, view, find, parent, consumers, internal)
     members: dict[int, list[int]] = {}
     for i in range(len(nodes)):
         members.setdefault(find(i), []).append(i)
-    # A group runs at its last node; ordering groups by that node keeps them topological.
-    order = sorted(members.values(), key=lambda m: m[-1])
+    # A group runs at its sink (the union-find root; its last node unless siblings joined it, which
+    # read only the sink's outputs and so may run with it): ordering groups by it keeps them
+    # topological.
+    order = [members[r] for r in sorted(members)]
     plans = []
     for m in order:
         gnodes = [nodes[i] for i in m]

@@ -1,11 +1,18 @@
 """latch-schedule's passes.
 
+- ``schedule.split_reductions`` (graph rewrite; requires and ensures graph): full reductions
+  costing more than ``split_factor`` (4) minimum tasks on ``num_sms`` SMs become two-level ones
+  (:mod:`latch_schedule.split`); the graph section changes by rounding only, the provenance
+  detail lists the nodes. It runs before ``schedule`` in the pipeline (``latch_core.pipeline``).
+  A changed graph invalidates any schedule, memory plan and build: the result drops them.
 - ``schedule`` (requires graph, ensures schedule): runs the scheduler named by option
   ``scheduler``, else ``LATCH_SCHEDULER``, else ``barrier``; other options go to the scheduler
-  (``num_sms`` default 132, ``fuse``, ...). First, unless ``split_reductions=False``, full
-  reductions costing more than ``split_factor`` (4) minimum tasks become two-level ones (:mod:`latch_schedule.split`; the graph section changes, the
-  schedule's stats list the nodes). A new schedule invalidates any memory plan and build, so the
-  result drops those sections.
+  (``num_sms`` default 132, ``fuse``, ...). It never changes the graph section. A new schedule
+  invalidates any memory plan and build, so the result drops those sections.
+- ``schedule.matmul_layouts`` (graph rewrite; requires and ensures graph): transposes feeding matmuls
+  become operand layouts (:mod:`latch_schedule.layouts`). Runs before ``schedule.split_reductions``.
+- ``schedule.matmul_configs`` (graph rewrite): every matmul gets its body configuration and split-K
+  factor from the cost model (:mod:`latch_schedule.matmul_configs`). Runs right before ``schedule``.
 - ``schedule.validate`` (validator; requires graph, schedule, memory): the full static hazard
   check (:mod:`latch_schedule.validate`), run by ``latch-pipeline validate`` and by the pipeline
   before code generation.
@@ -24,7 +31,6 @@ from latch_core.document import Document
 from latch_core.passes import Pass
 
 from latch_core.gcpause import gc_paused
-from .validate import ValidationError, validate
 
 ENV = "LATCH_SCHEDULER"
 DEFAULT = "barrier"
@@ -37,28 +43,47 @@ def scheduler_name(option: str | None = None) -> str:
     return env or DEFAULT
 
 
-@gc_paused  # allocation-heavy: see latch_core.gcpause
-def _schedule(doc: Document, scheduler: str | None = None, split_reductions: bool = True, split_factor: float = 4.0,
-              **options) -> Document:
-    from latch_core.plugins import registries
-
-    from .schedulers import DEFAULT_NUM_SMS, _bool, _ops
+def _split(doc: Document, split_factor: float = 4.0, **options):
+    from .schedulers import DEFAULT_NUM_SMS, _ops
     from .split import split_document
     from .tasks import options_cost
 
+    out, split = split_document(doc, _ops(options), cost=options_cost(options),
+                                num_sms=int(options.get("num_sms", DEFAULT_NUM_SMS)), factor=float(split_factor))
+    if not split:
+        return doc, "nothing to split"
+    detail = "split " + "; ".join(f"{prog}: {', '.join(names)}" for prog, names in split.items())
+    return attrs.evolve(out, schedule=None, memory=None, build=None), detail
+
+
+@gc_paused  # allocation-heavy: see latch_core.gcpause
+def _schedule(doc: Document, scheduler: str | None = None, **options) -> Document:
+    from latch_core.plugins import registries
+
+    if "split_reductions" in options or "split_factor" in options:
+        raise ValueError("the schedule pass no longer splits reductions: run the pass schedule.split_reductions "
+                         "before it (latch_core.pipeline does), with its options num_sms and split_factor")
     name = scheduler_name(scheduler)
     fn = registries().schedulers.get(name)  # unknown name: RegistryError listing the registered ones
-    split = {}
-    if _bool(split_reductions) and doc.graph is not None:
-        doc, split = split_document(doc, _ops(options), cost=options_cost(options),
-                                    num_sms=int(options.get("num_sms", DEFAULT_NUM_SMS)), factor=float(split_factor))
     section = fn(doc, dict(options))
-    if split:
-        section = attrs.evolve(section, stats=dict(section.stats, split_reductions=split))
     return attrs.evolve(doc, schedule=section, memory=None, build=None)
 
 
+def _layouts(doc: Document, **options) -> Document:
+    from .layouts import layouts_pass
+
+    return layouts_pass(doc, **options)
+
+
+def _configs(doc: Document, **options) -> Document:
+    from .matmul_configs import configs_pass
+
+    return configs_pass(doc, **options)
+
+
 def _validate(doc: Document, **options) -> Document:
+    from .validate import ValidationError, validate
+
     problems = validate(doc, **options)
     if problems:
         raise ValidationError(problems)
@@ -66,6 +91,8 @@ def _validate(doc: Document, **options) -> Document:
 
 
 def _validate_order(doc: Document, **options) -> Document:
+    from .validate import ValidationError, validate
+
     if doc.memory is not None:
         return doc
     problems = validate(doc, check_memory=False, **options)
@@ -74,6 +101,14 @@ def _validate_order(doc: Document, **options) -> Document:
     return doc
 
 
+SPLIT_REDUCTIONS = Pass("schedule.split_reductions", _split, requires={"graph"}, ensures={"graph"},
+                        doc="graph rewrite: full reductions too big for one task become <node>.partial then <node> "
+                            "(options num_sms, split_factor)")
+MATMUL_LAYOUTS = Pass("schedule.matmul_layouts", _layouts, requires={"graph"}, ensures={"graph"},
+                      doc="fold last-two-dim transposes feeding matmuls into their trans_a/trans_b flags")
+MATMUL_CONFIGS = Pass("schedule.matmul_configs", _configs, requires={"graph"}, ensures={"graph"},
+                      doc="record each matmul's body configuration (and split-K rewrite) from the cost model "
+                          "(options num_sms, cost_<field>)")
 SCHEDULE = Pass("schedule", _schedule, requires={"graph"}, ensures={"schedule"},
                 doc="fusion, tiling, SM assignment and synchronisation (option scheduler, else LATCH_SCHEDULER, "
                     "else barrier; num_sms, fuse)")

@@ -8,19 +8,23 @@ import click
 
 from latch_core.hookspecs import hookimpl
 
-from .passes import SCHEDULE, VALIDATE, VALIDATE_ORDER, scheduler_name
-from .schedulers import barrier_scheduler, dataflow_scheduler
+from .passes import MATMUL_CONFIGS, MATMUL_LAYOUTS, SCHEDULE, SPLIT_REDUCTIONS, VALIDATE, VALIDATE_ORDER, scheduler_name
 
 
 @hookimpl
 def latch_register_schedulers(register):
+    from .schedulers import barrier_scheduler, dataflow_scheduler
+
     register("barrier", barrier_scheduler)
     register("dataflow", dataflow_scheduler)
 
 
 @hookimpl
 def latch_register_passes(register):
+    register(SPLIT_REDUCTIONS)
     register(SCHEDULE)
+    register(MATMUL_LAYOUTS)
+    register(MATMUL_CONFIGS)
     register(VALIDATE)
     register(VALIDATE_ORDER)
 
@@ -33,6 +37,10 @@ def summary(doc) -> list[str]:
         st = dict(stats.get(f"program.{ps.program}", ()))
         parts = [f"{k} {v}" for k, v in st.items()]
         lines.append(f"  {ps.program}: " + ", ".join(parts))
+        from .matmul_configs import format_choice
+
+        for row in dict(doc.graph.meta("matmul_configs", ()) or ()).get(ps.program, ()):
+            lines.append("    " + format_choice(dict(row)))
     return lines
 
 
@@ -43,15 +51,23 @@ def summary(doc) -> list[str]:
 @click.option("--num-sms", default=132, show_default=True, help="SMs of the target GPU")
 @click.option("--fuse/--no-fuse", default=True, show_default=True, help="fuse elementwise/view chains")
 @click.option("--split-reductions/--no-split-reductions", default=True, show_default=True,
-              help="rewrite big full reductions into two levels (changes the graph section)")
+              help="run schedule.split_reductions first: big full reductions in two levels (changes the graph section)")
+@click.option("--matmul-layouts/--no-matmul-layouts", default=True, show_default=True,
+              help="run schedule.matmul_layouts first: transposes feeding matmuls become trans flags")
+@click.option("--matmul-configs/--no-matmul-configs", default=True, show_default=True,
+              help="run schedule.matmul_configs first: each matmul's body configuration and split-K factor")
 @click.option("--validate/--no-validate", "check", default=True, show_default=True,
               help="run the static validator (without memory) on the result")
-def schedule_cmd(inp, out, scheduler, num_sms, fuse, split_reductions, check):
+def schedule_cmd(inp, out, scheduler, num_sms, fuse, split_reductions, matmul_layouts, matmul_configs, check):
     """Schedule every program: fusion, tiles, SM assignment, barriers or counters."""
     from latch_core.cli import transform_file
 
-    steps = [(SCHEDULE, {"scheduler": scheduler_name(scheduler), "num_sms": num_sms, "fuse": fuse,
-                         "split_reductions": split_reductions})]
+    steps = [(MATMUL_LAYOUTS, {})] if matmul_layouts else []
+    if split_reductions:
+        steps.append((SPLIT_REDUCTIONS, {"num_sms": num_sms}))
+    if matmul_configs:
+        steps.append((MATMUL_CONFIGS, {"num_sms": num_sms}))
+    steps.append((SCHEDULE, {"scheduler": scheduler_name(scheduler), "num_sms": num_sms, "fuse": fuse}))
     if check:
         steps.append((VALIDATE_ORDER, {}))
     transform_file(inp, out, steps, summary)

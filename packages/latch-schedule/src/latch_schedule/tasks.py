@@ -113,6 +113,12 @@ class GroupTiler:
         self.outputs = set(plan.outputs)
         self.produced = {o for n in plan.nodes for o in n.outputs}
         self.shape = graph.value(plan.primary).shape
+        # Outputs no node of the group reads, besides the primary: sibling-fused nodes
+        # (latch_schedule.fusion). Like every output of a fused group they are written at the
+        # tile's index (they have the primary's shape), so their footprint starts from the tile.
+        read_inside = {v for n in plan.nodes for v in n.inputs if v is not None}
+        self.seeds = tuple(o for o in plan.outputs if o != plan.primary and o not in read_inside
+                           and graph.value(o).shape == self.shape)
 
     @property
     def tiling(self) -> Tiling:
@@ -129,6 +135,8 @@ class GroupTiler:
                     reads[v] = hull(reads[v], b) if v in reads else b
             return reads, {o: b for o, b in zip(node.outputs, outs) if o in self.outputs}
         need: dict[str, Box] = {plan.primary: box}
+        for o in self.seeds:
+            need[o] = box
         reads: dict[str, Box] = {}
         writes: dict[str, Box] = {}
         for node, tiling in zip(reversed(plan.nodes), reversed(self.tilings)):
@@ -334,6 +342,10 @@ def options_cost(options: dict[str, Any]) -> CostModel:
             v = options[key]
             if f.name == "matmul_tiles":
                 kw[f.name] = tuple((int(m), int(n)) for m, n in v)
+            elif f.name == "mma_eff":
+                kw[f.name] = tuple((int(w), float(e)) for w, e in v)
+            elif f.name == "split_k_choices":
+                kw[f.name] = tuple(int(x) for x in v)
             else:
                 kw[f.name] = type(f.default)(v)
     if "matmul_tile" in options:  # one fixed (M, N) tile for every matmul

@@ -15,9 +15,11 @@ Where a tiling comes from, first match wins:
    - ``norm`` (row-wise: normalised over attr ``dims``/``dim``, default the last dim): the other
      dims split; every operand is read whole along the normalised dims;
    - ``reduction`` (attrs ``dims``, ``keepdim``): the kept dims split; reduced dims read whole;
-   - ``matmul`` (``a[*B,M,K] @ b[*B,K,N]``): batch dims in tiles of 1, M and N in fixed tiles
-     (128 x 128 up to 256 x 256, the largest that still balances over the SMs), reading rows of
-     ``a`` and columns of ``b``;
+   - ``matmul`` (``a[*B,M,K] @ b[*B,K,N]``, either operand possibly stored transposed, a leading
+     split-K dim on the output): split and batch dims in tiles of 1, M and N in the tile of the
+     node's recorded body configuration (``config``), else fixed tiles (128 x 128 up to 256 x 256,
+     the largest that still balances over the SMs), reading rows of ``a`` and columns of ``b`` over
+     the tile's K range;
 4. anything else (indexing, routing, attention, structural, unknown ops, full reductions):
    ONE task covering every output, reading every operand whole.
 
@@ -38,24 +40,8 @@ from latch_core.registry import ATTENTION, COPY, ELEMENTWISE, MATMUL, NORM, REDU
 
 from .boxes import Box, broadcast_box, full_box
 
-Footprint = Callable[[Box], tuple[list, list]]
-
-
-@attrs.frozen
-class Tiling:
-    """``split_dims``: dims of the primary output tiles may split (empty: one task).
-    ``granule``: per split dim, the fixed tile extent (0: chosen from the cost model).
-    ``footprint(out_box) -> (input_boxes, output_boxes)``; see the module docstring."""
-
-    split_dims: tuple[int, ...] = attrs.field(converter=tuple)
-    footprint: Footprint = attrs.field(eq=False)
-    granule: tuple[int, ...] = attrs.field(default=(), converter=tuple)
-    kind: str = "custom"
-
-    def granule_of(self, dim: int) -> int:
-        if not self.granule:
-            return 0
-        return self.granule[self.split_dims.index(dim)]
+# The record itself is latch-core's (op packages build it without importing latch-schedule).
+from latch_core.tiling import Footprint, Tiling  # noqa: E402,F401
 
 
 @attrs.frozen
@@ -75,6 +61,28 @@ class CostModel:
     matmul_tiles: tuple[tuple[int, int], ...] = ((128, 128), (128, 256), (256, 256))
     matmul_waves: int = 2
     num_sms: int = 132
+    # Body-configuration choice (latch_schedule.matmul_configs): a tile's pipeline fill and drain,
+    # the tensor cores' efficiency by tile width BN (the largest threshold <= BN applies, relative
+    # to sm_mma_flops), the split-K factors tried, and the K steps each split must keep.
+    # The efficiencies are measured: the wgmma body's steady-state rate per tile width on the H200
+    # (results/gpu.md run 10: BN 256 655 TFLOP/s, 128 514, 64 304 at K >= 2048; 96 327 at K = 768)
+    # over 132 x sm_mma_flops. Thin tiles lose more than their wave count wins: the shared-memory
+    # traffic per flop grows as BN shrinks (4 BN / (256 + 3 BN) of the tensor cores' rate at best).
+    mma_fill: float = 0.7e-6
+    mma_eff: tuple[tuple[int, float], ...] = ((16, 0.12), (32, 0.23), (64, 0.46), (96, 0.55), (128, 0.78),
+                                              (192, 0.9), (256, 1.0))
+    # Split-K is off by default: run 10 measured every split product at 26-48% of cuBLAS, because
+    # the partials' fixed-order sum runs as a phase of its own on the SIMT reduction body. Turn it
+    # on (option cost_split_k_choices) once the reduction is fused into the product's epilogue.
+    split_k_choices: tuple[int, ...] = (1,)
+    split_k_min_steps: int = 4  # S > 1 only when K / S >= this many k_tile steps
+
+    def mma_efficiency(self, bn: int) -> float:
+        eff = self.mma_eff[0][1]
+        for width, e in self.mma_eff:
+            if bn >= width:
+                eff = e
+        return eff
 
     def seconds(self, flops: float, mma_flops: float, nbytes: float) -> float:
         return max(flops / self.sm_flops + mma_flops / self.sm_mma_flops, nbytes / self.sm_bytes)
@@ -187,26 +195,73 @@ def reduction(in_types, out_types, attr) -> Tiling:
     return Tiling(tuple(sorted(out_of_in.values())), fp, kind="reduction")
 
 
-def matmul(in_types, out_types, cost: CostModel) -> Tiling:
+def matmul_dims(a: TensorType, b: TensorType, attr: dict[str, Any]) -> tuple[int, int, int, bool, bool, int]:
+    """(M, K, N, trans_a, trans_b, split_k) of a ``latch::matmul``-shaped node (latch_ops.matmul):
+    ``a`` is stored ``[*B, M, K]`` (``[*B, K, M]`` with ``trans_a``), ``b`` ``[*B, K, N]``
+    (``[*B, N, K]`` with ``trans_b``); ``split_k`` is 1 when absent."""
+    ta, tb = bool(attr.get("trans_a", False)), bool(attr.get("trans_b", False))
+    m, k = (a.shape[-1], a.shape[-2]) if ta else (a.shape[-2], a.shape[-1])
+    n = b.shape[-2] if tb else b.shape[-1]
+    s = attr.get("split_k")
+    return m, k, n, ta, tb, s if isinstance(s, int) and not isinstance(s, bool) and s > 1 else 1
+
+
+def k_slice(s_lo: int, s_hi: int, k: int, splits: int) -> tuple[int, int]:
+    """The contraction range split-K partials ``[s_lo, s_hi)`` sum: partial s covers
+    ``[s*c, min(K, (s+1)*c))`` with ``c = ceil(K / splits)`` (the op's definition, latch_ops.matmul)."""
+    if splits <= 1:
+        return 0, k
+    if s_hi <= s_lo:
+        return 0, 0
+    c = math.ceil(k / splits)
+    return min(k, s_lo * c), min(k, s_hi * c)
+
+
+def matmul_rule_tile(batch: int, m: int, n: int, cost: CostModel) -> tuple[int, int]:
+    """Today's (M, N) tile rule, used when no body configuration is recorded: the largest of
+    ``cost.matmul_tiles`` that still gives ``matmul_waves * num_sms`` tiles, else the smallest."""
+    tm, tn = cost.matmul_tiles[0]
+    for bm, bn in cost.matmul_tiles[1:]:
+        if batch * math.ceil(m / bm) * math.ceil(n / bn) >= cost.matmul_waves * cost.num_sms:
+            tm, tn = bm, bn
+    return tm, tn
+
+
+def matmul(in_types, out_types, cost: CostModel, attr: dict[str, Any] | None = None,
+           op: str = "latch::matmul") -> Tiling:
+    """Tiles over (split, batch, M, N) of a matmul's output; a tile reads the rows of ``a`` and the
+    columns of ``b`` it needs (as stored: transposed operands are read transposed) over the K range
+    of its split partials. Granules: the recorded body configuration's tile (attribute ``config``,
+    looked up in the installed ``latch_register_configs`` plugins), else today's rule; split and
+    batch dims in tiles of 1."""
+    attr = attr or {}
     a, b = (in_types + [None, None])[:2]
     P = out_types[0].shape
-    if a is None or b is None or len(a.shape) < 2 or len(a.shape) != len(b.shape) or len(P) != len(a.shape):
+    if a is None or b is None or len(a.shape) < 2 or len(a.shape) != len(b.shape):
         return whole(in_types, out_types)
-    K = a.shape[-1]
+    m, K, n, ta, tb, S = matmul_dims(a, b, attr)
+    lead = 1 if S > 1 else 0
+    if len(P) != len(a.shape) + lead:
+        return whole(in_types, out_types)
     R = len(P)
     extra = in_types[2:]
 
     def fp(box):
-        ab = tuple(box[:-2]) + (box[-2], (0, K))
-        bb = tuple(box[:-2]) + ((0, K), box[-1])
-        ins = [ab, bb] + [None if t is None else broadcast_box(box, P, t.shape) for t in extra]
+        bb = tuple(box[lead:-2])
+        kr = k_slice(box[0][0], box[0][1], K, S) if lead else (0, K)
+        ab = bb + ((kr, box[-2]) if ta else (box[-2], kr))
+        bx = bb + ((box[-1], kr) if tb else (kr, box[-1]))
+        ins = [ab, bx] + [None if t is None else broadcast_box(box, P, t.shape) for t in extra]
         return ins, [box] + [full_box(t.shape) for t in out_types[1:]]
 
-    batch = math.prod(P[:-2])
-    tm, tn = cost.matmul_tiles[0]
-    for m, n in cost.matmul_tiles[1:]:
-        if batch * math.ceil(P[-2] / m) * math.ceil(P[-1] / n) >= cost.matmul_waves * cost.num_sms:
-            tm, tn = m, n
+    batch = math.prod(P[lead:-2])
+    name = attr.get("config")
+    if isinstance(name, str):
+        from latch_core.configs import find_config
+
+        tm, tn = find_config(op, in_types, out_types, attr, name).tile[-2:]
+    else:
+        tm, tn = matmul_rule_tile(batch, m, n, cost)
     return Tiling(tuple(range(R)), fp, granule=(1,) * (R - 2) + (tm, tn), kind="matmul")
 
 
@@ -235,7 +290,7 @@ def tiling_for(spec: OpSpec | None, in_types: Sequence[TensorType | None], out_t
     if REDUCTION in tags:
         return reduction(in_types, out_types, attr)
     if MATMUL in tags:
-        return matmul(in_types, out_types, cost)
+        return matmul(in_types, out_types, cost, attr, spec.name)
     return whole(in_types, out_types)
 
 
@@ -275,6 +330,15 @@ def split(shape: Sequence[int], tiling: Tiling, target: int) -> list[Box]:
             per_dim.append([(lo, min(n, lo + b)) for lo in range(0, n, b)])
         else:
             per_dim.append([(0, n)])
+    if tiling.kind == "matmul" and len(per_dim) >= 2 and len(per_dim[-2]) < len(per_dim[-1]):
+        # Raster order: the tiles that run at the same time (consecutive ones, dealt round-robin
+        # to the SMs) should share operand blocks. Walking the dim with fewer tiles fastest keeps a
+        # few blocks of the long operand in flight at once: the LM head's 2048 x 49152 output in
+        # N-major order streams its 75 MB weight once instead of once per 128-row block of M.
+        boxes = [()]
+        for ivs in per_dim[:-2]:
+            boxes = [bx + (iv,) for bx in boxes for iv in ivs]
+        return [bx + (m, n) for bx in boxes for n in per_dim[-1] for m in per_dim[-2]]
     boxes: list[Box] = [()]
     for ivs in per_dim:
         boxes = [bx + (iv,) for bx in boxes for iv in ivs]

@@ -8,8 +8,9 @@
 #include <stdint.h>
 
 #include "latch_common.cuh"
+#include "latch_pipe.cuh"
 
-#define LATCH_ABI_VERSION 1
+#define LATCH_ABI_VERSION 2
 #define LATCH_MAX_DIMS 8
 
 namespace latch {
@@ -21,6 +22,7 @@ enum KernelError : int {
   ERR_BARRIER_TIMEOUT = 2,  // not every block arrived at a grid barrier in time
   ERR_BAD_BODY = 3,         // a task names a body id this build does not have
   // ERR_INDEX_RANGE = 4 (latch_common.cuh)
+  // ERR_PIPE_TIMEOUT = 5 (latch_pipe.cuh): the worker's producer and consumers disagree about the ring (a body bug)
 };
 
 // One task: 24 x int32 = 96 bytes.
@@ -31,7 +33,9 @@ struct Task {
   int32_t ndim;      // rank of the tile
   int32_t op_begin;  // first operand record of the task's group
   int32_t op_count;
-  int32_t pad0, pad1;
+  int32_t tmap;      // first tensor map (Args::tmaps) of the task's group; -1: its body loads none
+  int32_t dep;       // the latest earlier task of this SM list whose outputs this task's TMA loads
+                     // read, as its position among the list's tasks; -1: none (loads may start early)
   int32_t lo[LATCH_MAX_DIMS];
   int32_t hi[LATCH_MAX_DIMS];
 };
@@ -78,13 +82,18 @@ struct Args {
   uint32_t num_barriers;
   int32_t program;          // index of the program in the manifest (for error reports)
   unsigned long long timeout_ns;
+  const void* tmaps;        // this program's encoded tensor maps (CUtensorMap, 128 bytes each)
 };
 
-// What a body function receives.
+// What a body function receives (on the consumer threads 0..LATCH_THREADS-1, or, for a body with
+// a producer half, on the producer thread: see latch_kernel_main.cuh).
 struct Ctx {
   const Task* t;
   char* const* ops;
-  char* smem;
+  char* smem;             // the body's scratch shared memory (LATCH_SCRATCH_BYTES, not the ring)
+  const char* tmaps;      // Args::tmaps + 128 * t->tmap: the group's tensor maps, in order
+  Pipe pipe;              // the ring, positioned where this task's first stage is
+  const long long* args;  // the body's run-time constants (its row of latch_body_args)
 };
 
 __device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {

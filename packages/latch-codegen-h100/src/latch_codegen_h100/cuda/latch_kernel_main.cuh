@@ -1,28 +1,53 @@
-// The persistent megakernel and its C ABI. Included once, by the generated kernel.cu, after the
-// generated ``latch_dispatch(int body, const latch::Ctx&)`` and the LATCH_MAX_OPERANDS define.
+// The persistent megakernel (the worker) and its C ABI. Included once, by the generated kernel.cu,
+// after the generated ``latch_dispatch`` (consumer halves of the bodies), ``latch_produce``
+// (producer halves), the table ``latch_body_args`` (LATCH_MAX_ARGS run-time constants per body) and
+// the defines LATCH_MAX_OPERANDS, LATCH_NUM_BODIES, LATCH_STAGES, LATCH_STAGE_BYTES and
+// LATCH_SCRATCH_BYTES.
 //
-// Execution model: one cooperative launch, one block per SM. Block b walks instruction list b
-// (blocks past the schedule's lists only take part in the grid barriers). A task instruction loads
-// the task record and its operand pointers into shared memory and dispatches to the task's body;
-// barriers and counter waits spin with acquire loads and give up after ``timeout_ns``, recording
-// who waited on what in the error record and raising ``abort`` so that every other block stops
-// too instead of hanging.
+// Execution model (version 2). One cooperative launch, one block of LATCH_BLOCK = 384 threads per
+// SM, in two roles with their own register budgets (setmaxnreg):
+// - consumers, threads 0..255 (warpgroups 0 and 1, 224 registers each): run the bodies. Every op
+//   body is written to these 256 threads (LATCH_THREADS) and synchronises them with
+//   latch::block_sync() (named barrier 1), never __syncthreads();
+// - the producer, warp 0 of warpgroup 2 (56 registers; the other three warps exit at once): walks
+//   block b's instruction list (Args::instrs from sm_begin[b]), waits on dataflow counters, hands
+//   every task, signal and barrier to the consumers through a queue of LATCH_QUEUE slots in shared
+//   memory (each with a full and an empty mbarrier), and, for a body with a producer half (a task
+//   with tensor maps: Task::tmap >= 0), issues that task's TMA loads into the kernel's ring of
+//   LATCH_STAGES stages right after handing the task over. So the next task's first loads overlap
+//   the current task's math and epilogue: the producer runs ahead by up to LATCH_QUEUE items and
+//   LATCH_STAGES stages.
+// Shared memory (dynamic): the ring (1024-byte aligned), then LATCH_SCRATCH_BYTES of scratch for
+// the bodies (Ctx::smem; never used by the producer, so prefetching never touches it).
 //
+// Ordering rules the worker keeps:
+// - a counter wait is the producer's: it hands the next item over only after the wait, so the
+//   consumers' reads are ordered after the producers they wait for (acquire, then the slot's
+//   mbarrier), and TMA loads are issued after a proxy fence;
+// - a task on the same SM list whose TMA loads read what an earlier task of the list writes waits,
+//   before its loads, until the consumers have finished that task (Task::dep, ``done`` below);
+//   consumers end every task with a proxy fence so TMA sees what they stored;
+// - signals and barrier arrivals are the consumers': after the task(s) before them, after a named
+//   barrier of all consumers. The producer passes a grid barrier only once it completed (it spins
+//   on the same word without arriving).
 // Counters and the barrier word are never reset between launches: launch number ``epoch`` of a
 // program waits for ``epoch * expected[c] + n`` signals on counter c, and for
 // ``(epoch * num_barriers + k + 1) * gridDim.x`` arrivals at barrier k (unsigned, wrap-safe).
+// Blocks past the schedule's lists only take part in the grid barriers. Every wait gives up after
+// ``timeout_ns`` (or when another block aborted), recording who waited on what in the error record.
 //
-// Profiling build (compiled with -DLATCH_PROFILE=1; a normal build compiles none of it): the kernel
-// takes a second argument, ``prof``, an array of (begin, end) u64 pairs in %globaltimer nanoseconds
-// (one clock for every SM, so records of different SMs compare; its update granularity is the
-// device's, see latch_codegen_h100.profile). Record ``pc`` (the instruction's index in Args::instrs)
-// holds that instruction's interval as thread 0 saw it: a task from before its record is loaded to
-// after the block's __syncthreads that ends its body; a barrier or counter wait from arrival to
-// release; a signal around its fence and release add. Record ``n_instrs + blockIdx.x`` holds the
-// block's entry and its exit (written only when the block finishes its list without an abort).
-// Unwritten records stay as the runtime zeroed them. ``prof`` may be null (no records).
+// Profiling build (-DLATCH_PROFILE=1; a normal build compiles none of it): the kernel takes a
+// second argument ``prof``, (begin, end) u64 pairs of %globaltimer nanoseconds, all taken by
+// consumer thread 0. Record ``pc`` (the instruction's index in Args::instrs) is: a task from the
+// consumers taking it off the queue to the end of its body and closing barrier; a counter wait from
+// the consumers asking for the next item to receiving it (the producer forwards waits to the queue
+// only in this build); a barrier from arrival to release; a signal around its fence and release
+// add. Record ``n_instrs + blockIdx.x`` holds the block's entry and exit (written only when the
+// block finishes its list without an abort). ``prof`` may be null.
 #pragma once
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
 #include "latch_kernel.cuh"
@@ -30,6 +55,20 @@
 #ifndef LATCH_MAX_OPERANDS
 #error "define LATCH_MAX_OPERANDS before including latch_kernel_main.cuh"
 #endif
+#ifndef LATCH_STAGES
+#define LATCH_STAGES 0
+#define LATCH_STAGE_BYTES 0
+#endif
+#ifndef LATCH_SCRATCH_BYTES
+#define LATCH_SCRATCH_BYTES 0
+#endif
+
+#define LATCH_BLOCK (LATCH_THREADS + 128)
+#define LATCH_QUEUE 4
+#define LATCH_PRODUCER_REGS 56
+#define LATCH_CONSUMER_REGS 224
+static_assert(LATCH_THREADS == 256, "two consumer warpgroups");
+static_assert(128 * LATCH_PRODUCER_REGS + LATCH_THREADS * LATCH_CONSUMER_REGS <= 65536, "register file");
 
 __device__ latch::Error* latch_error_buffer;
 __device__ int latch_current_task[1024];  // per block: the task it is running (for body errors)
@@ -52,14 +91,10 @@ extern "C" __device__ void latch_report(int code, long long a, long long b) {
 
 #ifdef LATCH_PROFILE
 #define LATCH_PROF_PARAM , unsigned long long* prof
-// Thread 0 takes the begin time; the other threads never use it.
-#define LATCH_PROF_BEGIN() const unsigned long long prof_t0 = threadIdx.x == 0 ? latch::globaltimer() : 0ull
-#define LATCH_PROF_END(index) \
-  if (threadIdx.x == 0 && prof) latch::prof_store(prof, (index), prof_t0, latch::globaltimer())
+#define LATCH_PROF_ARG , prof
 #else
 #define LATCH_PROF_PARAM
-#define LATCH_PROF_BEGIN() ((void)0)
-#define LATCH_PROF_END(index) ((void)0)
+#define LATCH_PROF_ARG
 #endif
 
 namespace latch {
@@ -67,142 +102,319 @@ namespace latch {
 #ifdef LATCH_PROFILE
 __device__ __forceinline__ void prof_store(unsigned long long* prof, long long index, unsigned long long t0,
                                            unsigned long long t1) {
-  reinterpret_cast<ulonglong2*>(prof)[index] = make_ulonglong2(t0, t1);  // one 16-byte store
+  if (prof) reinterpret_cast<ulonglong2*>(prof)[index] = make_ulonglong2(t0, t1);  // one 16-byte store
 }
 #endif
 
-// Thread 0 spins until *p reaches target (wrap-safe); false when it timed out or another block
-// aborted the launch. Every thread of the block gets the same answer.
-__device__ __noinline__ bool spin_until(const uint32_t* p, uint32_t target, uint32_t base, const Args& a,
-                                        int kind, int pc, int id) {
-  __shared__ int ok;
-  if (threadIdx.x == 0) {
-    ok = 1;
-    uint32_t v = ld_acquire(p);
-    if ((int32_t)(v - target) < 0) {
-      unsigned long long t0 = globaltimer();
-      unsigned int spins = 0;
-      while ((int32_t)((v = ld_acquire(p)) - target) < 0) {
-        if ((++spins & 63u) == 0) {
-          if (ld_volatile(&a.error->abort)) {
-            ok = 0;
-            break;
-          }
-          if (globaltimer() - t0 > a.timeout_ns) {
-            Error* e = a.error;
-            if (atomicCAS(&e->code, 0, kind) == 0) {
-              e->block = blockIdx.x;
-              e->pc = pc;
-              e->task = latch_current_task[blockIdx.x % 1024];
-              e->counter = id;
-              e->value = v - base;
-              e->target = target - base;
-              e->program = a.program;
-              __threadfence();
-            }
-            atomicExch(&e->abort, 1);
-            ok = 0;
-            break;
-          }
+// One queue slot: an instruction handed from the producer to the consumers.
+struct Slot {
+  int32_t kind;  // I_TASK, I_SIGNAL, I_BARRIER, I_WAIT (profiling builds only), or 0: the list ended
+  int32_t arg;   // Instr::a (task id, counter, barrier index)
+  int32_t pc;    // index in Args::instrs
+  uint32_t ring; // the ring position of the task's first stage: stage | phase << 31
+  Task task;
+  char* ops[LATCH_MAX_OPERANDS];
+};
+
+struct WorkerShared {
+  Slot slot[LATCH_QUEUE];
+  uint64_t slot_full[LATCH_QUEUE], slot_empty[LATCH_QUEUE];
+  uint64_t stage_full[LATCH_STAGES > 0 ? LATCH_STAGES : 1], stage_empty[LATCH_STAGES > 0 ? LATCH_STAGES : 1];
+  uint32_t done;  // tasks of this block's list the consumers have finished
+};
+
+__device__ __forceinline__ Pipe make_pipe(WorkerShared& S, char* ring, const Args& a, uint32_t pos) {
+  Pipe p;
+  p.ring = ring;
+  p.full = S.stage_full;
+  p.empty = S.stage_empty;
+  p.stages = LATCH_STAGES;
+  p.stage_bytes = LATCH_STAGE_BYTES;
+  p.stage = pos & 0x7fffffffu;
+  p.phase = pos >> 31;
+  p.abort = &a.error->abort;
+  p.timeout_ns = a.timeout_ns;
+  return p;
+}
+
+// One thread spins until *p reaches target (wrap-safe); false when it timed out (recorded as
+// ``kind`` with the instruction, counter and values) or another block aborted the launch. Inlined:
+// the producer calls it, and ptxas cannot allocate one out-of-line function for both register budgets.
+__device__ __forceinline__ bool spin_until(const uint32_t* p, uint32_t target, uint32_t base, const Args& a, int kind,
+                                        int pc, int id) {
+  uint32_t v = ld_acquire(p);
+  if ((int32_t)(v - target) >= 0) return true;
+  const unsigned long long t0 = globaltimer();
+  for (unsigned spins = 1;; ++spins) {
+    __nanosleep(20);
+    if ((int32_t)((v = ld_acquire(p)) - target) >= 0) return true;
+    if ((spins & 63u) == 0) {
+      if (ld_volatile(&a.error->abort)) return false;
+      if (globaltimer() - t0 > a.timeout_ns) {
+        Error* e = a.error;
+        if (atomicCAS(&e->code, 0, kind) == 0) {
+          e->block = blockIdx.x;
+          e->pc = pc;
+          e->task = latch_current_task[blockIdx.x % 1024];
+          e->counter = id;
+          e->value = v - base;
+          e->target = target - base;
+          e->program = a.program;
+          __threadfence();
         }
-        __nanosleep(20);
+        atomicExch(&e->abort, 1);
+        return false;
       }
-      __threadfence();
     }
   }
-  __syncthreads();
-  int r = ok;
-  __syncthreads();  // ``ok`` is reused by the next call
-  return r;
+}
+
+// The consumers' grid barrier k: every consumer thread has finished the work before it (the named
+// barrier), thread 0 arrives and waits, then every consumer thread leaves together.
+__device__ __forceinline__ bool consumer_grid_barrier(const Args& a, uint32_t k, int pc) {
+  const uint32_t grid = gridDim.x;
+  const uint32_t base = (a.epoch * a.num_barriers + k) * grid;
+  block_sync();
+  bool failed = false;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    red_release(a.barrier, 1u);
+    failed = !spin_until(a.barrier, base + grid, base, a, ERR_BARRIER_TIMEOUT, pc, (int)k);
+  }
+  return !sm90::named_sync_or(1, LATCH_THREADS, failed);
+}
+
+// ---- the producer (one warp; lane 0 does the waiting and issues the loads) ------------------------
+__device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* ring) {
+  const int lane = threadIdx.x & 31;
+  const int begin = a.sm_begin[blockIdx.x], end = a.sm_begin[blockIdx.x + 1];
+  const char* tmaps = (const char*)a.tmaps;
+  Pipe p = make_pipe(S, ring, a, 0);
+  Pipe slots = make_pipe(S, ring, a, 0);  // for waits on the queue's mbarriers (abort + timeout)
+  int q = 0;
+  uint32_t qphase = 0;
+  for (int pc = begin; pc <= end; ++pc) {
+    Instr ins{0, 0, 0, 0};  // past the end: tell the consumers the list is over
+    if (pc < end) ins = a.instrs[pc];
+    int ok = 1;
+    if (ins.kind == I_WAIT) {
+      if (lane == 0) {
+        const uint32_t base = a.epoch * a.expected[ins.a];
+        ok = spin_until(a.counters + ins.a, base + (uint32_t)ins.b, base, a, ERR_WAIT_TIMEOUT, pc - begin, ins.a);
+        sm90::fence_proxy_async_global();
+      }
+      if (!__shfl_sync(0xffffffffu, ok, 0)) return;
+#ifndef LATCH_PROFILE
+      continue;  // the consumers' next item is handed over after the wait: they need not see it
+#endif
+    }
+    if (lane == 0) ok = pipe_wait(&S.slot_empty[q], qphase ^ 1u, slots);
+    if (!__shfl_sync(0xffffffffu, ok, 0)) return;
+    Slot& s = S.slot[q];
+    if (ins.kind == I_TASK) {
+      const int32_t* src = reinterpret_cast<const int32_t*>(a.tasks + ins.a);
+      if (lane < (int)(sizeof(Task) / 4)) reinterpret_cast<int32_t*>(&s.task)[lane] = src[lane];
+      __syncwarp();
+      const int ob = s.task.op_begin, oc = s.task.op_count;
+      for (int i = lane; i < oc; i += 32) {
+        const Operand o = a.operands[ob + i];
+        s.ops[i] = a.buffers[o.buffer] + o.offset;
+      }
+    }
+    if (lane == 0) {
+      s.kind = ins.kind;
+      s.arg = ins.a;
+      s.pc = pc;
+      s.ring = p.stage | (p.phase << 31);
+    }
+    __syncwarp();
+    if (lane == 0) sm90::mbar_arrive(&S.slot_full[q]);
+    if (++q == LATCH_QUEUE) {
+      q = 0;
+      qphase ^= 1u;
+    }
+    if (ins.kind == 0) return;
+    if (ins.kind == I_TASK && s.task.tmap >= 0) {
+      if (lane == 0) {
+        if (s.task.dep >= 0) {  // read-after-write on this SM: wait for the consumers to finish the writer
+          const unsigned long long t0 = globaltimer();
+          while ((int32_t)(sm90::ld_acquire_shared(&S.done) - (uint32_t)(s.task.dep + 1)) < 0) {
+            if (ld_volatile(&a.error->abort)) {
+              ok = 0;
+              break;
+            }
+            if (globaltimer() - t0 > a.timeout_ns) {
+              latch_report(ERR_PIPE_TIMEOUT, -1, s.task.dep);
+              ok = 0;
+              break;
+            }
+          }
+          sm90::fence_proxy_async_global();
+        }
+        if (ok) {
+          Ctx c{&s.task, s.ops, nullptr, tmaps + 128ll * s.task.tmap, p, latch_body_args + LATCH_MAX_ARGS * s.task.body};
+          ok = latch_produce(s.task.body, c, p);
+        }
+      }
+      if (!__shfl_sync(0xffffffffu, ok, 0)) return;
+    } else if (ins.kind == I_BARRIER) {
+      if (lane == 0) {
+        const uint32_t grid = gridDim.x;
+        const uint32_t base = (a.epoch * a.num_barriers + (uint32_t)ins.a) * grid;
+        ok = spin_until(a.barrier, base + grid, base, a, ERR_BARRIER_TIMEOUT, pc - begin, ins.a);
+        sm90::fence_proxy_async_global();
+      }
+      if (!__shfl_sync(0xffffffffu, ok, 0)) return;
+    }
+  }
+}
+
+// ---- the consumers (threads 0..LATCH_THREADS-1) -------------------------------------------------------
+__device__ __forceinline__ void consumers(const Args& a, WorkerShared& S, char* ring, char* scratch LATCH_PROF_PARAM) {
+  const int tid = threadIdx.x;
+  const int begin = a.sm_begin[blockIdx.x];
+  const char* tmaps = (const char*)a.tmaps;
+  Pipe slots = make_pipe(S, ring, a, 0);
+  slots.timeout_ns = ~0ull;  // the producer may legitimately spin on a counter for the whole timeout
+  int q = 0;
+  uint32_t qphase = 0, done = 0;
+#ifdef LATCH_PROFILE
+  const unsigned long long entry = tid == 0 ? globaltimer() : 0ull;
+#endif
+  for (;;) {
+#ifdef LATCH_PROFILE
+    const unsigned long long t_ask = tid == 0 ? globaltimer() : 0ull;
+#endif
+    if (!pipe_wait_warp(&S.slot_full[q], qphase, slots)) return;
+    const Slot& s = S.slot[q];
+    const int kind = s.kind;
+    const int pc = s.pc;
+#ifdef LATCH_PROFILE
+    const unsigned long long t_got = tid == 0 ? globaltimer() : 0ull;
+#endif
+    if (kind == 0) break;
+    if (kind == I_TASK) {
+      if (tid == 0) latch_current_task[blockIdx.x % 1024] = s.task.task;
+      const char* maps = s.task.tmap >= 0 ? tmaps + 128ll * s.task.tmap : nullptr;
+      Ctx c{&s.task, s.ops, scratch, maps, make_pipe(S, ring, a, s.ring), latch_body_args + LATCH_MAX_ARGS * s.task.body};
+      latch_dispatch(s.task.body, c);
+      sm90::fence_proxy_async_global();  // a later TMA load may read what this task stored
+      if (sm90::named_sync_or(1, LATCH_THREADS, ld_volatile(&a.error->abort) != 0)) return;
+      if (tid == 0) {
+        sm90::st_release_shared(&S.done, ++done);
+        sm90::mbar_arrive(&S.slot_empty[q]);
+        latch_current_task[blockIdx.x % 1024] = -1;
+#ifdef LATCH_PROFILE
+        prof_store(prof, pc, t_got, globaltimer());
+#endif
+      }
+    } else if (kind == I_SIGNAL) {
+      const int counter = s.arg;
+      block_sync();  // every consumer has read the slot
+      if (tid == 0) {
+        sm90::mbar_arrive(&S.slot_empty[q]);
+        __threadfence();
+        red_release(a.counters + counter, 1u);
+#ifdef LATCH_PROFILE
+        prof_store(prof, pc, t_got, globaltimer());
+#endif
+      }
+    } else if (kind == I_BARRIER) {
+      const uint32_t k = (uint32_t)s.arg;
+      block_sync();
+      if (tid == 0) sm90::mbar_arrive(&S.slot_empty[q]);
+      if (!consumer_grid_barrier(a, k, pc - begin)) return;
+#ifdef LATCH_PROFILE
+      if (tid == 0) prof_store(prof, pc, t_got, globaltimer());
+#endif
+    } else {  // I_WAIT (profiling builds): the time the consumers waited for what came after it
+      block_sync();
+      if (tid == 0) {
+        sm90::mbar_arrive(&S.slot_empty[q]);
+#ifdef LATCH_PROFILE
+        prof_store(prof, pc, t_ask, t_got);
+#endif
+      }
+    }
+    if (++q == LATCH_QUEUE) {
+      q = 0;
+      qphase ^= 1u;
+    }
+  }
+#ifdef LATCH_PROFILE
+  if (tid == 0) prof_store(prof, (long long)a.sm_begin[a.num_lists] + blockIdx.x, entry, globaltimer());
+#endif
 }
 
 }  // namespace latch
 
-extern "C" __global__ void __launch_bounds__(LATCH_THREADS, 1) latch_kernel(latch::Args a LATCH_PROF_PARAM) {
+extern "C" __global__ void __launch_bounds__(LATCH_BLOCK, 1) latch_kernel(latch::Args a LATCH_PROF_PARAM) {
   using namespace latch;
-  extern __shared__ __align__(16) char latch_smem[];
-  __shared__ Task task;
-  __shared__ char* ops[LATCH_MAX_OPERANDS];
-#ifdef LATCH_PROFILE
-  const unsigned long long prof_entry = threadIdx.x == 0 ? globaltimer() : 0ull;
-  const long long prof_block = (long long)a.sm_begin[a.num_lists] + blockIdx.x;  // after every instruction
-#endif
+  extern __shared__ __align__(1024) char latch_dynamic_smem[];
+  __shared__ WorkerShared S;
+  // The ring needs 1024-byte alignment (128-byte swizzle atoms); the launch adds 1024 bytes for it.
+  char* ring = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(latch_dynamic_smem) + 1023) & ~uintptr_t(1023));
+  char* scratch = ring + (size_t)LATCH_STAGES * LATCH_STAGE_BYTES;
 
   // Every block writes the same values, so each block sees them before any of its bodies reports.
   if (threadIdx.x == 0) {
     latch_error_buffer = a.error;
     latch_current_program = a.program;
     latch_current_task[blockIdx.x % 1024] = -1;
-  }
-  __syncthreads();
-
-  const uint32_t grid = gridDim.x;
-  if ((int)blockIdx.x >= a.num_lists) {  // spare block: only the grid barriers
-    for (uint32_t k = 0; k < a.num_barriers; ++k) {
-      const uint32_t base = (a.epoch * a.num_barriers + k) * grid;
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        __threadfence();
-        red_release(a.barrier, 1u);
-      }
-      if (!spin_until(a.barrier, base + grid, base, a, ERR_BARRIER_TIMEOUT, -1, (int)k)) return;
+    for (int i = 0; i < LATCH_QUEUE; ++i) {
+      sm90::mbar_init(&S.slot_full[i], 1);
+      sm90::mbar_init(&S.slot_empty[i], 1);
     }
+    for (int i = 0; i < LATCH_STAGES; ++i) {
+      sm90::mbar_init(&S.stage_full[i], 1);
+      sm90::mbar_init(&S.stage_empty[i], LATCH_THREADS / 32);
+    }
+    S.done = 0;
+    sm90::mbar_init_fence();
+  }
+  __syncthreads();  // the last block-wide barrier: from here on the roles never meet at one
+
+  const bool spare = (int)blockIdx.x >= a.num_lists;
+  if (threadIdx.x >= LATCH_THREADS) {
+    sm90::regs_shrink<LATCH_PRODUCER_REGS>();
+    if (!spare && threadIdx.x < LATCH_THREADS + 32) producer(a, S, ring);
+    return;
+  }
+  sm90::regs_grow<LATCH_CONSUMER_REGS>();
+  if (spare) {  // only the grid barriers
 #ifdef LATCH_PROFILE
-    if (threadIdx.x == 0 && prof) prof_store(prof, prof_block, prof_entry, globaltimer());
+    const unsigned long long entry = threadIdx.x == 0 ? globaltimer() : 0ull;
+#endif
+    for (uint32_t k = 0; k < a.num_barriers; ++k)
+      if (!consumer_grid_barrier(a, k, -1)) return;
+#ifdef LATCH_PROFILE
+    if (threadIdx.x == 0) prof_store(prof, (long long)a.sm_begin[a.num_lists] + blockIdx.x, entry, globaltimer());
 #endif
     return;
   }
-
-  const int begin = a.sm_begin[blockIdx.x], end = a.sm_begin[blockIdx.x + 1];
-  for (int pc = begin; pc < end; ++pc) {
-    const Instr ins = a.instrs[pc];
-    LATCH_PROF_BEGIN();
-    if (ins.kind == I_TASK) {
-      if (threadIdx.x == 0) {
-        task = a.tasks[ins.a];
-        latch_current_task[blockIdx.x % 1024] = ins.a;
-      }
-      __syncthreads();
-      for (int i = threadIdx.x; i < task.op_count; i += blockDim.x) {
-        const Operand o = a.operands[task.op_begin + i];
-        ops[i] = a.buffers[o.buffer] + o.offset;
-      }
-      __syncthreads();
-      Ctx c{&task, ops, latch_smem};
-      latch_dispatch(task.body, c);
-      __syncthreads();
-      LATCH_PROF_END(pc);
-      if (threadIdx.x == 0) latch_current_task[blockIdx.x % 1024] = -1;
-      if (ld_volatile(&a.error->abort)) return;  // a body reported an error: stop early
-    } else if (ins.kind == I_SIGNAL) {
-      if (threadIdx.x == 0) {
-        __threadfence();
-        red_release(a.counters + ins.a, 1u);
-      }
-      LATCH_PROF_END(pc);
-    } else if (ins.kind == I_WAIT) {
-      const uint32_t base = a.epoch * a.expected[ins.a];
-      if (!spin_until(a.counters + ins.a, base + (uint32_t)ins.b, base, a, ERR_WAIT_TIMEOUT, pc - begin, ins.a))
-        return;
-      LATCH_PROF_END(pc);
-    } else {  // I_BARRIER
-      const uint32_t base = (a.epoch * a.num_barriers + (uint32_t)ins.a) * grid;
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        __threadfence();
-        red_release(a.barrier, 1u);
-      }
-      if (!spin_until(a.barrier, base + grid, base, a, ERR_BARRIER_TIMEOUT, pc - begin, ins.a)) return;
-      LATCH_PROF_END(pc);
-    }
-  }
-#ifdef LATCH_PROFILE
-  if (threadIdx.x == 0 && prof) prof_store(prof, prof_block, prof_entry, globaltimer());
-#endif
+  consumers(a, S, ring, scratch LATCH_PROF_ARG);
 }
 
 // ---------------------------------------------------------------------------------------------
-// C ABI (ctypes). Every function returns a cudaError_t value (0 = success).
+// C ABI (ctypes). Every function returns a cudaError_t value (0 = success) unless it says otherwise.
+
+namespace latch {
+
+// One tensor map to encode at load time (mirrored by latch_codegen_h100.tables.TMAP): the tensor is
+// buffer ``buffer`` + ``offset`` bytes; dims innermost first; strides[i] is the byte stride of
+// dim i + 1; box the TMA box; codes are CUtensorMapDataType and CUtensorMapSwizzle values.
+struct TmapSpec {
+  int32_t buffer, dtype;
+  int64_t offset;
+  int32_t rank, swizzle;
+  int64_t dims[3];
+  int64_t strides[2];
+  int32_t box[3];
+  int32_t pad;
+};
+static_assert(sizeof(TmapSpec) == 80, "TmapSpec layout");
+
+}  // namespace latch
 
 extern "C" {
 
@@ -211,6 +423,11 @@ int latch_abi_version(void) { return LATCH_ABI_VERSION; }
 int latch_num_bodies(void) { return LATCH_NUM_BODIES; }
 
 int latch_max_operands(void) { return LATCH_MAX_OPERANDS; }
+
+int latch_block_threads(void) { return LATCH_BLOCK; }
+
+// The kernel's dynamic shared memory: the ring, the bodies' scratch, and 1024 bytes of alignment.
+long long latch_dynamic_smem(void) { return (long long)LATCH_STAGES * LATCH_STAGE_BYTES + LATCH_SCRATCH_BYTES + 1024; }
 
 const char* latch_error_string(int code) { return cudaGetErrorString((cudaError_t)code); }
 
@@ -233,8 +450,43 @@ int latch_prepare(int device, long long smem, int* blocks_per_sm, int* num_regs)
   cudaFuncAttributes attr;
   if ((e = cudaFuncGetAttributes(&attr, (const void*)latch_kernel)) != cudaSuccess) return (int)e;
   *num_regs = attr.numRegs;
-  return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, (const void*)latch_kernel, LATCH_THREADS,
+  return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, (const void*)latch_kernel, LATCH_BLOCK,
                                                            (size_t)smem);
+}
+
+// Encode ``n`` tensor maps into ``out`` (host memory, 128 bytes each) with the buffers' device
+// addresses ``buffers`` (as in Args::buffers). Returns 0, or 1000 + i when map i was refused by
+// the driver (its CUresult in *detail), or -1 when the driver has no cuTensorMapEncodeTiled.
+int latch_encode_tmaps(const latch::TmapSpec* specs, int n, const long long* buffers, void* out, int* detail) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (!encode) {
+    cudaDriverEntryPointQueryResult q;
+    void* fn = nullptr;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || !fn)
+      return -1;
+    encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+  }
+  for (int i = 0; i < n; ++i) {
+    const latch::TmapSpec& s = specs[i];
+    cuuint64_t dims[3], strides[2];
+    cuuint32_t box[3], elem[3] = {1, 1, 1};
+    for (int d = 0; d < s.rank; ++d) {
+      dims[d] = (cuuint64_t)s.dims[d];
+      box[d] = (cuuint32_t)s.box[d];
+    }
+    for (int d = 0; d + 1 < s.rank; ++d) strides[d] = (cuuint64_t)s.strides[d];
+    void* addr = (void*)(buffers[s.buffer] + s.offset);
+    CUresult r = encode(reinterpret_cast<CUtensorMap*>((char*)out + 128ll * i), (CUtensorMapDataType)s.dtype,
+                        (cuuint32_t)s.rank, addr, dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        (CUtensorMapSwizzle)s.swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+      *detail = (int)r;
+      return 1000 + i;
+    }
+  }
+  return 0;
 }
 
 int latch_launch(const latch::Args* args, int device, int grid, long long smem, void* stream) {
@@ -246,7 +498,7 @@ int latch_launch(const latch::Args* args, int device, int grid, long long smem, 
 #else
   void* params[] = {(void*)args};
 #endif
-  e = cudaLaunchCooperativeKernel((const void*)latch_kernel, dim3(grid), dim3(LATCH_THREADS), params, (size_t)smem,
+  e = cudaLaunchCooperativeKernel((const void*)latch_kernel, dim3(grid), dim3(LATCH_BLOCK), params, (size_t)smem,
                                   (cudaStream_t)stream);
   return (int)e;
 }
@@ -259,7 +511,7 @@ int latch_launch_profile(const latch::Args* args, unsigned long long* prof, int 
   cudaError_t e = cudaSetDevice(device);
   if (e != cudaSuccess) return (int)e;
   void* params[] = {(void*)args, (void*)&prof};
-  e = cudaLaunchCooperativeKernel((const void*)latch_kernel, dim3(grid), dim3(LATCH_THREADS), params, (size_t)smem,
+  e = cudaLaunchCooperativeKernel((const void*)latch_kernel, dim3(grid), dim3(LATCH_BLOCK), params, (size_t)smem,
                                   (cudaStream_t)stream);
   return (int)e;
 }

@@ -96,7 +96,7 @@ template <class T, class TL, class Acc, int NC, bool CAUSAL, int ROUND>
 __device__ void sdpa_backward_bh(const T* go, const TL* glse, const T* q, const T* k, const T* v, const T* o,
                                  const TL* lse, T* dq, T* dk, T* dv, long long Tq, long long Tk, int D, int Dv,
                                  Acc scale, Acc* smem) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = LATCH_THREADS >> 5;
   Acc* w_p = smem + warp * 64;
   Acc* w_ds = w_p + 32;
   for (long long i = warp; i < Tq; i += nw) {  // dq_i = scale sum_j dS_ij k_j

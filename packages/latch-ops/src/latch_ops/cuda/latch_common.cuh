@@ -1,10 +1,14 @@
 // Latch op bodies: common device helpers (dtype loads/stores, block reductions, error reports).
 //
-// Every op body runs inside the persistent megakernel: one block of LATCH_THREADS threads per SM,
-// called by every thread of the block, with a tile of its primary output given at run time. A body
-// must therefore (1) be correct for any tile inside its output, (2) leave the block converged
-// (every thread returns; the kernel places a __syncthreads() after each body), and (3) never
-// assume its dynamic shared memory survives past its return.
+// Every op body runs inside the persistent megakernel on its LATCH_THREADS (256) consumer threads,
+// threadIdx.x 0..255 of the block (the block also holds the producer warp, see
+// latch_codegen_h100/cuda/latch_kernel_main.cuh), called by every consumer thread, with a tile of
+// its primary output given at run time. A body must therefore (1) be correct for any tile inside
+// its output, (2) leave the consumers converged (every thread returns; the kernel places a
+// barrier after each body), (3) never assume its scratch shared memory survives past its return,
+// and (4) synchronise with latch::block_sync() (named barrier 1 over the consumers), never with
+// __syncthreads(), which would wait for the producer too, and size loops by LATCH_THREADS, not
+// blockDim.x (the block is larger).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -18,6 +22,9 @@
 namespace latch {
 
 typedef long long i64;
+
+// The consumers' block-wide barrier (named barrier 1; 0 is __syncthreads').
+__device__ __forceinline__ void block_sync() { asm volatile("bar.sync 1, %0;" ::"n"(LATCH_THREADS) : "memory"); }
 
 // Error codes a body may report (the runtime turns them into exceptions naming the task's node).
 enum BodyError : int {
@@ -96,17 +103,17 @@ template <class Op, class T> __device__ __forceinline__ T warp_reduce(T v) {
 // Reduce one value per thread over the whole block; every thread gets the result.
 // ``scratch`` holds at least 33 values of T; the call ends with the scratch free again.
 template <class Op, class T> __device__ __forceinline__ T block_reduce(T v, T* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = LATCH_THREADS >> 5;
   v = warp_reduce<Op>(v);
-  __syncthreads();  // scratch may still be read by a previous call
+  latch::block_sync();  // scratch may still be read by a previous call
   if (lane == 0) scratch[warp] = v;
-  __syncthreads();
+  latch::block_sync();
   if (warp == 0) {
     T w = lane < nwarps ? scratch[lane] : Op::template init<T>();
     w = warp_reduce<Op>(w);
     if (lane == 0) scratch[32] = w;
   }
-  __syncthreads();
+  latch::block_sync();
   return scratch[32];
 }
 

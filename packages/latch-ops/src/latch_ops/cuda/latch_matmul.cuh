@@ -1,5 +1,7 @@
-// Matrix product body: C[b, m, n] = sum_k A[b, m, k] * B[b, k, n] for one tile of C.
-// TRANS_A / TRANS_B read A as [K, M] / B as [N, K] in memory (the ragged MoE gradients use them).
+// Matrix product body: C[b, m, n] = sum_k A[b, m, k] * B[b, k, n] for one tile of C, k in
+// [k_begin, k_end) (a split-K partial; the whole K otherwise).
+// TRANS_A / TRANS_B read A as [K, M] / B as [N, K] in memory (matmul's trans flags, the ragged MoE
+// gradients).
 //
 // Simple and correct first: 64 x 64 blocks of C per step, K in slices of 32 staged through shared
 // memory, each of the 256 threads accumulating a 4 x 4 sub-block in registers (Acc: float, or
@@ -28,7 +30,8 @@ template <class Acc> constexpr int matmul_smem_bytes() {
 template <class TA, class TB, class TC, class Acc, int ROUND, bool TRANS_A = false, bool TRANS_B = false>
 __device__ void matmul_tile(const TA* A, const TB* B, TC* C, long long M, long long N, long long K, long long b_lo,
                             long long b_hi, long long m_lo, long long m_hi, long long n_lo, long long n_hi,
-                            char* smem) {
+                            char* smem, long long k_begin = 0, long long k_end = -1) {
+  if (k_end < 0) k_end = K;
   constexpr int LDA = MM_BM + MM_PAD, LDB = MM_BN + MM_PAD;
   Acc* As = (Acc*)smem;           // [BK][LDA], As[k][m]
   Acc* Bs = As + MM_BK * LDA;     // [BK][LDB], Bs[k][n]
@@ -44,20 +47,20 @@ __device__ void matmul_tile(const TA* A, const TB* B, TC* C, long long M, long l
         for (int i = 0; i < 4; ++i)
 #pragma unroll
           for (int j = 0; j < 4; ++j) acc[i][j] = Acc(0);
-        for (long long k0 = 0; k0 < K; k0 += MM_BK) {
+        for (long long k0 = k_begin; k0 < k_end; k0 += MM_BK) {
           for (int e = tid; e < MM_BM * MM_BK; e += LATCH_THREADS) {
             const int r = e / MM_BK, kk = e % MM_BK;
             const long long gm = m0 + r, gk = k0 + kk;
-            Acc v = (gm < m_hi && gk < K) ? (Acc)ld<TA>(Ab, TRANS_A ? gk * M + gm : gm * K + gk) : Acc(0);
+            Acc v = (gm < m_hi && gk < k_end) ? (Acc)ld<TA>(Ab, TRANS_A ? gk * M + gm : gm * K + gk) : Acc(0);
             As[kk * LDA + r] = round_operand<ROUND>(v);
           }
           for (int e = tid; e < MM_BK * MM_BN; e += LATCH_THREADS) {
             const int kk = e / MM_BN, cc = e % MM_BN;
             const long long gk = k0 + kk, gn = n0 + cc;
-            Acc v = (gk < K && gn < n_hi) ? (Acc)ld<TB>(Bb, TRANS_B ? gn * K + gk : gk * N + gn) : Acc(0);
+            Acc v = (gk < k_end && gn < n_hi) ? (Acc)ld<TB>(Bb, TRANS_B ? gn * K + gk : gk * N + gn) : Acc(0);
             Bs[kk * LDB + cc] = round_operand<ROUND>(v);
           }
-          __syncthreads();
+          latch::block_sync();
 #pragma unroll 8
           for (int kk = 0; kk < MM_BK; ++kk) {
             Acc a[4], bv[4];
@@ -70,7 +73,7 @@ __device__ void matmul_tile(const TA* A, const TB* B, TC* C, long long M, long l
 #pragma unroll
               for (int j = 0; j < 4; ++j) acc[i][j] = fma(a[i], bv[j], acc[i][j]);
           }
-          __syncthreads();
+          latch::block_sync();
         }
 #pragma unroll
         for (int i = 0; i < 4; ++i) {

@@ -11,7 +11,7 @@ namespace latch {
 template <class T, class TI>
 __device__ void token_topk_rows(const T* probs, T* values, TI* indices, long long E, int k, long long r_lo,
                                 long long r_hi) {
-  for (long long r = r_lo + threadIdx.x; r < r_hi; r += blockDim.x) {
+  for (long long r = r_lo + threadIdx.x; r < r_hi; r += LATCH_THREADS) {
     const T* row = probs + r * E;
     long long prev = -1;
     double prev_v = 0;
@@ -46,11 +46,11 @@ template <class TI, class TO>
 __device__ void route_order_all(const TI* indices, TO* token, TO* position, TO* offsets, long long N, int k,
                                 long long E, int* smem) {
   int* run = smem;            // [E]: counts, then the next free row of each expert
-  int* chunk = smem + E;      // [blockDim.x]: the experts of the current chunk of pairs
+  int* chunk = smem + E;      // [LATCH_THREADS]: the experts of the current chunk of pairs
   const long long P = N * (long long)k;
-  for (long long e = threadIdx.x; e < E; e += blockDim.x) run[e] = 0;
-  __syncthreads();
-  for (long long p = threadIdx.x; p < P; p += blockDim.x) {
+  for (long long e = threadIdx.x; e < E; e += LATCH_THREADS) run[e] = 0;
+  latch::block_sync();
+  for (long long p = threadIdx.x; p < P; p += LATCH_THREADS) {
     const long long e = (long long)indices[p];
     if (e < 0 || e >= E) {
       latch_report(ERR_INDEX_RANGE, e, E);
@@ -58,7 +58,7 @@ __device__ void route_order_all(const TI* indices, TO* token, TO* position, TO* 
     }
     atomicAdd(&run[e], 1);
   }
-  __syncthreads();
+  latch::block_sync();
   if (threadIdx.x == 0) {
     int acc = 0;
     for (long long e = 0; e < E; ++e) {
@@ -69,13 +69,13 @@ __device__ void route_order_all(const TI* indices, TO* token, TO* position, TO* 
     }
     offsets[E] = (TO)acc;
   }
-  __syncthreads();
-  for (long long base = 0; base < P; base += blockDim.x) {
+  latch::block_sync();
+  for (long long base = 0; base < P; base += LATCH_THREADS) {
     const long long p = base + threadIdx.x;
     long long e = p < P ? (long long)indices[p] : -1;
     if (e < 0 || e >= E) e = -1;
     chunk[threadIdx.x] = (int)e;
-    __syncthreads();
+    latch::block_sync();
     if (e >= 0) {
       int rank = 0;
       for (int q = 0; q < (int)threadIdx.x; ++q) rank += chunk[q] == (int)e;
@@ -83,9 +83,9 @@ __device__ void route_order_all(const TI* indices, TO* token, TO* position, TO* 
       token[row] = (TO)(p / k);
       position[p] = (TO)row;
     }
-    __syncthreads();
+    latch::block_sync();
     if (e >= 0) atomicAdd(&run[e], 1);
-    __syncthreads();
+    latch::block_sync();
   }
 }
 
@@ -98,7 +98,7 @@ __device__ void ragged_rows(const TX* x, const TW* w, const TOff* offsets, TO* o
   const long long first = (long long)offsets[0], last = (long long)offsets[E];
   for (long long r = r_lo; r < r_hi; ++r) {  // zero rows outside every segment
     if (r >= first && r < last) continue;
-    for (long long c = c_lo + threadIdx.x; c < c_hi; c += blockDim.x) st<TO>(out, r * N + c, 0.0f);
+    for (long long c = c_lo + threadIdx.x; c < c_hi; c += LATCH_THREADS) st<TO>(out, r * N + c, 0.0f);
   }
   for (long long e = 0; e < E; ++e) {
     const long long lo = max((long long)offsets[e], r_lo), hi = min((long long)offsets[e + 1], r_hi);
@@ -106,7 +106,7 @@ __device__ void ragged_rows(const TX* x, const TW* w, const TOff* offsets, TO* o
     // matmul_tile's row range is absolute within its A (here x with M = r_hi rows addressable)
     matmul_tile<TX, TW, TO, Acc, ROUND, false, MODE == 1>(x, w + e * K * N, out, hi, N, K, 0, 1, lo, hi, c_lo, c_hi,
                                                          smem);
-    __syncthreads();
+    latch::block_sync();
   }
 }
 
@@ -120,13 +120,13 @@ __device__ void ragged_grad_w_tile(const TX* x, const TG* g, const TOff* offsets
     TO* dwe = dw + e * Din * Dout;
     if (lo >= hi) {
       for (long long i = i_lo; i < i_hi; ++i)
-        for (long long j = j_lo + threadIdx.x; j < j_hi; j += blockDim.x) st<TO>(dwe, i * Dout + j, 0.0f);
+        for (long long j = j_lo + threadIdx.x; j < j_hi; j += LATCH_THREADS) st<TO>(dwe, i * Dout + j, 0.0f);
       continue;
     }
     // A = x[lo:hi]^T ([Din, hi-lo], stored as x rows), B = g[lo:hi] ([hi-lo, Dout])
     matmul_tile<TX, TG, TO, Acc, ROUND, true, false>(x + lo * Din, g + lo * Dout, dwe, Din, Dout, hi - lo, 0, 1, i_lo,
                                                      i_hi, j_lo, j_hi, smem);
-    __syncthreads();
+    latch::block_sync();
   }
 }
 

@@ -105,7 +105,7 @@ __device__ __forceinline__ void layer_norm_row(const T* x, const T* w, const T* 
 template <class T, class Acc>
 __device__ void layer_norm_backward_all(const T* g, const T* x, const T* mean, const T* rstd, const T* w, T* dx, T* dw,
                                         T* db, long long R, long long D) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = LATCH_THREADS >> 5;
   if (dx) {
     for (long long r = warp; r < R; r += nw) {
       const Acc mu = (Acc)ld<T>(mean, r), rs = (Acc)ld<T>(rstd, r);
@@ -126,7 +126,7 @@ __device__ void layer_norm_backward_all(const T* g, const T* x, const T* mean, c
     }
   }
   if (dw || db) {
-    for (long long j = threadIdx.x; j < D; j += blockDim.x) {
+    for (long long j = threadIdx.x; j < D; j += LATCH_THREADS) {
       double sw = 0, sb = 0;
       for (long long r = 0; r < R; ++r) {
         const double gv = (double)ld<T>(g, r * D + j);
@@ -144,7 +144,7 @@ template <class T, class TI>
 __device__ void nll_loss_all(const T* logp, const TI* target, const T* weight, T* loss, T* total_weight, long long N,
                              long long C, long long ignore_index, int reduction, double* scratch) {
   double acc = 0, tw = 0;
-  for (long long i = threadIdx.x; i < N; i += blockDim.x) {
+  for (long long i = threadIdx.x; i < N; i += LATCH_THREADS) {
     const long long t = (long long)target[i];
     if (t == ignore_index) {
       if (reduction == 0 && loss) st<T>(loss, i, 0.0f);

@@ -15,7 +15,7 @@ namespace latch {
 template <class Acc, class Op, class Base, class Off, class Load, class Store>
 __device__ __forceinline__ void reduce_warp_per_output(long long n_out, long long R, Base base, Off off, Load load,
                                                        Store store) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = LATCH_THREADS >> 5;
   for (long long o = warp; o < n_out; o += nw) {
     const long long b = base(o);
     Acc acc = Op::template init<Acc>();
@@ -31,7 +31,7 @@ __device__ __forceinline__ void reduce_block_per_output(long long n_out, long lo
   for (long long o = 0; o < n_out; ++o) {
     const long long b = base(o);
     Acc acc = Op::template init<Acc>();
-    for (long long r = threadIdx.x; r < R; r += blockDim.x) acc = Op::apply(acc, load(b + off(r)));
+    for (long long r = threadIdx.x; r < R; r += LATCH_THREADS) acc = Op::apply(acc, load(b + off(r)));
     acc = block_reduce<Op>(acc, scratch);
     if (threadIdx.x == 0) store(o, acc);
   }
@@ -56,7 +56,7 @@ template <bool IsMax> struct ArgBetter {
 template <bool IsMax, class Base, class Off, class Load, class Store>
 __device__ __forceinline__ void argreduce_warp_per_output(long long n_out, long long R, Base base, Off off, Load load,
                                                           Store store) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = LATCH_THREADS >> 5;
   for (long long o = warp; o < n_out; o += nw) {
     const long long b = base(o);
     double best = 0;

@@ -35,7 +35,6 @@ This module imports without torch; the references import it lazily (``latch_ops.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Sequence
 
 import attrs
@@ -291,30 +290,4 @@ SPECS = [
         extra={"reference": _ref_ragged_mm_grad_w, "torch_ops": ["latch::ragged_mm_grad_w"],
                "tiling": tilings.ragged_grad_w},
     ),
-]
-
-
-# --------------------------------------------------------------------------------------------
-# Derivative rules (hook ``latch_register_derivatives``): the backward of each differentiable op
-# is the torch.library autograd formula registered with its custom op in ``torch_ops``; the
-# record names it and the backward ops it emits, without importing torch.
-
-@attrs.frozen
-class Derivative:
-    """``op``'s derivative: ``formula`` ("module:function", the autograd backward registered with
-    the torch custom op) emits the ops ``backward_ops`` (only those whose inputs need gradients)."""
-
-    op: str
-    backward_ops: tuple[str, ...] = attrs.field(converter=tuple)
-    formula: str
-
-    def load(self):
-        """The formula itself (imports torch)."""
-        module, _, name = self.formula.partition(":")
-        return getattr(importlib.import_module(module), name)
-
-
-DERIVATIVES = [
-    Derivative(TOKEN_TOPK, (TOKEN_TOPK_BACKWARD,), "latch_ops.moe.torch_ops:_token_topk_grad"),
-    Derivative(RAGGED_MM, (RAGGED_MM_GRAD_X, RAGGED_MM_GRAD_W), "latch_ops.moe.torch_ops:_ragged_mm_grad"),
 ]

@@ -5,8 +5,7 @@ footprints read every expert's weights (ragged_mm, grad_x) or every row (grad_w)
 supersets of what a body touches, as the validator and the arena simulator require. A row tile
 may straddle experts; the body walks ``offsets`` to find the segments inside its rows.
 
-``latch_schedule`` is imported when a scheduler asks for a tiling, never at import (latch-ops
-does not depend on it).
+The record is ``latch_core.tiling.Tiling``: latch-ops does not depend on latch-schedule.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ TILE = 128  # rows / columns per tile: one tensor-core block tile
 
 
 def _tiling(split_dims, footprint, granule, kind):
-    from latch_schedule.tiling import Tiling
+    from latch_core.tiling import Tiling
 
     return Tiling(split_dims, footprint, granule=granule, kind=kind)
 

@@ -36,10 +36,10 @@ import pytest
 from latch_core.order import Order, ScheduleOrderError
 from latch_core.sections import Counter, FusionGroup, ProgramSchedule, Task
 
-try:
+try:  # a cross-package test: codegen's own sync rules, where codegen is installed
     from latch_codegen_h100.bodies import CodegenError
     from latch_codegen_h100.codegen import _check_sync
-except ImportError:  # latch-schedule tested alone
+except ImportError:
     _check_sync = None
 
 

@@ -1,4 +1,5 @@
-"""latch_core.order: happens-before from SM instruction lists, deadlock detection.
+"""latch_core.order: happens-before from SM instruction lists, deadlock detection (white-box: it tests
+the private _Packed clock arithmetic too, so it lives beside latch_core).
 
 The vector-clock answers are compared against a brute-force oracle (explicit instruction graph,
 transitive closure as bitsets) over random deadlock-free schedules.

@@ -1,0 +1,295 @@
+"""Matrix products as Latch tasks inside the persistent kernel, against torch.mm in a CUDA graph.
+
+    latch-pipeline bench-matmul                      # TinyMoE-200M's dense products, 2 x 1024 and 32 x 1024 tokens
+    latch-pipeline bench-matmul --tokens 2048 --only qkv
+
+Every product a training step of TinyMoE-200M's dense path runs (QKV, attention output, router and
+the tied LM head: forward, input gradient and weight gradient; ``CASES``) becomes its own programs in
+ONE build: ``<case>.check`` (one product, FP32 output, gated against the FP64 product of the same BF16
+operands: relative L2 and the largest element error), and ``<case>.x1`` / ``<case>.xR`` (1 and R
+independent copies of the product, BF16 output like torch.mm's, in one launch: the barrier scheduler
+puts all their tiles in one phase, so the worker's producer runs from one tile into the next). The
+time per product is ``(t(xR) - t(x1)) / (R - 1)`` (launch overhead and the last wave's tail cancel);
+``t(xR) / R`` is shown too. The control is torch.mm on the same operands, R products captured in one
+CUDA graph, timed per replay / R. Medians of CUDA-event timings; fresh random operands per case.
+
+The document is built without torch (``matmul_document``), so CI can schedule, plan, validate and
+compile it (``tests/test_bench_matmul.py``); the timing needs the GPU.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Iterable
+
+import attrs
+import click
+
+from latch_core.document import Document
+from latch_core.ir import BATCH, Graph, GraphSection, Group, Node, Value
+
+D_MODEL, QKV, VOCAB, EXPERTS = 768, 3 * 768, 49152, 16
+# The product with FP32 output against FP64 (of the same BF16 operands): FP32 accumulation over
+# K <= 49,152 products stays far below 1e-4 in relative L2 (run 7 measured 5.7e-5 at K = 49,152 and
+# 7.6e-7 at K = 768, linear in K); a wrong tile or index gives O(1). The BF16 storage of an output
+# alone costs ~2e-3, so this gate is 20x tighter than what a BF16 consumer could notice.
+REL_GATE, MAX_GATE = 1e-4, 1e-3
+
+
+@attrs.frozen
+class Case:
+    """out[M, N] = A @ B with a stored [K, M] when ``ta`` (else [M, K]) and b stored [N, K] when ``tb``
+    (else [K, N]): the forms a training step produces (forward: tb; input gradient: neither; weight
+    gradient: ta)."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+    ta: bool = False
+    tb: bool = False
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+    @property
+    def a_shape(self) -> tuple[int, int]:
+        return (self.k, self.m) if self.ta else (self.m, self.k)
+
+    @property
+    def b_shape(self) -> tuple[int, int]:
+        return (self.n, self.k) if self.tb else (self.k, self.n)
+
+    @property
+    def layout(self) -> str:
+        return ("A^T" if self.ta else "A") + " " + ("B^T" if self.tb else "B")
+
+
+def cases(tokens: int) -> list[Case]:
+    """TinyMoE-200M's dense products at ``tokens`` tokens: Linear(d_in -> d_out) forward
+    [T, d_in] @ W[d_out, d_in]^T, input gradient [T, d_out] @ W, weight gradient dY^T @ X."""
+    out = []
+    for name, d_in, d_out in (("qkv", D_MODEL, QKV), ("attn_out", D_MODEL, D_MODEL), ("router", D_MODEL, EXPERTS),
+                              ("lm_head", D_MODEL, VOCAB)):
+        t = tokens
+        out.append(Case(f"{name}.fwd.{t}", t, d_out, d_in, tb=True))
+        out.append(Case(f"{name}.dgrad.{t}", t, d_in, d_out))
+        out.append(Case(f"{name}.wgrad.{t}", d_out, d_in, t, ta=True))
+    return out
+
+
+def repeats(c: Case, target_s: float = 300e-6, rate: float = 500e12) -> int:
+    """Copies per timed launch: enough for ~``target_s`` of products, 2..16."""
+    return max(2, min(16, round(target_s / (c.flops / rate))))
+
+
+def _program(c: Case, name: str, copies: int, out_dtype: str, config: str | None = None) -> Graph:
+    a, b = f"{c.name}.a", f"{c.name}.b"
+    values = [Value(a, c.a_shape, "bf16", BATCH), Value(b, c.b_shape, "bf16", BATCH)]
+    nodes, outs = [], []
+    attrs_ = {"trans_a": c.ta, "trans_b": c.tb, "out_dtype": out_dtype, "operand_dtype": "bf16",
+              "accum_dtype": "f32"}
+    if config:
+        attrs_["config"] = config
+    for r in range(copies):
+        o = f"{name}.out{r}"
+        values.append(Value(o, (c.m, c.n), out_dtype))
+        nodes.append(Node(f"{name}.mm{r}", "latch::matmul", (a, b), (o,), attrs_, source=f"bench_matmul {c.name}"))
+        outs.append(o)
+    return Graph(name, values, nodes, (Group("batch", (a, b)),), (Group("metrics", tuple(outs)),))
+
+
+def sweep_configs(c: Case) -> list[str]:
+    """The wgmma configurations a sweep times for ``c``: every BN the body runs for its layout."""
+    ns = (64, 96, 128, 192, 256) if c.tb else (64, 128, 192, 256)
+    return [f"wgmma_128x{n}x64" for n in ns if n <= max(64, 2 * c.n)]
+
+
+def matmul_document(case_list: Iterable[Case], sweep: bool = False) -> Document:
+    """The benchmark's graph section: per case ``<case>.check``, ``<case>.x1``, ``<case>.xR`` with the
+    configuration the schedule chooses; with ``sweep``, also ``<case>@<config>.x1`` / ``.xR`` for
+    every configuration of :func:`sweep_configs` (calibrating the cost model)."""
+    progs = []
+    for c in case_list:
+        progs.append(_program(c, f"{c.name}.check", 1, "f32"))
+        progs.append(_program(c, f"{c.name}.x1", 1, "bf16"))
+        progs.append(_program(c, f"{c.name}.x{repeats(c)}", repeats(c), "bf16"))
+        if sweep:
+            for cfg in sweep_configs(c):
+                progs.append(_program(c, f"{c.name}@{cfg}.x1", 1, "bf16", cfg))
+                progs.append(_program(c, f"{c.name}@{cfg}.x{repeats(c)}", repeats(c), "bf16", cfg))
+    return Document(graph=GraphSection(progs, (), {"example": "bench_matmul"}))
+
+
+def chosen_config(doc: Document, program: str) -> str:
+    """The configuration (and split-K) the schedule gave the product in ``program``."""
+    g = doc.graph.program(program)
+    for n in g.nodes:
+        if n.op == "latch::matmul":
+            cfg = n.attr("config") or "default"
+            return cfg + (f" S={n.attr('split_k')}" if n.attr("split_k") else "")
+    return "?"
+
+
+def plan_document(doc: Document, num_sms: int) -> Document:
+    """The pipeline's passes from the configuration choice to the validator (latch_core.pipeline)."""
+    from latch_core.passes import run_pass
+    from latch_core.plugins import registries
+
+    passes = registries().passes
+    doc = run_pass(passes.get("schedule.matmul_configs"), doc, num_sms=num_sms)
+    doc = run_pass(passes.get("schedule"), doc, scheduler="barrier", num_sms=num_sms)
+    doc = run_pass(passes.get("memory.plan"), doc)
+    return run_pass(passes.get("schedule.validate"), doc)
+
+
+# --------------------------------------------------------------------------------------------
+# On the GPU
+
+def _median_ms(fn, iters: int, warmup: int = 3) -> float:
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def run_case(prog, c: Case, iters: int, seed: int, configs: list[str] = ()) -> dict:
+    import torch
+
+    dev = prog.device
+    g = torch.Generator(device=dev).manual_seed(seed)
+    a = torch.randn(c.a_shape, device=dev, generator=g, dtype=torch.float32).to(torch.bfloat16)
+    b = torch.randn(c.b_shape, device=dev, generator=g, dtype=torch.float32).to(torch.bfloat16)
+    batch = {f"{c.name}.a": a, f"{c.name}.b": b}
+    A = a.t() if c.ta else a
+    B = b.t() if c.tb else b
+
+    # correctness: the FP32 output against the FP64 product of the same BF16 operands; torch.mm's
+    # own BF16 result against the same reference is shown for scale (its error is the BF16 output
+    # rounding, ~2e-3)
+    prog.launch(f"{c.name}.check", batch=batch)
+    prog.check()
+    got = prog.outputs(f"{c.name}.check", batch=batch)[f"{c.name}.check.out0"].double()
+    ref = torch.mm(A.double(), B.double())
+    norm = max(ref.norm().item(), 1e-30)
+    rel = (got - ref).norm().item() / norm
+    worst = (got - ref).abs().max().item() / max(ref.abs().max().item(), 1e-30)
+    torch_rel = (torch.mm(A, B).double() - ref).norm().item() / norm
+    del got, ref
+
+    R = repeats(c)
+
+    def timed(prefix: str) -> tuple[float, float]:
+        t1 = _median_ms(lambda: prog.launch(f"{prefix}.x1", batch=batch), iters)
+        tr = _median_ms(lambda: prog.launch(f"{prefix}.x{R}", batch=batch), iters)
+        prog.check()
+        return t1, tr
+
+    t1, tr = timed(c.name)
+    sweep = {}
+    for cfg in configs:
+        s1, sr = timed(f"{c.name}@{cfg}")
+        sweep[cfg] = c.flops / ((sr - s1) / (R - 1)) / 1e9
+    # the control: R torch.mm into preallocated outputs, one CUDA graph
+    outs = [torch.empty((c.m, c.n), device=dev, dtype=torch.bfloat16) for _ in range(R)]
+    s = torch.cuda.Stream(dev)
+    s.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(s):
+        for o in outs:
+            torch.mm(A, B, out=o)
+    torch.cuda.current_stream(dev).wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for o in outs:
+            torch.mm(A, B, out=o)
+    tt = _median_ms(graph.replay, iters) / R
+    latch_ms = (tr - t1) / (R - 1)
+    return {"case": c.name, "m": c.m, "n": c.n, "k": c.k, "layout": c.layout, "R": R, "rel_l2": rel,
+            "max_err": worst, "latch_ms": latch_ms, "latch_launch_ms": tr / R, "torch_ms": tt,
+            "latch_tflops": c.flops / latch_ms / 1e9, "torch_tflops": c.flops / tt / 1e9,
+            "ratio": tt / latch_ms, "torch_bf16_rel_l2": torch_rel, "sweep_tflops": sweep,
+            "ok": rel <= REL_GATE and worst <= MAX_GATE}
+
+
+def format_table(rows: list[dict]) -> str:
+    head = (f"{'case':<22} {'M x N x K':>20} {'layout':>8} {'config':>22} {'R':>3} {'rel L2':>9} {'latch us':>9} "
+            f"{'(launch)':>9} {'torch us':>9} {'latch TF':>8} {'torch TF':>8} {'vs torch':>8}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['case']:<22} {str(r['m']) + 'x' + str(r['n']) + 'x' + str(r['k']):>20} {r['layout']:>8} "
+                     f"{r.get('config', ''):>22} {r['R']:>3} {r['rel_l2']:9.2e} {1e3 * r['latch_ms']:9.2f} {1e3 * r['latch_launch_ms']:9.2f} "
+                     f"{1e3 * r['torch_ms']:9.2f} {r['latch_tflops']:8.0f} {r['torch_tflops']:8.0f} "
+                     f"{100 * r['ratio']:7.0f}%{'' if r['ok'] else '  WRONG'}")
+    return "\n".join(lines)
+
+
+@click.command("bench-matmul")
+@click.option("--tokens", default="2048,32768", show_default=True, help="token counts, comma-separated")
+@click.option("--only", default=None, help="keep cases whose name contains this (e.g. qkv, lm_head.fwd)")
+@click.option("--dir", "build_dir", default="build/bench-matmul", show_default=True, type=click.Path(file_okay=False))
+@click.option("--iters", default=20, show_default=True)
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="also write the rows here")
+@click.option("--sweep", is_flag=True, help="also time every wgmma configuration of each case (cost-model calibration)")
+def bench_matmul_command(tokens, only, build_dir, iters, json_path, sweep):
+    """Time TinyMoE-200M's dense matrix products as Latch tasks against torch.mm in a CUDA graph."""
+    import json
+
+    import torch
+
+    from latch_codegen_h100 import Program, build
+
+    if not torch.cuda.is_available():
+        raise click.ClickException("bench-matmul runs on the GPU; torch sees no CUDA device")
+    case_list = [c for t in tokens.split(",") for c in cases(int(t)) if only is None or only in c.name]
+    if not case_list:
+        raise click.ClickException(f"no case matches --only {only!r}")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    t0 = time.perf_counter()
+    doc = plan_document(matmul_document(case_list, sweep), sms)
+    t1 = time.perf_counter()
+    doc = build(doc, build_dir)
+    t2 = time.perf_counter()
+    click.echo(f"bench-matmul: {len(case_list)} cases, plan {t1 - t0:.1f} s, build {t2 - t1:.1f} s "
+               f"({dict(doc.build.stats).get('cached')}), {dict(doc.build.stats).get('resources', '')}")
+    try:
+        from latch_codegen_h100 import SassError, sass_report
+
+        click.echo("machine code: " + "; ".join(sass_report(Path(build_dir) / "program.so").lines()))
+    except SassError as e:
+        click.echo(f"machine code: not read ({e})")
+    prog = Program.load(build_dir)
+    rows, failed = [], []
+    for i, c in enumerate(case_list):
+        try:
+            row = run_case(prog, c, iters, seed=i, configs=sweep_configs(c) if sweep else ())
+            row["config"] = chosen_config(doc, f"{c.name}.x1")
+            rows.append(row)
+        except Exception as e:  # one failing case must not hide the others' numbers
+            failed.append(c.name)
+            click.echo(f"{c.name}: FAILED: {type(e).__name__}: {e}")
+        torch.cuda.empty_cache()
+    click.echo(format_table(rows))
+    if sweep:
+        click.echo("sweep: TFLOP/s per configuration (steady state)")
+        for r in rows:
+            click.echo(f"  {r['case']:<22} " + "  ".join(f"{k.split('_')[1]}:{v:.0f}" for k, v in r["sweep_tflops"].items()))
+    if json_path:
+        Path(json_path).write_text(json.dumps(rows, indent=1))
+    bad = [r["case"] for r in rows if not r["ok"]] + failed
+    if bad:
+        raise click.ClickException(f"wrong or failed: {bad}")
+
+
+__all__ = ["Case", "cases", "matmul_document", "plan_document", "bench_matmul_command", "repeats"]

@@ -1,0 +1,184 @@
+"""The pass ``schedule.matmul_configs``: a body configuration and split-K factor for every matmul.
+
+For every ``latch::matmul`` node, the configurations the installed backend registers for it
+(``latch_core.configs``, hook ``latch_register_configs``) are priced with the cost model
+(:class:`latch_schedule.tiling.CostModel`), for each split-K factor ``S`` in
+``CostModel.split_k_choices`` ({1, 2, 4, 8, 16}); ``S > 1`` only when ``K / S >= split_k_min_steps
+* k_tile`` (each partial keeps a pipeline's worth of K steps) and the unsplit product has fewer
+tiles than SMs (splitting only pays where SMs would idle)::
+
+    tiles = batch * ceil(M / BM) * ceil(N / BN) * S          waves = ceil(tiles / num_sms)
+    cost  = waves * (2 * BM * BN * ceil(K / S) / rate + mma_fill + BM * BN * out_bytes / sm_bytes)
+            + (S > 1: 2 * S * batch * M * N * 4 / (sm_bytes * num_sms))   # partials written, then read
+
+``rate`` is ``sm_mma_flops * mma_efficiency(BN)`` for tensor-core configurations (``kind`` "wgmma")
+and ``sm_flops`` for CUDA-core ones ("simt"); ``out_bytes`` is 4 for split partials (FP32). The
+cheapest wins; ties go to the first configuration listed, then the smaller ``S``.
+
+The choice is recorded on the node (attribute ``config``), so tiling takes the configuration's
+tile and code generation instantiates that body. ``S > 1`` rewrites the node (deterministic:
+the reduction reads the ``S`` partials in a fixed order, no atomics)::
+
+    %y.partial = matmul(a, b){..., split_k=S, out_dtype=f32, config}     # [S, *B, M, N]
+    %y         = sum(%y.partial){dims=(0,)}                                # (node keeps its name)
+    # or, when y is not f32:  %y.sum = sum(...); %y = cast(%y.sum){dtype}
+
+A node that already records a ``config`` (a document scheduled before) is left as it is; a node
+with ``split_k`` set keeps its factor. Without registered configurations nothing is recorded and
+tiling keeps its own rule. Pure; the report lists each choice (node, shape, layout, config, S,
+tiles, waves, estimated cost) and goes to the schedule's stats (``matmul_configs``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+
+from latch_core.document import Document
+from latch_core.ir import DTYPES, Graph, Node, Value
+
+from .tiling import CostModel, matmul_dims
+
+MATMUL = "latch::matmul"
+
+
+def _layout(ta: bool, tb: bool) -> str:
+    return ("T" if ta else "N") + ("T" if tb else "N")
+
+
+def price(cfg, batch: int, m: int, k: int, n: int, s: int, out_bytes: int, cost: CostModel,
+          num_sms: int) -> tuple[float, int, int]:
+    """(seconds, tiles, waves) of one configuration at split factor ``s`` (module docstring)."""
+    bm, bn = cfg.tile[-2:]
+    tiles = batch * math.ceil(m / bm) * math.ceil(n / bn) * s
+    waves = math.ceil(tiles / num_sms)
+    rate = cost.sm_mma_flops * cost.mma_efficiency(bn) if cfg.kind == "wgmma" else cost.sm_flops
+    ob = 4 if s > 1 else out_bytes
+    per_tile = 2 * bm * bn * math.ceil(k / s) / rate + cost.mma_fill + bm * bn * ob / cost.sm_bytes
+    seconds = waves * per_tile
+    if s > 1:
+        seconds += 2 * s * batch * m * n * 4 / (cost.sm_bytes * num_sms)
+    return seconds, tiles, waves
+
+
+def choose(cands, batch: int, m: int, k: int, n: int, out_bytes: int, cost: CostModel, num_sms: int,
+           fixed_split: int = 0) -> tuple[Any, int, float, int, int] | None:
+    """(config, S, seconds, tiles, waves) of the cheapest candidate, or None without candidates."""
+    best = None
+    for cfg in cands:
+        bm, bn = cfg.tile[-2:]
+        tiles1 = batch * math.ceil(m / bm) * math.ceil(n / bn)
+        fixed = fixed_split > 1
+        for s in (fixed_split,) if fixed else cost.split_k_choices:
+            if s > 1 and not fixed and (k / s < cost.split_k_min_steps * cfg.k_tile or tiles1 >= num_sms or s > k):
+                continue
+            # A body streaming K in k_tile blocks (TMA) cannot stop inside a block: every partial's
+            # K range (ceil(K / S) long, latch_ops.matmul) must be whole blocks.
+            if s > 1 and not fixed and cfg.kind == "wgmma" and math.ceil(k / s) % cfg.k_tile:
+                continue
+            seconds, tiles, waves = price(cfg, batch, m, k, n, s, out_bytes, cost, num_sms)
+            if best is None or seconds < best[2]:
+                best = (cfg, s, seconds, tiles, waves)
+    return best
+
+
+def _fresh(names: set[str], base: str) -> str:
+    name = base
+    while name in names:
+        name += "_"
+    names.add(name)
+    return name
+
+
+def choose_configs(graph: Graph, *, cost: CostModel | None = None, num_sms: int = 132,
+                   registry=None) -> tuple[Graph, list[dict]]:
+    """The program with every matmul's configuration recorded (and split-K rewritten) and the report."""
+    from latch_core.configs import configs_for
+
+    cost = cost or CostModel()
+    nodes: list[Node] = []
+    values = list(graph.values)
+    names = {v.name for v in values} | {n.name for n in graph.nodes}
+    report: list[dict] = []
+    changed = False
+    for node in graph.nodes:
+        if node.op != MATMUL or len(node.inputs) != 2 or any(v is None for v in node.inputs) or node.attr("config"):
+            nodes.append(node)
+            continue
+        a, b = (graph.value(v).type for v in node.inputs)
+        y = graph.value(node.outputs[0])
+        attr = node.attr_dict
+        m, k, n, ta, tb, s0 = matmul_dims(a, b, attr)
+        batch = math.prod(a.shape[:-2])
+        cands = configs_for(MATMUL, [a, b], [y.type], attr, registry)
+        best = choose(cands, batch, m, k, n, DTYPES[y.dtype], cost, num_sms, fixed_split=s0)
+        if best is None:
+            nodes.append(node)
+            continue
+        cfg, s, seconds, tiles, waves = best
+        lead = "".join(f"{d}*" for d in a.shape[:-2])  # batch dims, then M x K x N
+        report.append({"node": node.name, "shape": f"{lead}{m}x{k}x{n}",
+                       "layout": _layout(ta, tb), "config": cfg.name, "split_k": s, "tiles": tiles,
+                       "waves": waves, "cost_us": round(seconds * 1e6, 2), "source": node.source or ""})
+        changed = True
+        if s == 1 or s0 > 1:
+            nodes.append(attrs.evolve(node, attrs=dict(attr, config=cfg.name)))
+            continue
+        # split-K: partials, then a fixed-order sum over the split dim, then the output's dtype
+        part = _fresh(names, f"{y.name}.partial")
+        values.append(Value(part, (s,) + tuple(y.shape), "f32"))
+        pattr = dict(attr, config=cfg.name, split_k=s, out_dtype="f32")
+        nodes.append(Node(_fresh(names, f"{node.name}.partial"), MATMUL, node.inputs, (part,), pattr,
+                          source=node.source))
+        red = {"dims": (0,), "keepdim": False}
+        if "accum_dtype" in attr:
+            red["accum_dtype"] = "f32"
+        if y.dtype == "f32":
+            nodes.append(Node(node.name, "latch::sum", (part,), (y.name,), red, source=node.source))
+        else:
+            total = _fresh(names, f"{y.name}.sum")
+            values.append(Value(total, y.shape, "f32"))
+            nodes.append(Node(_fresh(names, f"{node.name}.sum"), "latch::sum", (part,), (total,), red,
+                              source=node.source))
+            nodes.append(Node(node.name, "latch::cast", (total,), (y.name,), {"dtype": y.dtype}, source=node.source))
+    if not changed:
+        return graph, []
+    return attrs.evolve(graph, values=values, nodes=nodes), report
+
+
+def configs_document(doc: Document, *, cost: CostModel | None = None, num_sms: int = 132,
+                     registry=None) -> tuple[Document, dict[str, list[dict]]]:
+    programs, report = [], {}
+    for g in doc.graph.programs:
+        g2, rep = choose_configs(g, cost=cost, num_sms=num_sms, registry=registry)
+        programs.append(g2)
+        if rep:
+            report[g.name] = rep
+    if not report:
+        return doc, {}
+    return attrs.evolve(doc, graph=attrs.evolve(doc.graph, programs=programs)), report
+
+
+def configs_pass(doc: Document, *, num_sms: int = 132, **options):
+    """Pass ``schedule.matmul_configs`` (options: ``num_sms``, ``cost_<field>`` CostModel overrides).
+    The choices are recorded in the graph's metadata (``matmul_configs``: program -> one row per
+    matmul) and the provenance detail; ``latch-pipeline show`` and ``schedule`` print them."""
+    from .tasks import options_cost
+
+    out, report = configs_document(doc, cost=options_cost(options), num_sms=int(num_sms))
+    if not report:
+        return out, "no matmul to configure"
+    meta = dict(out.graph.metadata)
+    meta["matmul_configs"] = {p: [dict(r) for r in rows] for p, rows in report.items()}
+    out = attrs.evolve(out, graph=attrs.evolve(out.graph, metadata=meta), schedule=None, memory=None, build=None)
+    n = sum(len(r) for r in report.values())
+    splits = sum(1 for rows in report.values() for r in rows if r["split_k"] > 1)
+    return out, f"{n} matmul(s) configured, {splits} split along K"
+
+
+def format_choice(c: dict) -> str:
+    """One line of ``latch-pipeline show``'s per-matmul summary."""
+    return (f"{c['node']}: {c['shape']} {c['layout']} -> {c['config']} S={c['split_k']} "
+            f"{c['tiles']} tiles {c['waves']} waves ~{c['cost_us']} us")

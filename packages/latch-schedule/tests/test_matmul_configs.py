@@ -1,0 +1,189 @@
+"""schedule.matmul_configs: the cost model's choice of body configuration and split-K factor, the
+split-K rewrite, and matmul tiling: granules from the recorded configuration, footprints exact for
+every layout and split (element by element against an independent index map)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+from latch_core.configs import BodyConfig
+from latch_core.hookspecs import hookimpl
+from latch_core.ir import Graph, Group, Node, TensorType, Value
+from latch_core.plugins import load_with
+from latch_schedule import tiling
+from latch_schedule.boxes import full_box
+from latch_schedule.matmul_configs import choose, choose_configs, price
+from latch_schedule.tiling import CostModel, split
+
+WG = [BodyConfig(f"wgmma_128x{bn}x64", (128, bn), 64, (128 + bn) * 128, "wgmma") for bn in (16, 32, 64, 96, 128, 192, 256)]
+
+
+def _wgmma_only(in_types, out_types, attrs):
+    tb = bool(attrs.get("trans_b", False))
+    return [c for c in WG if tb or c.tile[1] % 64 == 0]
+
+
+class ConfigPlugin:
+    @hookimpl
+    def latch_register_configs(self, register):
+        register("latch::matmul", _wgmma_only)
+
+
+@pytest.fixture(scope="module")
+def configs():
+    return load_with(("cfg", ConfigPlugin()), entry_points=False).configs
+
+
+def test_the_cost_formula_counts_waves_fill_and_epilogue():
+    cost = CostModel()
+    cfg = WG[4]  # 128 x 128
+    seconds, tiles, waves = price(cfg, 1, 2048, 768, 768, 1, 2, cost, 132)
+    assert tiles == 16 * 6 and waves == 1
+    assert seconds == pytest.approx(2 * 128 * 128 * 768 / (5e12 * 0.78) + 0.7e-6 + 128 * 128 * 2 / 25e9)
+    # split-K: partials in f32 and their write + read over all SMs' bandwidth
+    s2, tiles2, waves2 = price(cfg, 1, 128, 4096, 256, 4, 2, cost, 132)
+    assert tiles2 == 8 and waves2 == 1
+    assert s2 == pytest.approx(2 * 128 * 128 * 1024 / (5e12 * 0.78) + 0.7e-6 + 128 * 128 * 4 / 25e9
+                               + 2 * 4 * 128 * 256 * 4 / (25e9 * 132))
+    # the measured rates by tile width (run 10), largest threshold <= BN
+    assert cost.mma_efficiency(16) == 0.12 and cost.mma_efficiency(96) == 0.55 and cost.mma_efficiency(192) == 0.9
+    assert cost.mma_efficiency(256) == 1.0 and cost.mma_efficiency(48) == 0.23 and cost.mma_efficiency(8) == 0.12
+
+
+def test_wave_quantisation_picks_the_tile_that_fills_the_sms():
+    # DESIGN.md's example: 2048 x 768 is 96 tiles of 128 x 128 but 128 tiles of 128 x 96. With equal
+    # efficiencies the thinner tile wins; with the measured ones (128 x 96 runs at 0.55 / 0.78 of
+    # 128 x 128's rate) the wider tile's single wave is cheaper, as run 10 measured (80% vs 100%).
+    flat = CostModel(mma_eff=((16, 1.0),))
+    cfg, s, _, tiles, waves = choose(WG, 1, 2048, 768, 768, 2, flat, 132)
+    assert (cfg.tile, s, tiles, waves) == ((128, 96), 1, 128, 1)
+    cfg, s, _, tiles, waves = choose(WG, 1, 2048, 768, 768, 2, CostModel(), 132)
+    assert (cfg.tile, s, tiles, waves) == ((128, 128), 1, 96, 1)
+
+
+def test_split_k_is_off_by_default():
+    _, s, _, _, _ = choose(WG[4:5], 1, 128, 4096, 256, 4, CostModel(), 132)  # 2 tiles on 132 SMs
+    assert s == 1
+
+
+SPLITS = CostModel(split_k_choices=(1, 2, 4, 8, 16))
+
+
+def test_split_k_only_when_sms_idle_and_k_is_long():
+    cost = SPLITS
+    cfg, s, _, tiles, _ = choose(WG[4:5], 1, 128, 4096, 256, 4, cost, 132)  # 2 tiles on 132 SMs
+    assert s == 16 and tiles == 32
+    # K / S must keep 4 k-steps of 64: K = 1024 allows S <= 4
+    _, s, _, _, _ = choose(WG[4:5], 1, 128, 1024, 256, 4, cost, 132)
+    assert s == 4
+    # enough tiles already: never split
+    _, s, _, _, _ = choose(WG[4:5], 1, 2048, 4096, 2048, 4, cost, 132)
+    assert s == 1
+    # a hand-set split is kept
+    _, s, _, _, _ = choose(WG[4:5], 1, 2048, 4096, 2048, 4, cost, 132, fixed_split=2)
+    assert s == 2
+    assert choose([], 1, 8, 8, 8, 4, cost, 132) is None
+
+
+def _mm_graph(m, k, n, dtype="bf16", out="f32", **attr):
+    a = Value("a", (m, k), dtype, "batch")
+    b = Value("b", (k, n), dtype, "param")
+    y = Value("y", (m, n), out)
+    node = Node("mm", "latch::matmul", ("a", "b"), ("y",), dict(attr, out_dtype=out), source="t.py:1")
+    return Graph("update", [a, b, y], [node], [Group("batch", ["a"]), Group("params", ["b"])], [Group("loss", ["y"])])
+
+
+def test_split_k_rewrite_keeps_the_output_and_sums_in_a_fixed_order(configs):
+    g2, report = choose_configs(_mm_graph(128, 4096, 256), cost=SPLITS, num_sms=132, registry=configs)
+    ops = [(n.name, n.op) for n in g2.nodes]
+    assert ops == [("mm.partial", "latch::matmul"), ("mm", "latch::sum")]
+    part, red = g2.nodes
+    s = part.attr("split_k")
+    assert s > 1 and part.attr("out_dtype") == "f32" and part.attr("config") == report[0]["config"]
+    assert g2.value(part.outputs[0]).shape == (s, 128, 256) and g2.value(part.outputs[0]).dtype == "f32"
+    assert red.attr_dict == {"dims": (0,), "keepdim": False} and red.outputs == ("y",)
+    assert report[0]["split_k"] == s and report[0]["layout"] == "NN" and report[0]["shape"] == "128x4096x256"
+
+
+def test_split_k_of_a_bf16_output_ends_in_a_cast(configs):
+    g2, _ = choose_configs(_mm_graph(128, 4096, 256, out="bf16"), cost=SPLITS, num_sms=132, registry=configs)
+    assert [n.op for n in g2.nodes] == ["latch::matmul", "latch::sum", "latch::cast"]
+    assert g2.nodes[-1].name == "mm" and g2.nodes[-1].outputs == ("y",) and g2.value("y").dtype == "bf16"
+    assert g2.value(g2.nodes[1].outputs[0]).dtype == "f32"
+
+
+def test_no_configs_no_choice_and_a_recorded_choice_is_kept(configs):
+    g = _mm_graph(64, 64, 64)
+    assert choose_configs(g, registry=load_with(entry_points=False).configs) == (g, [])
+    g2, rep = choose_configs(g, registry=configs)
+    assert g2.nodes[0].attr("config") == rep[0]["config"] and g2.nodes[0].attr("split_k") is None
+    assert choose_configs(g2, registry=configs) == (g2, [])
+
+
+# ---------------------------------------------------------------------------------------------
+# Tiling: footprints against an independent index map, for every layout and split
+
+
+def _elements(box):
+    return itertools.product(*(range(lo, hi) for lo, hi in box))
+
+
+def _inside(idx, box):
+    return all(lo <= i < hi for i, (lo, hi) in zip(idx, box))
+
+
+@pytest.mark.parametrize("ta,tb", list(itertools.product([False, True], repeat=2)))
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("batch", [(), (2,)])
+def test_footprints_are_exact_for_every_layout_and_split(ta, tb, splits, batch):
+    m, k, n = 40, 13, 30
+    a = TensorType(batch + ((k, m) if ta else (m, k)), "f32")
+    b = TensorType(batch + ((n, k) if tb else (k, n)), "f32")
+    lead = (splits,) if splits > 1 else ()
+    out = TensorType(lead + batch + (m, n), "f32")
+    attr = {"trans_a": ta, "trans_b": tb, **({"split_k": splits} if splits > 1 else {})}
+    t = tiling.matmul([a, b], [out], CostModel(matmul_tiles=((16, 16),)), attr)
+    assert t.granule == (1,) * (len(out.shape) - 2) + (16, 16)
+    c = math.ceil(k / splits)
+    rng = random.Random(0)
+    for box in split(out.shape, t, 7):
+        (ab, bb), outs = t.footprint(box)
+        assert outs == [box]
+        need_a, need_b = set(), set()
+        for e in _elements(box):
+            s = e[0] if lead else 0
+            bi = tuple(e[len(lead):-2])
+            i, j = e[-2], e[-1]
+            for kk in range(s * c, min(k, (s + 1) * c)) if splits > 1 else range(k):
+                need_a.add(bi + ((kk, i) if ta else (i, kk)))
+                need_b.add(bi + ((j, kk) if tb else (kk, j)))
+        for idx in rng.sample(sorted(need_a), min(60, len(need_a))):
+            assert _inside(idx, ab), (box, idx, ab)
+        for idx in rng.sample(sorted(need_b), min(60, len(need_b))):
+            assert _inside(idx, bb), (box, idx, bb)
+        # exact: the boxes are the hulls of what the tile needs, no larger
+        for need, got in ((need_a, ab), (need_b, bb)):
+            if need:
+                hull = tuple((min(x[d] for x in need), max(x[d] for x in need) + 1) for d in range(len(got)))
+                assert hull == tuple(got), (box, hull, got)
+
+
+def test_granules_come_from_the_recorded_configuration(configs, monkeypatch):
+    import latch_core.plugins as plugins
+
+    regs = load_with(("cfg", ConfigPlugin()), entry_points=False)
+    monkeypatch.setattr(plugins, "registries", lambda: regs)
+    a, b, y = TensorType((2048, 768), "bf16"), TensorType((768, 768), "bf16"), TensorType((2048, 768), "f32")
+    t = tiling.matmul([a, b], [y], CostModel(), {"config": "wgmma_128x192x64"})
+    assert t.granule == (128, 192)
+    assert len(split(y.shape, t, 1)) == 16 * 4
+    assert tiling.matmul([a, b], [y], CostModel(), {}).granule == (128, 128)  # today's rule
+    from latch_core.configs import ConfigError
+
+    with pytest.raises(ConfigError, match="records body configuration 'wgmma_128x96x64'.*offer: wgmma_128x64x64"):
+        tiling.matmul([a, b], [y], CostModel(), {"config": "wgmma_128x96x64"})  # BN=96 needs trans_b
+    assert full_box(y.shape) == ((0, 2048), (0, 768))
