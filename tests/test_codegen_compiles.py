@@ -1,6 +1,8 @@
 """CI without a GPU: every example goes capture -> schedule (both strategies) -> memory plan ->
-code generation -> nvcc (sm_90a, -rdc, device link, shared library). Nothing runs; a codegen or
-lowering regression fails here instead of on the H200.
+code generation -> nvcc (sm_90a, one translation unit, shared library). Nothing runs; a codegen or
+lowering regression fails here instead of on the H200. With the BF16 policy, the machine code of the
+MLP and the transformer is read too (cuobjdump): their products run on tensor cores fed by TMA,
+with the register split.
 
 Both strategies lower to the same op-body signatures, so the second build must reuse the first
 library (same content key): the schedule lives in the binary tables, not in the sources.
@@ -47,8 +49,10 @@ def _planned(name: str, scheduler: str, policy: bool, overrides=None):
     doc = load_example(EXAMPLES / f"{name}.py", **(overrides or {})).capture(grads=True)
     passes = registries().passes
     seq = ([passes.get("memory.policy")] if policy else []) + [
-        passes.get(n) for n in ("schedule.split_reductions", "schedule", "memory.plan")]
+        passes.get(n) for n in ("schedule.matmul_layouts", "schedule.split_reductions", "schedule.matmul_configs",
+                                "schedule", "memory.plan")]
     return run_pipeline(seq, doc, {"schedule.split_reductions": {"num_sms": 132},
+                                   "schedule.matmul_configs": {"num_sms": 132},
                                    "schedule": {"scheduler": scheduler, "num_sms": 132}})
 
 
@@ -72,9 +76,29 @@ def test_mlp_compiles(tmp_path, cache_dir, monkeypatch):
     _compile_both("mlp", False, tmp_path, cache_dir, monkeypatch)
 
 
+def _assert_tensor_cores(build_dir: Path):
+    from latch_codegen_h100 import SassError, sass_report
+
+    try:
+        r = sass_report(build_dir / "program.so")
+    except SassError as e:
+        pytest.skip(f"no disassembler: {e}")
+    assert sum(r.hgmma.values()) >= 8 and r.hgmma_serialized == 0, r   # wgmma, issued back to back
+    assert r.utmaldg >= 2, r                                          # fed by TMA
+    assert r.setmaxreg_alloc == (224,) and r.setmaxreg_dealloc == (56,), r   # the register split
+
+
 @pytest.mark.slow
 def test_transformer_with_bf16_policy_compiles(tmp_path, cache_dir, monkeypatch):
     _compile_both("transformer", True, tmp_path, cache_dir, monkeypatch)
+    _assert_tensor_cores(tmp_path / "barrier")
+
+
+@pytest.mark.slow
+def test_mlp_with_bf16_policy_runs_its_products_on_tensor_cores(tmp_path, cache_dir, monkeypatch):
+    monkeypatch.setenv("LATCH_CACHE_DIR", str(cache_dir))
+    build(_planned("mlp", "barrier", True), tmp_path / "b", jobs=2)
+    _assert_tensor_cores(tmp_path / "b")
 
 
 @pytest.mark.slow
@@ -104,7 +128,8 @@ def test_matmul_layouts_out_dtypes_and_split_k_compile(tmp_path, cache_dir, monk
     doc = run_pipeline([passes.get("memory.policy"), passes.get("schedule.matmul_layouts"),
                         passes.get("schedule.matmul_configs"), passes.get("schedule"), passes.get("memory.plan")],
                        Document(graph=GraphSection([g])),
-                       {"memory.policy": {"master": None}, "schedule.matmul_configs": {"num_sms": 132},
+                       {"memory.policy": {"master": None},
+                        "schedule.matmul_configs": {"num_sms": 132, "cost_split_k_choices": (1, 2, 4, 8, 16)},
                         "schedule": {"num_sms": 132}})
     prog = doc.graph.program("update")
     mms = [n for n in prog.nodes if n.op == "latch::matmul"]

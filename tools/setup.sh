@@ -37,9 +37,9 @@ PIP=(quiet_pip "$VENV/bin/python" -m pip --disable-pip-version-check)
 
 # setuptools >= 70 builds PEP 660 editable wheels without the separate 'wheel' package, which lets
 # us skip build isolation (no per-package download of a build environment).
-# nvidia-cuda-cuobjdump: the disassembler (no GPU needed) that latch-pipeline sass and the machine-code
+# nvidia-cuda-cuobjdump + nvidia-cuda-nvdisasm: the disassembler (no GPU needed) that latch-pipeline sass and the machine-code
 # tests read builds with.
-"${PIP[@]}" install -q "setuptools>=70" "$TORCH_PIN" "$TRANSFORMERS_PIN" pytest hypothesis nvidia-cuda-cuobjdump==13.5.37
+"${PIP[@]}" install -q "setuptools>=70" "$TORCH_PIN" "$TRANSFORMERS_PIN" pytest hypothesis nvidia-cuda-cuobjdump==13.5.37 nvidia-cuda-nvdisasm==13.5.37
 
 editable=()
 for p in "${PACKAGES[@]}"; do

@@ -50,8 +50,8 @@ def find_cuobjdump() -> str:
                  os.path.join(os.environ["CUDA_HOME"], "bin", "cuobjdump") if os.environ.get("CUDA_HOME") else None):
         if cand and os.access(cand, os.X_OK):
             return cand
-    raise SassError("cuobjdump not found: `pip install nvidia-cuda-cuobjdump` (runs without a GPU), put the CUDA "
-                    "toolkit's cuobjdump on PATH, or set LATCH_CUOBJDUMP")
+    raise SassError("cuobjdump not found: `pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm` (they run "
+                    "without a GPU), put the CUDA toolkit's cuobjdump on PATH, or set LATCH_CUOBJDUMP")
 
 
 @attrs.frozen
@@ -80,9 +80,23 @@ class SassReport:
         ]
 
 
+def _env(tool: str) -> dict:
+    """cuobjdump runs nvdisasm for -sass: point it at the one beside it or in the wheels' tree."""
+    env = dict(os.environ)
+    if "NVDISASM_PATH" not in env and not shutil.which("nvdisasm"):
+        here = Path(tool).parent
+        cands = [here] + [Path(p).parent for p in sorted(here.parent.parent.glob("*/bin/nvdisasm"))]
+        for d in cands:
+            if (d / "nvdisasm").exists():
+                env["NVDISASM_PATH"] = str(d)
+                env["PATH"] = f"{d}{os.pathsep}{env.get('PATH', '')}"
+                break
+    return env
+
+
 def _run(cmd: list[str]) -> str:
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env(cmd[0]))
     except (OSError, subprocess.TimeoutExpired) as e:
         raise SassError(f"{cmd[0]} failed: {e}") from None
     if p.returncode != 0:
