@@ -171,7 +171,6 @@ def capture_module(model, objective: Callable, inputs: Any, targets: Any, *, opt
     opt = trace.trace_update(spec, optimizer.update, ops, say)
     section = programs.assemble(spec, fb, opt, microbatches=microbatches, grads=grads, routing=routing,
                                 example=example, ops=ops)
-    _refuse_empty_values(section)
     from latch_core.lint import lint_section
 
     from .lower import LoweringBug
@@ -190,26 +189,14 @@ EMPTY_HINT = ("Latch schedules tensors with at least one element in every dimens
 
 
 def _refuse_empty(spec) -> None:
-    """Zero-size dimensions are refused before tracing, naming the tensor (they used to surface as
-    an unrelated KeyError deep in lowering)."""
+    """Zero-size dimensions of the update's tensors (parameters, state, inputs, targets) are refused
+    before tracing, naming the tensor: they used to surface as an unrelated KeyError deep in
+    lowering. (An empty intermediate, e.g. the pass-through half of a partial rotary embedding that
+    rotates every dimension, is legal and stays.)"""
     for kind, items in (("parameter", spec.params), ("buffer", spec.buffers), ("state entry", spec.state),
                         ("input", spec.batch_in), ("target", spec.batch_tg)):
         for name, t in items:
             shape = tuple(getattr(t, "shape", ()))
             if any(int(d) == 0 for d in shape):
                 raise CaptureError(f"{kind} {name!r} has shape {list(shape)}, with a zero-size dimension",
-                                   hint=EMPTY_HINT)
-
-
-def _refuse_empty_values(section) -> None:
-    """The same for values the update computes (a slice or reshape to nothing), naming the node."""
-    for g in section.programs:
-        producer = {o: n for n in g.nodes for o in n.outputs}
-        for v in g.values:
-            if any(d == 0 for d in v.shape):
-                n = producer.get(v.name)
-                what = f"value {v.name!r} (shape {list(v.shape)})"
-                if n is not None:
-                    what += f", computed by {n.op}"
-                raise CaptureError(f"{what} has a zero-size dimension", source=n.source if n is not None else None,
                                    hint=EMPTY_HINT)
