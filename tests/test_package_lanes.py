@@ -64,7 +64,7 @@ def test_an_undeclared_third_party_import_fails(copy):
 def test_a_test_only_dependency_does_not_count_for_the_source(copy):
     # latch-codegen-h100 declaring latch-check in its test group only: its tests may import it, its code not
     pp = copy / "packages" / "latch-codegen-h100" / "pyproject.toml"
-    pp.write_text(pp.read_text().replace('test = ["torch"]', 'test = ["torch", "latch-check"]'))
+    pp.write_text(pp.read_text().replace('test = ["torch"', 'test = ["latch-check", "torch"'))
     plant(copy, "latch-codegen-h100", "import latch_check.gates\n", where="tests")
     assert run(copy).returncode == 0
     plant(copy, "latch-codegen-h100", "import latch_check.gates\n")

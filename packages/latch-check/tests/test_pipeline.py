@@ -107,6 +107,35 @@ def test_missing_nvcc_is_named(monkeypatch, tmp_path):
     assert builder  # the build pass reports the toolchain's own message, then what to do
 
 
+def _no_nvcc_anywhere(monkeypatch):
+    from latch_codegen_h100 import builder
+
+    monkeypatch.setattr(builder.shutil, "which", lambda name: None)
+    monkeypatch.setattr(builder, "FALLBACK_NVCC", ())
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("LATCH_NVCC", raising=False)
+
+
+def test_compile_finds_nvcc_the_way_build_does(monkeypatch, tmp_path):
+    """Not on PATH, but named by LATCH_NVCC (or under CUDA_HOME): compile builds, as build does."""
+    from latch_codegen_h100 import builder
+
+    try:
+        real = builder.find_nvcc()
+    except builder.BuildError:
+        pytest.skip("nvcc not installed")
+    _cpu_only(monkeypatch)
+    _no_nvcc_anywhere(monkeypatch)
+    monkeypatch.setenv("LATCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("LATCH_NVCC", real)
+    r = CliRunner().invoke(main, ["compile", TWO, "--build-dir", str(tmp_path / "b"), "--steps", "1"])
+    assert r.exit_code == 0 and "PASS" in r.output, r.output[-2000:]
+    monkeypatch.delenv("LATCH_NVCC")
+    monkeypatch.setenv("CUDA_HOME", str(Path(real).parent.parent))
+    r = CliRunner().invoke(main, ["compile", TWO, "--build-dir", str(tmp_path / "b"), "--steps", "1"])
+    assert r.exit_code == 0 and "PASS" in r.output, r.output[-2000:]
+
+
 def test_a_failing_gate_fails_the_command(monkeypatch):
     """A wrong result on the target must show as FAIL with a non-zero exit (the gate is not loosened)."""
     _cpu_only(monkeypatch)

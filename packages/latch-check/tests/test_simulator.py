@@ -168,7 +168,7 @@ def test_inplace_updates_and_copy_back():
 def test_user_errors():
     graph = two_weight_graph()
     doc = _planned(graph, strategy="barrier")
-    with pytest.raises(SimulationError, match=r"inputs \['lr'\] not given"):
+    with pytest.raises(SimulationError, match=r"hyper 'lr' \(f32\[\]\) is missing"):
         simulate(doc, "update", {k: v for k, v in random_inputs(graph).items() if k != "lr"}, ops=REG)
     with pytest.raises(SimulationError, match="lacks section"):
         simulate(program_doc(graph), "update", random_inputs(graph), ops=REG)

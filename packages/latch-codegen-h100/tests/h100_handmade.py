@@ -4,7 +4,12 @@ The schedule puts each node in its own group, splits each group's primary output
 (``tiles`` per group), and orders groups either by grid barriers (one phase per group) or by
 dataflow counters (a task waits for every task of the groups it reads from). The memory plan puts
 every intermediate in the arena at distinct offsets, and in-place outputs in their old buffers.
-This is deliberately simple and independent of latch-schedule/latch-memory.
+This is deliberately simple and independent of latch-schedule's schedulers and latch-memory, but the
+documents are legal (the build validates what it builds): each task's write footprint is exactly
+what its body stores for its tile, and its reads what the body reads (the op tilings of
+latch_schedule.tasks.GroupTiler say what that is: an in-place elementwise update of row tiles then
+reads only its own rows); under dataflow a task writing a value in place of an input also waits for
+every task of the other groups reading that input.
 """
 
 from __future__ import annotations
@@ -46,6 +51,23 @@ def _full(shape):
     return tuple((0, d) for d in shape)
 
 
+def _tiler(g, nodes, ins, outs, primary):
+    """The op tilings' footprints for one group (None where latch-schedule is not installed)."""
+    try:
+        from latch_core.plugins import registries
+        from latch_schedule.fusion import GroupPlan
+        from latch_schedule.tasks import GroupTiler
+        from latch_schedule.tiling import CostModel
+    except ImportError:
+        return None
+    produced = {o for n in nodes for o in n.outputs}
+    plan = GroupPlan(nodes, ins, outs, produced - set(outs), primary, "handmade", False, ())
+    try:
+        return GroupTiler(g, plan, registries().ops, CostModel())
+    except Exception:  # an op the tilings cannot place on these shapes: whole values (not legal)
+        return None
+
+
 def _whole_ops() -> set[str]:
     from latch_core.plugins import registries
 
@@ -72,17 +94,28 @@ def schedule_program(g: Graph, *, strategy="barrier", num_sms=4, tiles=2, groups
             for o in by_name[nn].outputs:
                 if o in consumers_outside or o in program_outs:
                     outs.append(o)
-        primary = outs[-1]
+        last = by_name[names[-1]].outputs[0]
+        primary = last if last in outs else outs[-1]  # the sink's first output, as the schedulers choose
         fgroups.append(FusionGroup(gid, names, ins, outs, primary, body=f"g{gid}"))
         for o in outs:
             produced_by[o] = gid
         shape = g.value(primary).shape
         group_tasks[gid] = []
         whole = any(by_name[nn].op in _whole_ops() for nn in names)
+        tiler = _tiler(g, [by_name[nn] for nn in names], ins, outs, primary)
+        if tiler is not None and shape:  # split only a dim the op's tiling allows (else one task)
+            dim = len(shape) - 1 if split == "cols" and len(shape) >= 2 else 0
+            whole = whole or dim not in tiler.tiling.split_dims or bool(tiler.tiling.granule_of(dim))
         for tile in _tiles(shape, 1 if whole else tiles, split):
             tid = len(tasks)
-            reads = [Access(i, _full(g.value(i).shape)) for i in ins]
-            writes = [Access(o, _full(g.value(o).shape)) for o in outs]
+            read, written = {}, {o: _full(g.value(o).shape) for o in outs}
+            if tiler is not None:
+                try:
+                    read, written = tiler.footprint(tile)
+                except Exception:  # an op the tilings cannot place on these shapes (the catalogue)
+                    pass
+            reads = [Access(i, read.get(i, _full(g.value(i).shape))) for i in ins]
+            writes = [Access(o, written.get(o, tuple((0, 0) for _ in g.value(o).shape))) for o in outs]
             tasks.append(Task(tid, gid, tile, reads, writes, phase=gid if strategy == "barrier" else -1))
             group_tasks[gid].append(tid)
     sms = [[] for _ in range(num_sms)]
@@ -100,8 +133,13 @@ def schedule_program(g: Graph, *, strategy="barrier", num_sms=4, tiles=2, groups
         rr = 0
         for gid, fg in enumerate(fgroups):
             counters.append(Counter(gid, len(group_tasks[gid])))
+        inplace = dict(g.inplace)  # new -> old
         for gid, fg in enumerate(fgroups):
-            deps = sorted({produced_by[i] for i in fg.inputs if i in produced_by})
+            deps = {produced_by[i] for i in fg.inputs if i in produced_by}
+            for o in fg.outputs:  # write-after-read: readers of the buffer this group overwrites
+                if o in inplace:
+                    deps |= {k for k, other in enumerate(fgroups) if k != gid and inplace[o] in other.inputs}
+            deps = sorted(deps)
             for tid in group_tasks[gid]:
                 sm = sms[rr % num_sms]
                 rr += 1
@@ -129,7 +167,7 @@ def memory_program(g: Graph, ps: ProgramSchedule, *, align=256, base=0) -> Progr
         elif name in inplace:
             placements.append(Placement(name, inplace[name], 0, v.nbytes))
         else:
-            placements.append(Placement(name, "arena", off, v.nbytes, first=-1 if v.role == "const" else 0))
+            placements.append(Placement(name, "arena", off, v.nbytes))  # first/last -1: the whole launch
             off += -(-max(v.nbytes, 1) // align) * align
     return ProgramMemory(g.name, placements, off, off)
 

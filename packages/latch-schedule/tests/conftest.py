@@ -33,3 +33,10 @@ def fresh_registries():
     plugins.reset()
     yield plugins
     plugins.reset()
+
+
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # test helpers beside the tests (conftest_examples)
+from conftest_examples import captured, registries  # noqa: E402,F401

@@ -164,6 +164,7 @@ def capture_module(model, objective: Callable, inputs: Any, targets: Any, *, opt
     if state is None:
         state = optimizer.initial_state(dict(model.named_parameters()))
     spec = trace.CaptureInputs.make(model, inputs, targets, state, dict(hyper or {}))
+    _refuse_empty(spec)
     say(f"capture: {len(spec.params)} parameters ({spec.param_count():,} elements), "
         f"{len(spec.state)} state tensors, microbatches {microbatches}")
     fb = trace.trace_forward_backward(spec, model, objective, optimizer.forward_state, ops, say)
@@ -181,3 +182,21 @@ def capture_module(model, objective: Callable, inputs: Any, targets: Any, *, opt
     sizes = ", ".join(f"{p.name}: {len(p.nodes)} nodes" for p in section.programs)
     say(f"capture: done in {seconds:.1f} s ({sizes})")
     return Document(graph=section, provenance=(Provenance("capture", started, round(seconds, 6), sizes),))
+
+
+EMPTY_HINT = ("Latch schedules tensors with at least one element in every dimension (a zero-size dimension "
+              "has no tiles to run); give every dimension a size of at least 1 (check --set values such as batch=0)")
+
+
+def _refuse_empty(spec) -> None:
+    """Zero-size dimensions of the update's tensors (parameters, state, inputs, targets) are refused
+    before tracing, naming the tensor: they used to surface as an unrelated KeyError deep in
+    lowering. (An empty intermediate, e.g. the pass-through half of a partial rotary embedding that
+    rotates every dimension, is legal and stays.)"""
+    for kind, items in (("parameter", spec.params), ("buffer", spec.buffers), ("state entry", spec.state),
+                        ("input", spec.batch_in), ("target", spec.batch_tg)):
+        for name, t in items:
+            shape = tuple(getattr(t, "shape", ()))
+            if any(int(d) == 0 for d in shape):
+                raise CaptureError(f"{kind} {name!r} has shape {list(shape)}, with a zero-size dimension",
+                                   hint=EMPTY_HINT)

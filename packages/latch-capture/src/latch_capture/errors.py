@@ -8,9 +8,10 @@ known) and says what to do, in one paragraph:
 """
 
 from __future__ import annotations
+from latch_core.errors import UserError
 
 
-class CaptureError(Exception):
+class CaptureError(UserError):
     """A capture failure the user can act on.
 
     ``op`` is the torch op (``aten.topk``) or argument at fault, ``source`` the user's

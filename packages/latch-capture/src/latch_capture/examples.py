@@ -31,11 +31,52 @@ def load_module(path: str | Path):
         sys.path.insert(0, folder)
     try:
         spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise CaptureError(f"example {str(p)!r} does not parse: {e.msg}", source=f"{e.filename or p}:{e.lineno}",
+                           hint="fix the syntax error in the example file") from None
+    except CaptureError:
+        raise
+    except Exception as e:
+        raise CaptureError(f"example {str(p)!r} raised {type(e).__name__} while loading: {e}",
+                           source=_user_frame(e, p), hint="fix the example file (it must import cleanly)") from None
     finally:
         if added:
             sys.path.remove(folder)
     MODULES[str(p.resolve())] = module
     return module
+
+
+def _user_frame(exc: BaseException, path: str | Path) -> str | None:
+    """``file:LINE in function`` of the innermost traceback frame in the example's own folder."""
+    import traceback
+
+    folder = Path(path).resolve().parent
+    best = None
+    for fr in traceback.extract_tb(exc.__traceback__):
+        try:
+            inside = Path(fr.filename).resolve().is_relative_to(folder)
+        except (OSError, ValueError):
+            inside = False
+        if inside:
+            best = f"{fr.filename}:{fr.lineno} in {fr.name}"
+    return best
+
+
+def _check_overrides(build, overrides: Mapping[str, Any], path) -> None:
+    """Unknown --set keys, named with the ones build() takes (when its signature says)."""
+    import inspect
+
+    try:
+        sig = inspect.signature(build)
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        return  # build(**overrides): the example checks its own keys
+    known = [n for n, p in sig.parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = sorted(set(overrides) - set(known))
+    if unknown:
+        raise CaptureError(f"example {str(path)!r}: unknown --set key(s) {unknown}",
+                           hint=f"build() takes {', '.join(known) if known else 'no arguments'}")
 
 
 def load_example(path: str | Path, **overrides: Any) -> Example:
@@ -48,8 +89,17 @@ def load_example(path: str | Path, **overrides: Any) -> Example:
     added = folder not in sys.path
     if added:
         sys.path.insert(0, folder)
+    _check_overrides(build, overrides, path)
     try:
         ex = build(**overrides)
+    except CaptureError:
+        raise
+    except Exception as e:  # the user's code: their message, their line, no traceback (--debug shows it)
+        hint = "fix the example or the --set values"
+        if isinstance(e, TypeError) and "unexpected keyword argument" in str(e):
+            hint = "one of the --set keys is not an argument the example accepts"
+        raise CaptureError(f"example {str(path)!r}: build() raised {type(e).__name__}: {e}",
+                           source=_user_frame(e, path), hint=hint) from e
     finally:
         if added:
             sys.path.remove(folder)

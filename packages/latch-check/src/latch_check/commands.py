@@ -227,8 +227,9 @@ def check_command(example, doc_path, steps, overrides, microbatches, threshold):
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="argument for the example's build()")
 @click.option("--microbatches", type=int, default=None, help="override the example's microbatch count")
 @click.option("--threshold", type=float, default=SIM_THRESHOLD, show_default=True, help="relative-L2 gate")
+@click.option("--check-finite", is_flag=True, help="name the first input holding a NaN or an infinity")
 def simulate_command(example, doc_path, out_path, scheduler, num_sms, fuse, steps, seed, overrides,
-                     microbatches, threshold):
+                     microbatches, threshold, check_finite):
     """Run EXAMPLE.py's schedule and memory plan on the CPU arena simulator against FP64."""
     from latch_capture.errors import CaptureError
     from latch_capture.examples import load_example, parse_overrides
@@ -249,7 +250,7 @@ def simulate_command(example, doc_path, out_path, scheduler, num_sms, fuse, step
         for pm in doc.memory.programs:
             click.echo(f"memory plan {pm.program}: arena {pm.arena_bytes:,} bytes, peak live {pm.peak_live_bytes:,} bytes")
         result = check_example(ex, doc, steps=steps, seed=seed, thresholds=threshold,
-                               progress=lambda m: click.echo(m, err=True))
+                               progress=lambda m: click.echo(m, err=True), check_finite=check_finite or None)
     except (CaptureError, DocumentError, PassError, SimulationError, ValueError) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)

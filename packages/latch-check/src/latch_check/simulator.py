@@ -45,9 +45,11 @@ from typing import Any, Mapping
 
 import torch
 
+from latch_core import inputs as input_rules
 from latch_core.document import Document
 from latch_core.ir import DTYPES, FLOAT_DTYPES
 from latch_core.order import legal_order
+from latch_core.errors import UserError
 
 FREED = -1
 UNWRITTEN = -2
@@ -60,7 +62,7 @@ _TORCH = {
 }
 
 
-class SimulationError(RuntimeError):
+class SimulationError(UserError, RuntimeError):
     """The schedule or memory plan does something the program's semantics forbid."""
 
 
@@ -86,7 +88,7 @@ class _Buffer:
 class ArenaSimulator:
     """One program's schedule + memory plan, ready to run; see the module docstring."""
 
-    def __init__(self, doc: Document, program: str, *, ops=None, checks: bool = True):
+    def __init__(self, doc: Document, program: str, *, ops=None, checks: bool = True, check_finite: bool | None = None):
         if doc.graph is None or doc.schedule is None or doc.memory is None:
             raise SimulationError(
                 f"simulate: the document lacks section(s) {sorted({'graph', 'schedule', 'memory'} - doc.sections())}; "
@@ -97,6 +99,8 @@ class ArenaSimulator:
             ops = registries().ops
         self.ops = ops
         self.checks = checks
+        # opt-in: name the first input holding a NaN or infinity (LATCH_CHECK_FINITE=1 for every run)
+        self.check_finite = input_rules.finite_by_default() if check_finite is None else bool(check_finite)
         self.graph = g = doc.graph.program(program)
         self.ps = doc.schedule.program(program)
         self.pm = doc.memory.program(program)
@@ -158,15 +162,16 @@ class ArenaSimulator:
         for b in self.buffers.values():
             b.data.fill_(float("nan"))
             b.owner.fill_(UNWRITTEN)
-        given = set(inputs)
-        missing = [n for n in g.input_names() if n not in given]
-        if missing:
-            raise SimulationError(f"simulate {g.name!r}: inputs {missing} not given")
+        # the runtime's own rules (latch_core.inputs), with dtypes matched by kind: values are held
+        # in float64 here, so any float tensor stands for an f32 input, but never an integer one
+        specs = {n: {"role": g.value(n).role, "dtype": g.value(n).dtype, "shape": g.value(n).shape}
+                 for n in g.input_names()}
+        try:
+            input_rules.check(specs, inputs, exact_dtype=False, where=f"program {g.name!r}", finite=self.check_finite)
+        except input_rules.InputError as e:
+            raise SimulationError(f"simulate: {e}") from None
         for name in g.input_names():
             t = inputs[name]
-            if tuple(t.shape) != tuple(g.value(name).shape):
-                raise SimulationError(f"simulate {g.name!r}: input {name!r} has shape {tuple(t.shape)}, "
-                                      f"the program declares {g.value(name).shape}")
             self._write(name, tuple((0, d) for d in t.shape), t)
         for v in g.values:
             if v.role == "const" and v.name in self.place:
@@ -471,13 +476,15 @@ class ArenaSimulator:
 
 
 def simulate(doc: Document, program: str, inputs: Mapping[str, torch.Tensor], seed: int = 0, *,
-             ops=None, checks: bool = True) -> dict[str, torch.Tensor]:
+             ops=None, checks: bool = True, check_finite: bool | None = None) -> dict[str, torch.Tensor]:
     """Run ``program`` of ``doc`` (graph + schedule + memory) on the CPU; see the module docstring.
 
     Returns every program output (float values as float64, integers and booleans in their dtype).
     ``ops``: an op registry (default: the installed plugins'). ``seed`` picks the interleaving.
+    Inputs are checked as the GPU runtime checks them (latch_core.inputs: names, shapes, dtype kinds;
+    ``check_finite=True`` also names the first input holding a NaN or an infinity).
     """
-    return ArenaSimulator(doc, program, ops=ops, checks=checks).run(inputs, seed)
+    return ArenaSimulator(doc, program, ops=ops, checks=checks, check_finite=check_finite).run(inputs, seed)
 
 
 # ------------------------------------------------------------------------------------------
@@ -508,7 +515,7 @@ def prepare(doc: Document, *, scheduler: str | None = None, num_sms: int | None 
 
 
 def check_example(example, doc: Document, *, steps: int = 1, seed: int = 0, thresholds=SIM_THRESHOLD, ops=None,
-                  checks: bool = True, progress=None):
+                  checks: bool = True, progress=None, check_finite: bool | None = None):
     """Simulate ``steps`` updates of ``example`` with ``doc`` (graph + schedule + memory) and gate
     every program run against the FP64 interpreter on the same inputs; the simulator's outputs
     carry the state to the next run. Returns a :class:`latch_check.compare.CompareResult`."""
@@ -532,7 +539,7 @@ def check_example(example, doc: Document, *, steps: int = 1, seed: int = 0, thre
             flat.update(batch_inputs(*example.microbatch(step * K + k)))
             ins = program_inputs(g, flat)
             ref = reference.run(doc, name, ins, ops=ops)
-            out = simulate(doc, name, ins, seed + step * K + k, ops=ops, checks=checks)
+            out = simulate(doc, name, ins, seed + step * K + k, ops=ops, checks=checks, check_finite=check_finite)
             gates = program_gates(g, out, ref, thresholds=thresholds, step=step, previous=ins)
             title = (f"{example.name or 'example'}: step {step} {name} on the arena simulator "
                      f"({doc.schedule.strategy}, {doc.schedule.num_sms} SMs) vs the FP64 interpreter")

@@ -9,44 +9,55 @@ resource report (registers, stack, spills) is parsed into the build section's st
 Layout of a build directory::
 
     src/kernel.cu, src/unit_<k>.cu   generated sources (rewritten only when their text changes)
-    obj/*.o, obj/dlink.o             relocatable device code and the device-link object
+    obj/kernel.o                     the one object
     program.so                       the shared library (C ABI: cuda/latch_kernel_main.cuh)
     tables/<program>.<table>.bin     run-time tables; consts.bin
     manifest.json                    what the runtime needs; program.latch.json: the document
-    build.ninja, build.key
-    build.request                    the request key this directory was built from, file stamps
+    build.ninja
+    build.key                        the record that vouches for program.so: content key + sha256
+    build.request                    the request key this directory was built from, file digests
+    .build.lock                      held while a build runs in this directory
+
+Validation first: ``build`` refuses a document the static validator (the ``schedule.validate`` pass
+of latch-schedule, found through the plugins) does not prove hazard-free; ``validate=False`` skips
+it for debugging and says so on stderr and in the build section's stats.
 
 Before anything is lowered, ``build`` computes the request key (``request_key``: the document's
 graph/schedule/memory, the lowering code and headers, flags, toolkit); a directory whose
-``build.request`` matches, with every file it lists untouched, is returned as it is (``cached:
-dir``, ``request: hit``), its program.latch.json included.
+``build.request`` matches, with every file it lists unchanged (sha256) and its library verified, is
+returned as it is (``cached: dir``, ``request: hit``), its program.latch.json included.
 
 Caching: the key is a hash of (generated sources, headers they include, flags, nvcc's version). A
-build directory whose ``build.key`` matches and whose library exists is reused without running
-ninja; otherwise a library with that key in the cache directory (``LATCH_CACHE_DIR``, default
+build directory whose verified ``build.key`` record names the key is reused without running ninja;
+otherwise a verified library with that key in the cache directory (``LATCH_CACHE_DIR``, default
 ``~/.cache/latch/h100``) is copied in; otherwise ninja compiles the units in parallel (only units
-whose text changed, since unchanged sources keep their timestamps) and the result is cached.
+whose text changed, since unchanged sources keep their timestamps) and the result is cached. What
+is trusted, how files are written and how concurrent builds are serialised: :mod:`.store`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import attrs
 
-from latch_core.document import Document, save
+from latch_core.document import Document
 from latch_core.sections import BuildSection
 
 from .ninja import run_ninja
 from .bodies import CodegenError
 from .codegen import Generated, generate
+from . import store
+from latch_core.errors import UserError
 
 ARCH = "-gencode=arch=compute_90a,code=sm_90a"
 COMPILE_FLAGS = (ARCH, "-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-lineinfo", "-split-compile=0",
@@ -57,7 +68,7 @@ LIBRARY = "program.so"
 PROFILE_FLAG = "-DLATCH_PROFILE=1"
 
 
-class BuildError(RuntimeError):
+class BuildError(UserError, RuntimeError):
     """The build failed; the message names the unit, the op(s) and the first diagnostic."""
 
 
@@ -284,13 +295,18 @@ def _built_files(out_dir: Path, gen: Generated) -> list[str]:
 def _write_request(out_dir: Path, request: str, section: BuildSection, files: list[str]) -> None:
     rec = {"version": REQUEST_VERSION, "request": request, "key": section.key, "units": list(section.units),
            "flags": list(section.flags), "toolkit": section.toolkit, "stats": dict(section.stats),
-           "files": {f: _stamp(out_dir / f) for f in files}}
-    _write_if_changed(out_dir / REQUEST_FILE, json.dumps(rec, indent=1).encode())
+           "files": {f: _stamp(out_dir / f) for f in files},
+           "sha256": {f: store.digest(out_dir / f) for f in files if f in _RUNTIME_READS or f.startswith("tables/")}}
+    store.atomic_write(out_dir / REQUEST_FILE, json.dumps(rec, indent=1).encode())
+
+
+# Files the runtime reads, verified by digest (not only size and mtime) before a directory is reused.
+_RUNTIME_READS = ("manifest.json", "consts.bin", LIBRARY)
 
 
 def _reuse(out_dir: Path, request: str) -> dict | None:
-    """The record of ``out_dir`` when it was built from ``request`` and every file it wrote is as it
-    was written; else None (and the stale record is removed)."""
+    """The record of ``out_dir`` when it was built from ``request``, every file it wrote is as it
+    was written (size and mtime; the runtime's files by sha256) and its library verifies; else None."""
     p = out_dir / REQUEST_FILE
     try:
         rec = json.loads(p.read_text())
@@ -298,18 +314,20 @@ def _reuse(out_dir: Path, request: str) -> dict | None:
         return None
     ok = (isinstance(rec, dict) and rec.get("version") == REQUEST_VERSION and rec.get("request") == request
           and all(_stamp(out_dir / f) == stamp for f, stamp in rec.get("files", {}).items())
-          and _stamp(out_dir / "build.key") is not None
-          and (out_dir / "build.key").read_text().strip() == rec.get("key"))
+          and store.trusted_library(out_dir, rec.get("key")) is not None)
+    if ok:
+        for f, d in (rec.get("sha256") or {}).items():
+            try:
+                ok = ok and store.digest(out_dir / f) == d
+            except OSError:
+                ok = False
     return rec if ok else None
 
 
 def _write_if_changed(path: Path, data: bytes) -> bool:
     if path.exists() and path.read_bytes() == data:
         return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    store.atomic_write(path, data)
     return True
 
 
@@ -325,11 +343,13 @@ def _ninja_file(gen: Generated, nvcc: str, flags: list[str]) -> str:
         f"nvcc = {q(nvcc)}",
         f"flags = {' '.join(q(f) for f in flags)}",
         "",
+        # every output is written to $out.tmp and renamed: an interrupted step leaves no partial file
+        # that ninja would later take for up to date (see store.py)
         "rule cu",
-        "  command = $nvcc $flags -c $in -o $out",
+        "  command = $nvcc $flags -c $in -o $out.tmp && mv -f $out.tmp $out",
         "  description = nvcc $in",
         "rule so",
-        "  command = $nvcc -shared $in -o $out -cudart static",
+        "  command = $nvcc -shared $in -o $out.tmp -cudart static && mv -f $out.tmp $out",
         "  description = link $out",
         "",
         f"build obj/kernel.o: cu src/{units[0]}" + (f" | {included}" if included else ""),
@@ -415,70 +435,130 @@ def write_sources(gen: Generated, out_dir: Path, doc: Document | None = None) ->
             _write_if_changed(out_dir / "tables" / f"{prog}.{k}.bin", data)
     _write_if_changed(out_dir / "consts.bin", gen.consts)
     if doc is not None:
-        save(doc, out_dir / "program.latch.json")
+        _save(doc, out_dir / "program.latch.json")
+
+
+def _save(doc: Document, path: Path) -> None:
+    from latch_core.document import dumps
+
+    store.atomic_write(path, dumps(doc).encode())
 
 
 def compile_generated(gen: Generated, out_dir: str | Path, *, jobs: int | None = None, use_cache: bool = True,
                       doc: Document | None = None, profile: bool = False) -> BuildResult:
-    t0 = time.perf_counter()
+    """Compile ``gen`` into ``out_dir`` (one build at a time per directory: its lock is taken here)."""
     out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with store.lock(out_dir / LOCK_FILE):
+        return _compile_locked(gen, out_dir, jobs=jobs, use_cache=use_cache, doc=doc, profile=profile)
+
+
+LOCK_FILE = ".build.lock"
+
+
+def _compile_locked(gen: Generated, out_dir: Path, *, jobs: int | None, use_cache: bool, doc: Document | None,
+                    profile: bool) -> BuildResult:
+    t0 = time.perf_counter()
     nvcc = find_nvcc()
     toolkit = toolkit_version(nvcc)
     flags = _flags(gen, profile)
     key = build_key(gen, flags, toolkit)
+    units = tuple(u.name for u in gen.units)
+    lib = out_dir / LIBRARY
+    if use_cache and store.trusted_library(out_dir, key) is not None:
+        # everything else the runtime reads is rewritten where it differs
+        manifest = dict(gen.manifest, key=key, library=LIBRARY, toolkit=toolkit, flags=flags)
+        write_sources(gen, out_dir, doc)
+        _write_if_changed(out_dir / "manifest.json", json.dumps(manifest, indent=1).encode())
+        return BuildResult(out_dir, key, "dir", time.perf_counter() - t0, units, tuple(flags), toolkit)
+    store.drop_trust(out_dir)  # before anything it vouches for changes
     manifest = dict(gen.manifest, key=key, library=LIBRARY, toolkit=toolkit, flags=flags)
     write_sources(gen, out_dir, doc)
     _write_if_changed(out_dir / "manifest.json", json.dumps(manifest, indent=1).encode())
-    lib = out_dir / LIBRARY
-    key_file = out_dir / "build.key"
-    units = tuple(u.name for u in gen.units)
-    if use_cache and lib.exists() and key_file.exists() and key_file.read_text().strip() == key:
-        return BuildResult(out_dir, key, "dir", time.perf_counter() - t0, units, tuple(flags), toolkit)
-    cached = cache_dir() / f"{key}.so"
-    if use_cache and cached.exists():
-        shutil.copyfile(cached, lib)
-        key_file.write_text(key + "\n")
-        return BuildResult(out_dir, key, "cache", time.perf_counter() - t0, units, tuple(flags), toolkit)
-    if key_file.exists():
-        key_file.unlink()
-    _write_if_changed(out_dir / "build.ninja", _ninja_file(gen, nvcc, flags).encode())
-    # Remove sources of units that no longer exist (a smaller program), so they cannot be linked.
-    keep = set(units)
-    for f in (out_dir / "src").glob("*.cu"):
-        if f.name not in keep:
-            f.unlink()
-    ninja = find_ninja()
-    cmd = [ninja, "-C", str(out_dir)]
-    if jobs:
-        cmd += ["-j", str(jobs)]
-    proc = run_ninja(cmd)  # ninja's [done/total] lines drive a progress bar on a terminal
-    log = proc.stdout + proc.stderr
-    (out_dir / "build.log").write_text(log)
-    if proc.returncode != 0:
-        raise BuildError(_explain_failure(out_dir, gen, log))
-    key_file.write_text(key + "\n")
-    resources = tuple(sorted(resource_report(log).items()))
-    if use_cache:
-        try:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cached.with_name(f"{key}.{os.getpid()}.tmp")
-            shutil.copyfile(lib, tmp)
-            os.replace(tmp, cached)
-        except OSError:
-            pass  # an unwritable cache only costs a rebuild later
+    cache = cache_dir()
+    with store.lock(cache / f"{key}.lock") if use_cache else contextlib.nullcontext():
+        if use_cache and store.fetch(cache, key, lib):
+            store.write_trust(out_dir, key, lib)
+            return BuildResult(out_dir, key, "cache", time.perf_counter() - t0, units, tuple(flags), toolkit)
+        _write_if_changed(out_dir / "build.ninja", _ninja_file(gen, nvcc, flags).encode())
+        # Remove sources of units that no longer exist (a smaller program), so they cannot be linked.
+        keep = set(units)
+        for f in (out_dir / "src").glob("*.cu"):
+            if f.name not in keep:
+                f.unlink()
+        # An untrusted library is never kept: relinking costs one step, and ninja would take a damaged
+        # program.so newer than its objects for up to date. (Objects appear only whole: see the rules.)
+        lib.unlink(missing_ok=True)
+        ninja = find_ninja()
+        cmd = [ninja, "-C", str(out_dir)]
+        if jobs:
+            cmd += ["-j", str(jobs)]
+        proc = run_ninja(cmd)  # ninja's [done/total] lines drive a progress bar on a terminal
+        log = proc.stdout + proc.stderr
+        store.atomic_write(out_dir / "build.log", log.encode())
+        if proc.returncode != 0:
+            raise BuildError(_explain_failure(out_dir, gen, log))
+        if not lib.exists():
+            raise BuildError(f"build in {out_dir}: ninja succeeded but left no {LIBRARY}; see {out_dir}/build.log")
+        resources = tuple(sorted(resource_report(log).items()))
+        if use_cache:
+            store.store(cache, key, lib)
+        store.write_trust(out_dir, key, lib)  # last: from here on the directory is trusted
     return BuildResult(out_dir, key, "", time.perf_counter() - t0, units, tuple(flags), toolkit, resources)
 
 
-def build(doc: Document, out_dir: str | Path, *, jobs: int | None = None, use_cache: bool = True,
-          bodies_per_unit: int | None = None, profile: bool = False) -> Document:
-    """Generate, compile and link ``doc``'s programs into ``out_dir``; returns ``doc`` with a
-    ``build`` section. Raises CodegenError (lowering) or BuildError (toolchain).
+VALIDATOR = "schedule.validate"
 
+
+def check_proven(doc: Document) -> None:
+    """Raise BuildError unless the static validator proves ``doc`` hazard-free. The validator is the
+    ``schedule.validate`` pass (latch-schedule), found through the plugins like every other pass."""
+    from latch_core.plugins import registries
+
+    passes = registries().passes
+    if VALIDATOR not in passes:
+        raise BuildError(f"refusing to build: no static validator is installed (the pass {VALIDATOR!r} of "
+                         "latch-schedule), so the document cannot be proven hazard-free; install latch-schedule, "
+                         "or pass validate=False / --no-validate to build it unproven (debugging only)")
+    missing = set(passes.get(VALIDATOR).requires) - doc.sections()
+    if missing:
+        raise BuildError(f"refusing to build: the document lacks section(s) {sorted(missing)}; run the schedule and "
+                         "memory.plan passes first")
+    try:
+        passes.get(VALIDATOR).run(doc)
+    except Exception as e:  # ValidationError lists every hazard; anything else is the validator's own error
+        raise BuildError(f"refusing to build a document the static validator rejects: {e}\n(fix the schedule or "
+                         "memory plan, or pass validate=False / --no-validate to build it anyway, for debugging)") from None
+
+
+def build(doc: Document, out_dir: str | Path, *, jobs: int | None = None, use_cache: bool = True,
+          bodies_per_unit: int | None = None, profile: bool = False, validate: bool = True) -> Document:
+    """Validate, generate, compile and link ``doc``'s programs into ``out_dir``; returns ``doc`` with
+    a ``build`` section. Raises BuildError (a document the validator rejects, the toolchain) or
+    CodegenError (lowering).
+
+    ``validate=False``: skip the static validator (debugging only): a line on stderr says so and the
+    build section's stats record ``validated: False``.
     ``profile=True``: a profiling build (units compiled with ``-DLATCH_PROFILE=1``, its own cache
     key; the runtime then records per-instruction timestamps, see latch_codegen_h100.profile). The
     generated sources are the same either way; a normal build compiles no profiling code."""
+    if validate:
+        check_proven(doc)
+    else:
+        print(f"latch build: static validation SKIPPED (validate=False) for {out_dir}: the document is not proven "
+              "hazard-free", file=sys.stderr)
     t0 = time.perf_counter()
     out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with store.lock(out_dir / LOCK_FILE):
+        out = _build_locked(doc, out_dir, t0, jobs=jobs, use_cache=use_cache, bodies_per_unit=bodies_per_unit,
+                            profile=profile)
+    if not validate:
+        out = attrs.evolve(out, build=attrs.evolve(out.build, stats=dict(out.build.stats, validated=False)))
+    return out
+
+
+def _build_locked(doc, out_dir: Path, t0: float, *, jobs, use_cache, bodies_per_unit, profile) -> Document:
     request = None
     if use_cache:
         # Checked before lowering: an unchanged request reuses the directory as it is, including its
@@ -497,7 +577,7 @@ def build(doc: Document, out_dir: str | Path, *, jobs: int | None = None, use_ca
     (out_dir / REQUEST_FILE).unlink(missing_ok=True)  # a failed build below must not leave a valid record
     gen = generate(doc, bodies_per_unit=bodies_per_unit, jobs=jobs)
     t_gen = time.perf_counter() - t0
-    res = compile_generated(gen, out_dir, jobs=jobs, use_cache=use_cache, profile=profile)
+    res = compile_generated(gen, out_dir, jobs=jobs, use_cache=use_cache, profile=profile)  # lock re-entered
     section = BuildSection(
         directory=str(res.directory), key=res.key, units=res.units, flags=res.flags, toolkit=res.toolkit,
         stats={"generate_seconds": round(t_gen, 4), "compile_seconds": round(res.seconds, 4),
@@ -506,11 +586,11 @@ def build(doc: Document, out_dir: str | Path, *, jobs: int | None = None, use_ca
                "smem_bytes": gen.manifest["smem"], "ring": gen.manifest["ring"], **dict(res.resources)},
     )
     out = attrs.evolve(doc, build=section)
-    save(out, out_dir / "program.latch.json")
+    _save(out, out_dir / "program.latch.json")
     if request is not None:
         _write_request(out_dir, request, section, _built_files(out_dir, gen))
     return out
 
 
 __all__ = ["build", "compile_generated", "BuildError", "CodegenError", "BuildResult", "find_nvcc", "build_key",
-           "PROFILE_FLAG", "request_key", "document_digest", "environment_digest"]
+           "PROFILE_FLAG", "request_key", "document_digest", "environment_digest", "check_proven"]

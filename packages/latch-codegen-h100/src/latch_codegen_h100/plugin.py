@@ -93,8 +93,10 @@ class _Interspersed(click.Command):
               help="also write the document with its build section here")
 @click.option("-j", "--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
 @click.option("--no-cache", is_flag=True, help="compile even when a cached library matches")
-def build_cmd(inp, out_dir, out, jobs, no_cache):
-    """Generate CUDA for a planned document and compile it into DIR/program.so."""
+@click.option("--no-validate", is_flag=True,
+              help="build without the static hazard proof (debugging only; says so when it does)")
+def build_cmd(inp, out_dir, out, jobs, no_cache, no_validate):
+    """Validate a planned document, generate its CUDA and compile it into DIR/program.so."""
     from latch_core.cli import load_or_exit
     from latch_core.document import save
 
@@ -104,7 +106,7 @@ def build_cmd(inp, out_dir, out, jobs, no_cache):
     doc = load_or_exit(inp)
     t0 = time.perf_counter()
     try:
-        doc = build(doc, out_dir, jobs=jobs, use_cache=not no_cache)
+        doc = build(doc, out_dir, jobs=jobs, use_cache=not no_cache, validate=not no_validate)
     except (CodegenError, BuildError) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)

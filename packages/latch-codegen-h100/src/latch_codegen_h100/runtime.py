@@ -26,6 +26,8 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from . import tables as T
+from . import guard
+from .store import CorruptLibrary, verify_directory
 from .builder import PROFILE_FLAG
 from .profile import LaunchRecords
 
@@ -132,6 +134,10 @@ class Program:
         if not lib_path.exists():
             raise ProgramError(f"{lib_path}: the library is missing; the build in {root} did not finish")
         self.root = root
+        try:  # a truncated or replaced library would kill the process inside dlopen (store.py)
+            verify_directory(root)
+        except CorruptLibrary as e:
+            raise ProgramError(str(e)) from None
         self.lib = ctypes.CDLL(str(lib_path.resolve()))
         self.lib.latch_error_string.restype = ctypes.c_char_p
         self.profiling = PROFILE_FLAG in self.manifest.get("flags", ())
@@ -266,9 +272,11 @@ class Program:
         # Fast path: the very tensor objects (same addresses) that passed the checks last time.
         sig = tuple((n, id(t), t.data_ptr() if isinstance(t, torch.Tensor) else None) for n, t in given.items())
         cached = self._bind_cache.get(prog)
+        specs = {b["name"]: b for b in self.buffers if b["name"] in needed and b["role"] != "hyper"}
         if cached is not None and cached[0] == sig:
             bound = dict(cached[1])
         else:
+            guard.check_inputs(self, prog, specs, given, hyper_given, error=ProgramError)  # latch_core.inputs
             bound = {}
             for b in self.buffers:
                 name = b["name"]
@@ -281,6 +289,8 @@ class Program:
                     continue
                 bound[name] = self._check_tensor(name, given[name], b)
             self._bind_cache[prog] = (sig, dict(bound))
+        if guard.finite_wanted(self):  # opt-in: reads every element
+            guard.check_inputs(self, prog, specs, given, {}, finite=True, error=ProgramError)
         for b in self._hyper_buffers:
             name = b["name"]
             if name not in needed:
@@ -471,14 +481,23 @@ class Program:
         else:
             batches = [batch]
         out: dict[str, torch.Tensor] = {}
+        snap = guard.Snapshot() if guard.safe_wanted(self) else None  # opt-in: see guard.py
         with torch.cuda.device(self.device):
-            for k, (prog, b) in enumerate(zip(seq, batches)):
-                bound = self._bind(prog, params, state, b, hyper)
-                self._launch(prog, self._pointer_table(bound), bound)
-                if k == len(seq) - 1:
-                    out = self._read_outputs(prog, bound, groups)
-            if check:
-                self.check()
+            try:
+                for k, (prog, b) in enumerate(zip(seq, batches)):
+                    bound = self._bind(prog, params, state, b, hyper)
+                    if snap is not None:
+                        snap.save(self, prog, bound)
+                    self._launch(prog, self._pointer_table(bound), bound)
+                    if k == len(seq) - 1:
+                        out = self._read_outputs(prog, bound, groups)
+                if check or snap is not None:
+                    self.check()
+            except LaunchError as e:
+                if snap is None:
+                    raise
+                snap.restore()
+                raise LaunchError(snap.explain(e)) from None
         return out
 
     def __call__(self, params, state, batch, hyper=None, *, check: bool = True):

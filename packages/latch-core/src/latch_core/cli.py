@@ -22,6 +22,7 @@ import sys
 import click
 
 from . import document as _document
+from . import errors as _errors
 from . import plugins as _plugins
 from .lint import lint_section
 from .passes import PassError
@@ -29,7 +30,17 @@ from .text import format_document
 
 
 class LatchGroup(click.Group):
-    """Adds the commands plugins register, lazily, so ``--help`` lists them."""
+    """Adds the commands plugins register, lazily, so ``--help`` lists them; shows a
+    :class:`~latch_core.errors.UserError` from any command as a message, not a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except _errors.UserError as e:
+            sys.exit(_errors.report(e))
+        except SystemExit as e:
+            _errors.show_context(e)
+            raise
 
     def _plugin_commands(self) -> dict[str, click.Command]:
         return {name: cmd for name, cmd in registries_or_exit().commands.items()}
@@ -74,7 +85,8 @@ class InterspersedCommand(click.Command):
 
 @click.group(cls=LatchGroup, chain=True)
 @click.option("-q", "--quiet", is_flag=True, help="no progress bars (they are drawn only on a terminal anyway)")
-def main(quiet):
+@click.option("--debug", is_flag=True, help="show Python tracebacks for errors (also LATCH_DEBUG=1)")
+def main(quiet, debug):
     """Latch: compile a PyTorch training update into one persistent Hopper kernel.
 
     The compiler is one list of passes (latch_core.pipeline): `compile` runs all of it,
@@ -82,6 +94,7 @@ def main(quiet):
     from . import progress
 
     progress.set_quiet(quiet)
+    _errors.set_debug(debug)
 
 
 def load_or_exit(path: str) -> _document.Document:

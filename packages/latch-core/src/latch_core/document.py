@@ -27,12 +27,13 @@ import attrs
 
 from .ir import Graph, GraphSection, IRError, canonical_float
 from .sections import BuildSection, MemorySection, ScheduleSection
+from .errors import UserError
 
 SCHEMA_VERSION = (1, 0)  # (major, minor); see the module docstring for when to bump which
 FORMAT = "latch"
 
 
-class DocumentError(ValueError):
+class DocumentError(UserError, ValueError):
     """A document that cannot be read: names the file and the field at fault."""
 
 

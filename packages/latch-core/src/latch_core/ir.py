@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping
 
 import attrs
 from attrs import field as _field
+from .errors import UserError
 
 # dtype name -> bytes per element. Names are Latch's own, independent of torch.
 DTYPES: dict[str, int] = {
@@ -46,7 +47,7 @@ ROLES = frozenset({PARAM, STATE, BATCH, HYPER, CONST, INTERMEDIATE})
 INPUT_ROLES = frozenset({PARAM, STATE, BATCH, HYPER, CONST})
 
 
-class IRError(ValueError):
+class IRError(UserError, ValueError):
     """A malformed IR record; the message names the record and field at fault.
 
     ``field`` (optional) is the attribute at fault, so the document codec can report the full JSON

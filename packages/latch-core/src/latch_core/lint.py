@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from .ir import INPUT_ROLES, INTERMEDIATE, Graph, GraphSection, TensorType
 from .registry import Registry, ShapeError
+from .errors import UserError
 
 
-class LintError(ValueError):
+class LintError(UserError, ValueError):
     def __init__(self, problems: list[str]):
         self.problems = problems
         head = f"{len(problems)} problem(s) in the graph:\n  " + "\n  ".join(problems[:20])

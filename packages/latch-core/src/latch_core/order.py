@@ -4,7 +4,12 @@ The only source of ordering on the GPU is what the SM instruction lists say:
 
 - program order: instructions of one SM run one after another (one persistent block per SM);
 - barriers: ``("barrier", b)`` is grid-wide; everything an SM did before it happens-before
-  everything any SM does after it. Every SM must execute the same barrier ids in the same order;
+  everything any SM does after it. The kernel's arithmetic fixes the form (``latch_kernel_main.cuh``:
+  one arrival word, barrier ``k`` of launch ``e`` waits for ``(e * num_barriers + k + 1) * grid``
+  arrivals, and blocks without a list run barriers ``0..num_barriers-1``): every list must run
+  exactly the barriers ``0, 1, ..., num_barriers - 1``, in that order. Any other form is refused
+  (a repeated id is a barrier that orders nothing, swapped ids deadlock, a missing or extra one
+  shifts the next launch's targets); :func:`kernel_barrier_problems` names the culprit;
 - counters: ``("signal", c)`` is a release increment issued after the SM's previous instructions;
   ``("wait", c, n)`` spins until ``c`` has received ``n`` signals in this launch (acquire).
 
@@ -63,6 +68,7 @@ from collections import deque
 from typing import Iterable, Sequence
 
 from .sections import BARRIER, SIGNAL, TASK, WAIT, ProgramSchedule
+from .errors import UserError
 
 Frontier = dict  # sm -> largest instruction index among some tasks on that SM
 
@@ -114,7 +120,7 @@ class _Packed:
         return (x & self.clear[k]) | (count << (_W * k))
 
 
-class ScheduleOrderError(ValueError):
+class ScheduleOrderError(UserError, ValueError):
     """The instruction lists are malformed (unknown ids, a task listed twice or never, ...)."""
 
     def __init__(self, problems: list[str]):
@@ -200,6 +206,7 @@ def _structure(ps: ProgramSchedule) -> tuple[list[str], list[str], dict[int, int
                         f"{where}: {_fmt(ins)} waits for more signals than counter c{c} expects ({expected[c]})")
                 elif ins[2] < 0:
                     problems.append(f"{where}: {_fmt(ins)} has a negative count")
+    soft += kernel_barrier_problems(ps)
     missing = [t for t in range(ntasks) if t not in seen]
     if missing:
         problems.append(f"program {ps.program!r}: {len(missing)} task(s) are on no SM's list, e.g. {missing[:8]}")
@@ -209,6 +216,37 @@ def _structure(ps: ProgramSchedule) -> tuple[list[str], list[str], dict[int, int
                 f"program {ps.program!r}: counter c{c} expects {expected[c]} signals but {n} signal "
                 f"instruction(s) address it")
     return problems, soft, expected
+
+
+def kernel_barrier_problems(ps: ProgramSchedule) -> list[str]:
+    """Where the lists break the kernel's barrier arithmetic (see the module docstring): on every
+    SM the k-th barrier instruction must be barrier k, and there must be exactly ``num_barriers``.
+    Also codegen's rule (latch_codegen_h100.codegen._check_sync); a test checks the two agree."""
+    out: list[str] = []
+    if type(ps.num_barriers) is not int or ps.num_barriers < 0:
+        return [f"program {ps.program!r}: num_barriers = {ps.num_barriers!r}; it must be a count (>= 0)"]
+    for s, sm in enumerate(ps.sms):
+        k = 0
+        for i, ins in enumerate(sm):
+            if not ins or ins[0] != BARRIER or len(ins) != 2:
+                continue
+            if ins[1] != k:
+                what = ("a barrier id repeated: the kernel counts arrivals, so this barrier would wait for "
+                        "arrivals that already happened and order nothing" if type(ins[1]) is int and ins[1] < k
+                        else "a later barrier's id: the kernel would wait for more arrivals than the grid makes "
+                        "before its next barrier, a deadlock")
+                out.append(f"program {ps.program!r} SM {s} instruction {i}: barrier {ins[1]!r} is this SM's barrier "
+                           f"#{k}, so it must be barrier {k} (barriers run 0..num_barriers-1 in order on every SM); "
+                           f"it is {what}")
+                break
+            k += 1
+        else:
+            if k != ps.num_barriers:
+                out.append(f"program {ps.program!r} SM {s}: runs {k} barrier(s) but the program declares "
+                           f"num_barriers = {ps.num_barriers}; every SM must run every barrier (the kernel's grid "
+                           f"barrier needs every block, and the next launch's arrival targets assume all "
+                           f"{ps.num_barriers})")
+    return out
 
 
 class _Sim:

@@ -16,11 +16,12 @@ from typing import Any, Callable, Iterable, Sequence
 import attrs
 
 from .document import Document, Provenance
+from .errors import UserError
 
 SECTIONS = ("graph", "schedule", "memory", "build")
 
 
-class PassError(RuntimeError):
+class PassError(UserError, RuntimeError):
     pass
 
 

@@ -15,13 +15,14 @@ import pluggy
 
 from . import hookspecs
 from .registry import OpSpec, Registry, RegistryError
+from .errors import UserError
 
 GROUP = "latch.plugins"
 ENV = "LATCH_PLUGINS"
 CORE_PLUGIN = "core"
 
 
-class PluginError(RuntimeError):
+class PluginError(UserError, RuntimeError):
     pass
 
 

@@ -12,11 +12,12 @@ from typing import Any, Callable, Generic, Iterator, Sequence, TypeVar
 import attrs
 
 from .ir import TensorType
+from .errors import UserError
 
 T = TypeVar("T")
 
 
-class RegistryError(ValueError):
+class RegistryError(UserError, ValueError):
     pass
 
 

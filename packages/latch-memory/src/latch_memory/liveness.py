@@ -23,9 +23,10 @@ from latch_core.ir import Graph
 from latch_core.order import Order
 from latch_core.registry import COPY, ELEMENTWISE, Registry
 from latch_core.sections import Box, ProgramSchedule
+from latch_core.errors import UserError
 
 
-class LivenessError(ValueError):
+class LivenessError(UserError, ValueError):
     """The schedule and the graph disagree about a value; the message names value, task and group."""
 
 

@@ -36,12 +36,13 @@ from latch_core.sections import MemorySection, Placement, ProgramMemory, Program
 
 from .arena import align_up, assign_offsets, clique_bound, peak
 from .liveness import Liveness, inplace_hazards, self_update_ok
+from latch_core.errors import UserError
 
 ARENA = "arena"
 DEFAULT_ALIGNMENT = 256
 
 
-class PlanError(ValueError):
+class PlanError(UserError, ValueError):
     pass
 
 

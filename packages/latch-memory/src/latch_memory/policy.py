@@ -23,6 +23,7 @@ import attrs
 from latch_core.document import Document
 from latch_core.ir import DTYPES, FLOAT_DTYPES, Graph, GraphSection, Node, Value
 from latch_core.registry import Registry
+from latch_core.errors import UserError
 
 KEYS = ("operand_dtype", "accum_dtype")
 
@@ -36,7 +37,7 @@ DEFAULT_TABLE: dict[str, dict[str, str]] = {
 DEFAULT_MASTER = "f32"
 
 
-class PolicyError(ValueError):
+class PolicyError(UserError, ValueError):
     pass
 
 

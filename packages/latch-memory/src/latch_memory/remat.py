@@ -35,11 +35,12 @@ from latch_core.ir import CONST, Graph, GraphSection, Node, Value
 from latch_core.registry import ELEMENTWISE, NORM, RANDOM, VIEW, Registry
 
 from .policy import REPEAT_OP  # a repeated region: never recomputed, its body left as it is
+from latch_core.errors import UserError
 
 DEFAULT_TAGS = (ELEMENTWISE, VIEW, NORM)
 
 
-class RematError(ValueError):
+class RematError(UserError, ValueError):
     pass
 
 

@@ -354,3 +354,50 @@ def random_inputs(graph: Graph, seed: int = 0) -> dict:
 
 
 evaluate.__test__ = False  # type: ignore[attr-defined]
+
+
+# --------------------------------------------------------------------------------------------
+# The arena rule, written plainly (the quadratic version latch_memory.arena replaced): a reference
+
+
+def quadratic_assign_offsets(items, ordered=None, *, alignment=256, base=0):
+    """The previous implementation, each item against every placed one (the rule written plainly),
+    with placed ranges rounded up to the alignment as the new one stores them (no item can start in
+    the padding, so only the measure of a gap's waste changes)."""
+    queue = sorted(items, key=lambda it: (-it[1], it[2]))
+    placed, offsets, top = [], {}, base
+    for name, size, start, end in queue:
+        if size == 0:
+            offsets[name] = base
+            continue
+        busy = sorted((lo - base, _align_up(hi - base, alignment)) for other, lo, hi, s2, e2 in placed
+                      if start <= e2 and s2 <= end)
+        maybe = [(o, lo - base, hi - base) for o, lo, hi, s2, e2 in placed if not (start <= e2 and s2 <= end)]
+        checked = set()
+        while True:
+            best, waste, cursor = None, None, 0
+            for lo, hi in busy:
+                st = _align_up(cursor, alignment)
+                if st + size <= lo and (waste is None or lo - cursor - size < waste):
+                    best, waste = st, lo - cursor - size
+                cursor = max(cursor, hi)
+            off = best if best is not None else _align_up(cursor, alignment)
+            clash = None
+            if ordered is not None:
+                for o, lo, hi in maybe:
+                    if lo < off + size and off < hi and o not in checked:
+                        checked.add(o)
+                        if not ordered(name, o):
+                            clash = (lo, _align_up(hi, alignment))
+                            break
+            if clash is None:
+                break
+            busy = sorted(busy + [clash])
+        offsets[name] = base + off
+        placed.append((name, base + off, base + off + size, start, end))
+        top = max(top, base + off + size)
+    return offsets, top
+
+
+def _align_up(x: int, alignment: int) -> int:
+    return -(-x // alignment) * alignment

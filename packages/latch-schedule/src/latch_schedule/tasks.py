@@ -29,11 +29,12 @@ from latch_core.sections import Access, FusionGroup
 from .boxes import Box, BoxIndex, MultiIndex, full_box, hull, volume
 from .fusion import GroupPlan, fuse, _spec
 from .tiling import CostModel, Tiling, node_cost, split, target_tiles, tiling_for
+from latch_core.errors import UserError
 
 REPEAT_OP = "latch::repeat"
 
 
-class ScheduleError(ValueError):
+class ScheduleError(UserError, ValueError):
     """A program the scheduler cannot schedule; the message names the node and what to do."""
 
 

@@ -1,23 +1,30 @@
 """The static hazard validator: proves a (graph, schedule, memory) document race-free.
 
-For every program it checks, and reports every violation it finds (naming tasks, values, SMs):
+It checks every field the GPU, the runtime and the simulator read, and reports every violation it
+finds (naming tasks, values, SMs, source lines):
 
-1. structure: every graph node in exactly one fusion group; group inputs/outputs agree with the
-   graph; every task of a group reads only the group's inputs and writes only its outputs, with
-   boxes inside the values; the tasks of a group write every element of every group output;
-2. footprints (``check_footprints``): each task's declared boxes contain what the group's body
-   touches for its tile (recomputed from the op tilings), so the later checks can trust them;
-3. order: the SM lists are well formed and cannot deadlock (:mod:`latch_core.order`);
+1. structure: every graph node in exactly one fusion group, every node's op registered (the
+   registry is what code generation and the checks use: an unknown op cannot be lowered or
+   trusted), a group's nodes in graph order (its body computes them in that order) with its
+   primary the first output of its last node; group inputs/outputs agree with the graph (no
+   repeats); every task of a group reads only the group's inputs and writes only its outputs,
+   with boxes inside the values; the tasks of a group write every element of every group output;
+   at most ``num_sms`` SM lists;
+2. footprints (``check_footprints``): each task's declared read boxes contain what the group's
+   body reads for its tile (supersets are conservative), and its declared write boxes are exactly
+   what the body stores for its tile (recomputed from the op tilings): a write footprint larger
+   than the tile would make the coverage and ordering checks trust elements nothing computes;
+3. order: the SM lists are well formed, follow the kernel's barrier and counter arithmetic and
+   cannot deadlock (:mod:`latch_core.order`, whose model is the kernel's: a test runs it against an
+   independent interpreter of ``latch_kernel_main.cuh``'s arithmetic on random schedules);
 4. read-after-write: every box a task reads is covered by the boxes other tasks write, and each of
    those writers happens-before the reader (or the value is a program input/constant);
 5. write-after-write: tasks writing overlapping boxes of one value are ordered;
-6. memory (with a ``memory`` section): every touched value has one placement of the right size;
-   whenever two values' bytes overlap in one buffer, one of them is entirely done (every reader and
-   writer) before any writer of the other starts: value-level through happens-before summaries
-   (frontier of the first value's users against the meet of the second's writers), refined box by
-   box when the two share one placement and one type (in-place updates); live-on-entry values
-   (inputs, constants) cannot come second and live-on-exit values (outputs, constants) cannot come
-   first; the declared liveness ``first``/``last`` covers every actual access.
+6. memory (with a ``memory`` section; :mod:`latch_schedule.validate_memory`): bindings (inputs in
+   their own buffers, in-place updates in the buffer they overwrite or listed for copy-back,
+   everything else in the arena), sizes, alignment, arena bounds (always), constants never
+   reused by any program, byte reuse only between values one of which is finished before the
+   other is written, declared liveness covering every access.
 
 Scale: indexes per value (``latch_schedule.boxes.BoxIndex``) and O(1) happens-before queries, no
 all-pairs over tasks; a TinyMoE program of ~40,000 tasks validates in seconds.
@@ -25,6 +32,7 @@ all-pairs over tasks; a TinyMoE program of ~40,000 tasks validates in seconds.
 
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 from typing import Any
 
@@ -32,18 +40,20 @@ from latch_core.document import Document
 from latch_core.ir import CONST, Graph
 from latch_core.order import Order, ScheduleOrderError
 from latch_core.registry import Registry
-from latch_core.sections import Placement, ProgramMemory, ProgramSchedule
-
-from .boxes import BoxIndex, MultiIndex, contains, covered, full_box, is_empty, within
-from .fusion import GroupPlan, is_pointwise
 from latch_core.gcpause import gc_paused
+from latch_core.sections import ProgramMemory, ProgramSchedule
+
+from .boxes import BoxIndex, contains, covered, full_box, is_empty, within
+from .fusion import GroupPlan, is_pointwise
 from .tasks import GroupTiler
 from .tiling import CostModel
+from .validate_memory import MemoryChecks, copy_back_pairs, cross_program, section_problems
+from latch_core.errors import UserError
 
 ARENA = "arena"
 
 
-class ValidationError(ValueError):
+class ValidationError(UserError, ValueError):
     def __init__(self, problems: list[str]):
         self.problems = list(problems)
         head = f"{len(problems)} hazard(s) found:\n  " + "\n  ".join(problems[:30])
@@ -78,34 +88,79 @@ def _ops(ops):
     return registries().ops
 
 
-@gc_paused  # allocation-heavy: see latch_core.gcpause
+# Documents proven hazard-free in this process, by the identity of their (immutable) sections and of
+# the op registry: the pipeline validates, then the build validates what it is given (the same
+# section objects), and the second proof is free. Weak references: nothing is kept alive.
+_PROVEN: dict[tuple, tuple] = {}
+
+
+def _proof_key(doc: Document, ops) -> tuple:
+    return (id(doc.graph), id(doc.schedule), id(doc.memory), id(ops))
+
+
+def _proven(doc: Document, ops) -> bool:
+    hit = _PROVEN.get(_proof_key(doc, ops))
+    return hit is not None and all(r() is x for r, x in zip(hit, (doc.graph, doc.schedule, doc.memory)))
+
+
+def _remember(doc: Document, ops) -> None:
+    key = _proof_key(doc, ops)
+    try:
+        refs = tuple(weakref.ref(x, lambda _r, k=key: _PROVEN.pop(k, None)) for x in (doc.graph, doc.schedule, doc.memory))
+    except TypeError:  # a section that cannot be weakly referenced: do not remember
+        return
+    _PROVEN[key] = refs
+
+
 def validate(doc: Document, *, ops: Registry | None = None, check_footprints: bool = True,
              check_memory: bool = True, limit: int = 200) -> list[str]:
     """Every problem found in ``doc`` (empty: proven hazard-free). Needs graph + schedule; the
     memory checks run when the document has a memory section and ``check_memory``."""
-    problems: list[str] = []
     if doc.graph is None or doc.schedule is None:
         return ["the document needs graph and schedule sections to be validated"]
     ops = _ops(ops)
+    full = check_footprints and check_memory and doc.memory is not None
+    if full and _proven(doc, ops):
+        return []
+    problems = _validate(doc, ops, check_footprints, check_memory, limit)
+    if full and not problems:
+        _remember(doc, ops)
+    return problems
+
+
+@gc_paused  # allocation-heavy: see latch_core.gcpause
+def _validate(doc: Document, ops, check_footprints: bool, check_memory: bool, limit: int) -> list[str]:
+    problems: list[str] = []
+    memory = doc.memory if check_memory else None
     scheduled = {p.program for p in doc.schedule.programs}
     for g in doc.graph.programs:
         if g.name not in scheduled:
             problems.append(f"program {g.name!r} has no schedule; run the schedule pass")
+    if memory is not None:
+        problems += section_problems(doc)
+        problems += cross_program(doc)
+    layout = {v.name for v in doc.graph.layout}
     for ps in doc.schedule.programs:
         try:
             graph = doc.graph.program(ps.program)
         except Exception:
             problems.append(f"schedule names program {ps.program!r}, which the graph section lacks")
             continue
+        if len(ps.sms) > doc.schedule.num_sms:
+            problems.append(f"program {ps.program!r} has {len(ps.sms)} SM lists but the schedule is for "
+                            f"num_sms = {doc.schedule.num_sms}; the kernel runs one list per SM")
         pm = None
-        if check_memory and doc.memory is not None:
+        if memory is not None:
             try:
-                pm = doc.memory.program(ps.program)
+                pm = memory.program(ps.program)
             except KeyError:
                 problems.append(f"program {ps.program!r} has no memory plan; run the memory plan pass")
-        alignment = doc.memory.alignment if doc.memory is not None else 1
-        arena = doc.memory.arena_bytes if doc.memory is not None else 0
-        problems += ProgramValidator(graph, ps, pm, ops, check_footprints, limit, alignment, arena).run()
+        v = ProgramValidator(graph, ps, pm, ops, check_footprints, limit,
+                             memory.alignment if memory is not None else 1,
+                             pm.arena_bytes if pm is not None else 0)
+        v.layout = layout
+        v.copy_back = copy_back_pairs(doc, ps.program) if memory is not None else set()
+        problems += v.run()
     return problems
 
 
@@ -115,7 +170,7 @@ def check(doc: Document, **kw: Any) -> None:
         raise ValidationError(problems)
 
 
-class ProgramValidator:
+class ProgramValidator(MemoryChecks):
     def __init__(self, graph: Graph, ps: ProgramSchedule, pm: ProgramMemory | None, ops: Registry | None,
                  check_footprints: bool = True, limit: int = 200, alignment: int = 1, arena_bytes: int = 0):
         self.g = graph
@@ -124,7 +179,9 @@ class ProgramValidator:
         self.ops = ops
         self.check_footprints = check_footprints
         self.alignment = alignment
-        self.arena_bytes = arena_bytes
+        self.arena_bytes = arena_bytes  # the program's arena (placements must end inside it)
+        self.layout: set[str] = set()  # layout value names (buffers the runtime binds)
+        self.copy_back: set[tuple[str, str]] = set()  # (new, old) pairs listed for copy-back
         self.p = _Report(limit)
         self.order: Order | None = None
         self.name = f"program {ps.program!r}"
@@ -156,6 +213,8 @@ class ProgramValidator:
         except ScheduleOrderError as e:
             for pr in e.problems:
                 self.p(pr)
+        if not ok:  # malformed groups or accesses: the indexes below would misread them
+            return self.p.done()
         self._index()
         if self.order is not None:
             self._raw()
@@ -183,6 +242,10 @@ class ProgramValidator:
         for n in g.nodes:
             if n.name not in node_group:
                 p(f"{self.name}: node {n.name!r} ({n.op}) is in no fusion group, so nothing computes it")
+            if self.ops is not None and n.op not in self.ops:
+                src = f" from {n.source}" if n.source else ""
+                p(f"{self.name}: node {n.name!r}{src} uses op {n.op}, which no installed plugin registers; install "
+                  "the plugin that provides it (`latch-pipeline plugins` lists the ops)")
         if len(p.items) > start:
             return False
         consumers: dict[str, set[int]] = defaultdict(set)
@@ -192,9 +255,24 @@ class ProgramValidator:
                     consumers[v].add(node_group[n.name])
         outputs = set(g.output_names())
         self.plans: list[GroupPlan] = []
+        position = {n.name: k for k, n in enumerate(g.nodes)}
         for i, grp in enumerate(ps.groups):
             gnodes = [nodes[nn] for nn in grp.nodes]
             produced = {o for n in gnodes for o in n.outputs}
+            made_by = {o: k for k, n in enumerate(gnodes) for o in n.outputs}
+            for k, n in enumerate(gnodes):
+                late = [v for v in n.inputs if v is not None and made_by.get(v, -1) >= k]
+                if late:
+                    p(f"{self.name} group {i}: node {n.name!r} reads %{late[0]}, which a node listed after it in the "
+                      "group computes; a group's nodes are computed in the order listed (graph order)")
+            if [position[n.name] for n in gnodes] != sorted(position[n.name] for n in gnodes):
+                p(f"{self.name} group {i}: nodes {list(grp.nodes)[:6]} are not in graph order")
+            for what, seq in (("inputs", grp.inputs), ("outputs", grp.outputs), ("nodes", grp.nodes)):
+                if len(set(seq)) != len(seq):
+                    p(f"{self.name} group {i}: its {what} list a value twice ({list(seq)[:6]})")
+            if gnodes and gnodes[-1].outputs and grp.primary != gnodes[-1].outputs[0]:
+                p(f"{self.name} group {i}: primary %{grp.primary} is not the first output of its last node "
+                  f"{gnodes[-1].name!r} (%{gnodes[-1].outputs[0]}); tiles cover the group's sink")
             for o in grp.outputs:
                 if o not in produced:
                     p(f"{self.name} group {i}: output {o!r} is not produced by its nodes")
@@ -208,6 +286,9 @@ class ProgramValidator:
             needed = {v for n in gnodes for v in n.inputs if v is not None and v not in produced}
             if needed - set(grp.inputs):
                 p(f"{self.name} group {i}: reads {sorted(needed - set(grp.inputs))[:4]} without listing them as inputs")
+            if set(grp.inputs) - needed:
+                p(f"{self.name} group {i}: lists inputs {sorted(set(grp.inputs) - needed)[:4]} that none of its nodes "
+                  "reads from outside the group")
             pw = {n.name for n in gnodes
                   if is_pointwise(self.ops.get(n.op) if self.ops is not None and n.op in self.ops else None)}
             self.plans.append(GroupPlan(gnodes, grp.inputs, grp.outputs, internal, grp.primary,
@@ -255,6 +336,7 @@ class ProgramValidator:
                 p(f"{self.name}: {self.task(t.id)}: tile outside the primary output {list(tiler.shape)}")
                 continue
             need_r, need_w = tiler.footprint(t.tile)
+            self._exact_writes(t, need_w)
             for kind, need, have in (("read", need_r, t.reads), ("write", need_w, t.writes)):
                 for v, box in need.items():
                     if any(a.value == v and (a.box == box or contains(a.box, box)) for a in have):
@@ -265,6 +347,23 @@ class ProgramValidator:
                     if not covered(box, boxes, False):
                         p(f"{self.name}: {self.task(t.id)}: its body {kind}s %{v} {list(box)}, but its footprint "
                           f"declares only {[list(b) for b in boxes]}; footprints must be supersets")
+
+    def _exact_writes(self, t, need_w: dict) -> None:
+        """A task's declared writes must be what its body stores for its tile, no more: the coverage
+        and read-after-write checks believe a declared write computes those elements."""
+        body = {v: b for v, b in need_w.items() if not is_empty(b)}
+        declared: dict[str, list] = {}
+        for a in t.writes:
+            if not is_empty(a.box):
+                declared.setdefault(a.value, []).append(a.box)
+        for v, boxes in declared.items():
+            b = body.get(v)
+            if b is None or not all(contains(b, x) for x in boxes):
+                got = [list(x) for x in boxes]
+                made = f"writes %{v} {list(b)}" if b is not None else f"writes nothing of %{v}"
+                self.p(f"{self.name}: {self.task(t.id)}: its body, for tile {list(t.tile)}, {made}, but the task declares "
+                       f"it writes {got}; write footprints must be exactly what the body stores (elements outside "
+                       "the tile would never be computed)")
 
     # ---- indexes ------------------------------------------------------------------------------
     def _index(self) -> None:
@@ -278,7 +377,8 @@ class ProgramValidator:
         self.writers = writers
         self.readers = readers
         self.w_index = {v: BoxIndex(items) for v, items in writers.items()}
-        self.inputs = set(self.g.input_names()) | {v.name for v in self.g.values if v.role == CONST}
+        self.inputs_only = set(self.g.input_names())
+        self.inputs = self.inputs_only | {v.name for v in self.g.values if v.role == CONST}
         self.outputs = set(self.g.output_names())
         # Overlapping writes of one value (ordered or not: _waw decides), and coverage of each
         # group output by its writers.
@@ -334,152 +434,3 @@ class ProgramValidator:
                 if a != b and not self.order.ordered(a, b):
                     self.p(f"write race: {self.name}: {self.task(a)} and {self.task(b)} write overlapping "
                            f"boxes of %{v} and nothing orders them")
-
-    # ---- 6. memory ----------------------------------------------------------------------------
-    def _memory(self) -> None:
-        g, pm, p, order = self.g, self.pm, self.p, self.order
-        touched = set(self.writers) | set(self.readers)
-        places: dict[str, Placement] = {}
-        for pl in pm.placements:
-            if pl.value in places:
-                p(f"{self.name}: value %{pl.value} has two placements")
-                continue
-            places[pl.value] = pl
-        inplace = dict(g.inplace)  # new -> old
-        buffer_size = {}
-        for v in g.input_names():
-            if g.has_value(v):
-                buffer_size[v] = g.value(v).nbytes
-        for v in sorted(touched):
-            if v not in places:
-                p(f"{self.name}: value %{v} is read or written by tasks but has no placement in the memory plan")
-        for v, pl in places.items():
-            if not g.has_value(v):
-                p(f"{self.name}: the memory plan places %{v}, which the graph does not declare")
-                continue
-            val = g.value(v)
-            if pl.nbytes < val.nbytes:
-                p(f"{self.name}: %{v} needs {val.nbytes} bytes but its placement has {pl.nbytes}")
-            if pl.buffer == ARENA:
-                if pl.offset < 0 or pl.offset % max(1, self.alignment):
-                    p(f"{self.name}: %{v} at arena offset {pl.offset}, not a multiple of the alignment {self.alignment}")
-                if self.arena_bytes and pl.offset + pl.nbytes > self.arena_bytes:
-                    p(f"{self.name}: %{v} at [{pl.offset}, {pl.offset + pl.nbytes}) overruns the arena "
-                      f"({self.arena_bytes} bytes)")
-            else:
-                if pl.buffer != v and inplace.get(v) != pl.buffer:
-                    p(f"{self.name}: %{v} is placed in external buffer {pl.buffer!r}; only that input itself and "
-                      f"the value that overwrites it in place may live there")
-                size = buffer_size.get(pl.buffer)
-                if size is not None and (pl.offset < 0 or pl.offset + pl.nbytes > size):
-                    p(f"{self.name}: %{v} at [{pl.offset}, {pl.offset + pl.nbytes}) overruns buffer "
-                      f"{pl.buffer!r} ({size} bytes)")
-        self._liveness(places)
-        by_buffer: dict[str, list[Placement]] = defaultdict(list)
-        for pl in places.values():
-            if g.has_value(pl.value) and pl.nbytes > 0:
-                by_buffer[pl.buffer].append(pl)
-        self._frontiers: dict[str, dict] = {}
-        self._meets: dict[str, list[int]] = {}
-        for buf, pls in by_buffer.items():
-            pls.sort(key=lambda x: (x.offset, x.value))
-            active: list[Placement] = []
-            for pl in pls:
-                active = [a for a in active if a.offset + a.nbytes > pl.offset]
-                for other in active:
-                    self._shared(buf, other, pl)
-                active.append(pl)
-
-    def _users(self, v: str) -> list[int]:
-        return [t for _, t in self.writers.get(v, ())] + [t for _, t in self.readers.get(v, ())]
-
-    def _first_ok(self, u: str, v: str) -> bool:
-        """Is every access of ``u`` done before any write of ``v`` starts?"""
-        if u in self.outputs or v in self.inputs:
-            return False  # u must survive the launch / v's bytes are valid on entry
-        fu = self._frontiers.get(u)
-        if fu is None:
-            fu = self._frontiers[u] = self.order.frontier(self._users(u))
-        mv = self._meets.get(v)
-        if mv is None:
-            mv = self._meets[v] = self.order.meet(t for _, t in self.writers.get(v, ()))
-        return Order.precedes(fu, mv)
-
-    def _first_ok_boxes(self, u: str, v: str) -> bool:
-        """The box-by-box form for two values sharing one placement and one type."""
-        if u in self.outputs or v in self.inputs:
-            return False
-        tasks = self.ps.tasks
-        r_index = MultiIndex((b, t, tasks[t].group) for b, t in self.readers.get(u, []))
-        w_index = self.w_index.get(u)
-        order = self.order
-        safe: dict[int, bool] = {}  # group -> inplace_safe(u, v): one answer per group, not per tile
-        for wbox, w in self.writers.get(v, ()):
-            hits = r_index.query(wbox)
-            if w in hits:  # the task reads the old value where it writes the new one
-                group = tasks[w].group
-                ok = safe.get(group)
-                if ok is None:
-                    ok = safe[group] = group < len(self.plans) and self.plans[group].inplace_safe(self.g, u, v)
-                if not ok:
-                    return False
-                hits = [a for a in hits if a != w]
-            if w_index is not None:
-                whits = w_index.query(wbox)
-                if w in whits:
-                    return False
-                hits += whits
-            if not order.all_before(hits, w):
-                return False
-        return True
-
-    def _shared(self, buf: str, a: Placement, b: Placement) -> None:
-        u, v = a.value, b.value
-        g = self.g
-        if g.value(u).role == CONST or g.value(v).role == CONST:
-            self.p(f"{self.name}: %{u} and %{v} share bytes of {buf!r} but constants are written once at load "
-                   f"and must never share their bytes")
-            return
-        if self._first_ok(u, v) or self._first_ok(v, u):
-            return
-        same = (a.offset == b.offset and a.nbytes == b.nbytes and g.value(u).type == g.value(v).type)
-        if same and (self._first_ok_boxes(u, v) or self._first_ok_boxes(v, u)):
-            return
-        lo, hi = max(a.offset, b.offset), min(a.offset + a.nbytes, b.offset + b.nbytes)
-        self.p(f"bytes reused while live: {self.name}: %{u} and %{v} share bytes [{lo}, {hi}) of {buf!r}, but "
-               f"neither is finished before the other is written: {self._witness(u, v)}; and {self._witness(v, u)}")
-
-    def _witness(self, u: str, v: str) -> str:
-        if u in self.outputs:
-            return f"%{u} is a program output and must survive the launch"
-        if v in self.inputs:
-            return f"%{v} is live on entry"
-        users = self._users(u)
-        for _, w in self.writers.get(v, ()):
-            for x in users:
-                if x == w or not self.order.before(x, w):
-                    what = "reads/writes" if x != w else "accesses"
-                    return f"{self.task(x)} {what} %{u} and is not ordered before {self.task(w)} writing %{v}"
-        return f"%{u} before %{v} fails"
-
-    def _liveness(self, places: dict[str, Placement]) -> None:
-        order, p, n = self.order, self.p, len(self.ps.tasks)
-        for v, pl in places.items():
-            users = self._users(v)
-            if pl.first != -1:
-                ws = [t for _, t in self.writers.get(v, ())]
-                if pl.first not in ws:
-                    p(f"{self.name}: %{v} declares first = {pl.first}, which is not a task writing it "
-                      f"(writers: {sorted(set(ws))[:6]})")
-                elif any(order.before(w, pl.first) for w in ws):
-                    early = next(w for w in ws if order.before(w, pl.first))
-                    p(f"{self.name}: %{v} declares its life starts at task {pl.first}, but {self.task(early)} "
-                      f"writes it earlier")
-            if pl.last != -1:
-                if not 0 <= pl.last < n or pl.last not in users:
-                    p(f"{self.name}: %{v} declares last = {pl.last}, which is not a task reading or writing it")
-                else:
-                    late = [x for x in users if order.before(pl.last, x)]
-                    if late:
-                        p(f"lifetime too short: {self.name}: %{v} declares its last use at task {pl.last}, but "
-                          f"{self.task(late[0])} uses it later")

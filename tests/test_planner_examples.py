@@ -1,0 +1,44 @@
+"""The memory planner on captured examples, both strategies: the fast arena (latch_memory.arena) is
+as tight as the quadratic rule it replaced (latch_memory.testing.quadratic_assign_offsets), and its
+plan is proven by the validator. The 64-layer benchmark: tools/bench_plan.py (results/cpu.md)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+latch_capture = pytest.importorskip("latch_capture")
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = {
+    "mlp": {},
+    "transformer": dict(vocab=64, d_model=32, layers=3, heads=4, mlp_hidden=48, batch=2, seq=8, microbatches=2),
+    "tinymoe": dict(vocab=256, d_model=64, layers=2, heads=4, experts=4, expert_hidden=32, batch=2, seq=16),
+}
+
+
+@pytest.fixture(scope="module")
+def captured():
+    return {n: latch_capture.load_example(ROOT / "examples" / f"{n}.py", **c).capture() for n, c in CONFIGS.items()}
+
+
+@pytest.mark.parametrize("strategy", ["barrier", "dataflow"])
+@pytest.mark.parametrize("example", sorted(CONFIGS))
+def test_the_fast_arena_is_as_tight_as_the_quadratic_rule(captured, example, strategy, monkeypatch):
+    from latch_core.plugins import registries
+    from latch_memory.testing import quadratic_assign_offsets
+    from latch_schedule.validate import validate
+
+    plan_mod = importlib.import_module("latch_memory.plan")
+    passes = registries().passes
+    doc = passes.get("schedule").run(captured[example], scheduler=strategy, num_sms=16)
+    fast = plan_mod.plan(doc)
+    assert validate(fast) == []
+    monkeypatch.setattr(plan_mod, "assign_offsets", quadratic_assign_offsets)
+    slow = plan_mod.plan(doc)
+    for a, b in zip(fast.memory.programs, slow.memory.programs):
+        assert a.arena_bytes <= b.arena_bytes, (a.program, a.arena_bytes, b.arena_bytes)
+        assert a.arena_bytes >= a.peak_live_bytes
