@@ -160,7 +160,7 @@ def _handoffs(live: Liveness, ps: ProgramSchedule, graph: Graph, ops: Registry, 
     """
     out: dict[str, str] = {}
     taken: set[str] = set()
-    for new in sorted(arena, key=lambda n: live[n].start):
+    for new in sorted(arena, key=lambda n: (live[n].start, n)):  # names break ties: no set order
         ln = live[new]
         for gid in sorted({ps.tasks[t].group for t in ln.writers}):
             for old in groups[gid].inputs:
