@@ -183,3 +183,25 @@ def planned(graphs, layout=(), *, strategy="barrier", num_sms=4, tiles=2, metada
         schedule=ScheduleSection(strategy, num_sms, scheds),
         memory=MemorySection(256, max(m.arena_bytes for m in mems), mems),
     )
+
+
+def have_nvcc() -> bool:
+    """nvcc is installed (the build tests skip without it)."""
+    from latch_codegen_h100 import BuildError
+    from latch_codegen_h100.builder import find_nvcc
+
+    try:
+        find_nvcc()
+        return True
+    except BuildError:
+        return False
+
+
+def small_doc(scale=2.0, **kw) -> Document:
+    """The smallest planned update: y = w * x, w2 = w - scale (w2 overwrites w in place)."""
+    F = "f32"
+    values = [Value("w", (8,), F, "param"), Value("x", (8,), F, "batch"), Value("y", (8,), F), Value("w2", (8,), F)]
+    nodes = [("m", "latch::mul", ("w", "x"), ("y",)), ("s", "latch::sub", ("w",), ("w2",), {"scalar": scale})]
+    g = graph("update", values, nodes, [("params", ["w"]), ("batch", ["x"])],
+              [("new_params", ["w2"]), ("metrics", ["y"])], inplace=[("w2", "w")])
+    return planned([g], [g.value("w")], **kw)

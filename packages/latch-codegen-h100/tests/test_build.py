@@ -22,37 +22,20 @@ from latch_codegen_h100 import builder
 
 
 
-def _have_nvcc() -> bool:
-    try:
-        builder.find_nvcc()
-        return True
-    except BuildError:
-        return False
 
 
-pytestmark = pytest.mark.skipif(not _have_nvcc(), reason="nvcc not installed")
+pytestmark = pytest.mark.skipif(not H.have_nvcc(), reason="nvcc not installed")
 
 F = "f32"
 
 
-def _small_doc(scale=2.0):
-    values = [Value("w", (8,), F, "param"), Value("x", (8,), F, "batch"), Value("y", (8,), F), Value("w2", (8,), F)]
-    nodes = [("m", "latch::mul", ("w", "x"), ("y",)), ("s", "latch::sub", ("w",), ("w2",), {"scalar": scale})]
-    g = H.graph("update", values, nodes, [("params", ["w"]), ("batch", ["x"])],
-                [("new_params", ["w2"]), ("metrics", ["y"])], inplace=[("w2", "w")])
-    return H.planned([g], [g.value("w")])
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    d = tmp_path / "cache"
-    monkeypatch.setenv("LATCH_CACHE_DIR", str(d))
-    return d
 
 
 def test_build_links_a_library_with_the_c_abi_and_rebuilds_from_cache(tmp_path, cache):
     out = tmp_path / "b"
-    doc = build(_small_doc(), out, jobs=2)
+    doc = build(H.small_doc(), out, jobs=2)
     assert doc.build is not None and dict(doc.build.stats)["cached"] == "no"
     assert (out / "program.so").exists() and (out / "build.ninja").exists()
     ninja = (out / "build.ninja").read_text()
@@ -68,13 +51,13 @@ def test_build_links_a_library_with_the_c_abi_and_rebuilds_from_cache(tmp_path, 
     assert (out / "tables" / "update.tasks.bin").stat().st_size == 96 * manifest["programs"]["update"]["num_tasks"]
 
     t0 = time.perf_counter()
-    again = build(_small_doc(), out, jobs=2)
+    again = build(H.small_doc(), out, jobs=2)
     assert time.perf_counter() - t0 < 1.0
     assert dict(again.build.stats)["cached"] == "dir" and again.build.key == doc.build.key
 
     other = tmp_path / "c"
     t0 = time.perf_counter()
-    third = build(_small_doc(), other, jobs=2)
+    third = build(H.small_doc(), other, jobs=2)
     assert time.perf_counter() - t0 < 1.0
     assert dict(third.build.stats)["cached"] == "cache"
     assert (other / "program.so").read_bytes() == (out / "program.so").read_bytes()
@@ -82,8 +65,8 @@ def test_build_links_a_library_with_the_c_abi_and_rebuilds_from_cache(tmp_path, 
 
 def test_a_schedule_change_reuses_the_library(tmp_path, cache):
     out = tmp_path / "b"
-    first = build(_small_doc(), out, jobs=2)
-    values = _small_doc().graph.programs[0]
+    first = build(H.small_doc(), out, jobs=2)
+    values = H.small_doc().graph.programs[0]
     doc = H.planned([values], [values.value("w")], tiles=4, num_sms=3)  # other tiles, same signatures
     second = build(doc, out, jobs=2)
     assert second.build.key == first.build.key
@@ -113,10 +96,10 @@ def test_missing_nvcc_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.delenv("LATCH_NVCC", raising=False)
     monkeypatch.setattr(builder, "FALLBACK_NVCC", ())
     with pytest.raises(BuildError, match="nvcc not found: install the CUDA toolkit"):
-        build(_small_doc(), tmp_path / "b")
+        build(H.small_doc(), tmp_path / "b")
     monkeypatch.setenv("LATCH_NVCC", str(tmp_path / "nope"))
     with pytest.raises(BuildError, match="LATCH_NVCC=.*is not an executable file"):
-        build(_small_doc(), tmp_path / "b")
+        build(H.small_doc(), tmp_path / "b")
 
 
 def test_every_lowering_compiles(tmp_path, cache):
@@ -137,14 +120,14 @@ def test_the_key_covers_every_header_of_the_include_dirs(tmp_path, monkeypatch):
     inc.mkdir()
     (inc / "a.cuh").write_text("// a\n")
     (inc / "b.cuh").write_text("// b, included by a.cuh only\n")
-    gen = generate(_small_doc(), jobs=1)
+    gen = generate(H.small_doc(), jobs=1)
     gen = attrs.evolve(gen, headers=gen.headers + (str(inc / "a.cuh"), str(inc / "b.cuh")))
     flags = builder._flags(gen)
     k1 = builder.build_key(gen, flags, "13.0")
     (inc / "b.cuh").write_text("// b changed\n")
     assert builder.build_key(gen, flags, "13.0") != k1
     assert builder.build_key(gen, flags, "12.8") != builder.build_key(gen, flags, "13.0")
-    real = generate(_small_doc(), jobs=1)
+    real = generate(H.small_doc(), jobs=1)
     assert any(h.endswith("latch_matmul.cuh") for h in real.headers)  # not named by these ops' lowerings
 
 

@@ -16,39 +16,20 @@ import pytest
 
 import h100_handmade as H
 from latch_core.hookspecs import hookimpl
-from latch_core.ir import Value
 from latch_core.plugins import load_with
 from latch_core.sections import Access, MemorySection, Task
 from latch_codegen_h100 import BuildError, Lowering, build, generate
 from latch_codegen_h100 import builder
 
 
-def _have_nvcc() -> bool:
-    try:
-        builder.find_nvcc()
-        return True
-    except BuildError:
-        return False
 
 
-needs_nvcc = pytest.mark.skipif(not _have_nvcc(), reason="nvcc not installed")
-
-F = "f32"
+needs_nvcc = pytest.mark.skipif(not H.have_nvcc(), reason="nvcc not installed")
 
 
-def _small_doc(scale=2.0, **kw):
-    values = [Value("w", (8,), F, "param"), Value("x", (8,), F, "batch"), Value("y", (8,), F), Value("w2", (8,), F)]
-    nodes = [("m", "latch::mul", ("w", "x"), ("y",)), ("s", "latch::sub", ("w",), ("w2",), {"scalar": scale})]
-    g = H.graph("update", values, nodes, [("params", ["w"]), ("batch", ["x"])],
-                [("new_params", ["w2"]), ("metrics", ["y"])], inplace=[("w2", "w")])
-    return H.planned([g], [g.value("w")], **kw)
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    d = tmp_path / "cache"
-    monkeypatch.setenv("LATCH_CACHE_DIR", str(d))
-    return d
+
 
 
 def _no_lowering(monkeypatch):
@@ -70,7 +51,7 @@ def _with_tasks(doc, fn):
 def test_task_fields_left_out_of_the_key_are_exactly_the_ones_codegen_never_reads():
     """A new Task field is hashed (conservative); the ones left out must not change what is generated."""
     assert set(builder.TASK_FIELDS_UNREAD) <= {f.name for f in attrs.fields(Task)}
-    doc = _small_doc()
+    doc = H.small_doc()
     other = _with_tasks(doc, lambda t: attrs.evolve(
         t, reads=(Access("x", ((0, 1),)),), writes=(), cost=t.cost + 1.0, phase=t.phase + 7))
     assert builder.document_digest(other) == builder.document_digest(doc)
@@ -82,15 +63,15 @@ def test_task_fields_left_out_of_the_key_are_exactly_the_ones_codegen_never_read
 
 
 def test_the_document_digest_covers_graph_schedule_and_memory():
-    doc = _small_doc()
+    doc = H.small_doc()
     base = builder.document_digest(doc)
-    assert builder.document_digest(_small_doc()) == base  # equal documents, other objects
+    assert builder.document_digest(H.small_doc()) == base  # equal documents, other objects
     assert builder.document_digest(attrs.evolve(doc, build=None, provenance=())) == base
     changed = {
-        "graph attribute": _small_doc(scale=3.0),
-        "tiles": _small_doc(tiles=4),
-        "SMs": _small_doc(num_sms=3),
-        "strategy": _small_doc(strategy="dataflow"),
+        "graph attribute": H.small_doc(scale=3.0),
+        "tiles": H.small_doc(tiles=4),
+        "SMs": H.small_doc(num_sms=3),
+        "strategy": H.small_doc(strategy="dataflow"),
         "task tile": _with_tasks(doc, lambda t: attrs.evolve(t, tile=((0, 1),)) if t.id == 0 else t),
         "task group": _with_tasks(doc, lambda t: attrs.evolve(t, group=1 - t.group) if t.id == 0 else t),
     }
@@ -179,11 +160,11 @@ def test_codegen_sources_are_part_of_the_environment_digest():
 @needs_nvcc
 def test_a_cached_rebuild_skips_lowering_and_returns_the_same_build(tmp_path, cache, monkeypatch):
     out = tmp_path / "b"
-    first = build(_small_doc(), out, jobs=2)
+    first = build(H.small_doc(), out, jobs=2)
     assert (out / builder.REQUEST_FILE).exists()
     saved = (out / "program.latch.json").read_bytes()
     _no_lowering(monkeypatch)
-    again = build(_small_doc(), out, jobs=2)
+    again = build(H.small_doc(), out, jobs=2)
     st = dict(again.build.stats)
     assert st["cached"] == "dir" and st["request"] == "hit"
     assert (again.build.key, again.build.units, again.build.flags, again.build.toolkit) == \
@@ -195,10 +176,10 @@ def test_a_cached_rebuild_skips_lowering_and_returns_the_same_build(tmp_path, ca
 @needs_nvcc
 def test_changed_schedule_memory_or_graph_never_reuse_the_directory(tmp_path, cache):
     out = tmp_path / "b"
-    first = build(_small_doc(), out, jobs=2)
+    first = build(H.small_doc(), out, jobs=2)
 
     # schedule: other tiles, same bodies -> lowered again, same library, new tables
-    doc = _small_doc(tiles=4, num_sms=3)
+    doc = H.small_doc(tiles=4, num_sms=3)
     second = build(doc, out, jobs=2)
     assert "request" not in dict(second.build.stats)
     assert second.build.key == first.build.key and dict(second.build.stats)["cached"] == "dir"
@@ -217,20 +198,20 @@ def test_changed_schedule_memory_or_graph_never_reuse_the_directory(tmp_path, ca
     assert (out / "tables" / "update.operands.bin").read_bytes() != before
 
     # graph: another scalar -> another source, another library
-    fourth = build(_small_doc(scale=5.0), out, jobs=2)
+    fourth = build(H.small_doc(scale=5.0), out, jobs=2)
     assert "request" not in dict(fourth.build.stats)
     assert fourth.build.key != first.build.key and dict(fourth.build.stats)["cached"] == "no"
     assert "5.0f" in "".join(p.read_text() for p in (out / "src").glob("unit_*.cu"))
 
     # and back: the first document again is not a hit of the record the last build wrote
-    fifth = build(_small_doc(), out, jobs=2)
+    fifth = build(H.small_doc(), out, jobs=2)
     assert fifth.build.key == first.build.key and "request" not in dict(fifth.build.stats)
 
 
 @needs_nvcc
 def test_a_profiling_build_does_not_reuse_a_normal_directory(tmp_path, cache, monkeypatch):
     out = tmp_path / "b"
-    first = build(_small_doc(), out, jobs=2)
+    first = build(H.small_doc(), out, jobs=2)
     calls = []
     real = builder.compile_generated
 
@@ -240,36 +221,36 @@ def test_a_profiling_build_does_not_reuse_a_normal_directory(tmp_path, cache, mo
 
     monkeypatch.setattr(builder, "compile_generated", spy)
     with pytest.raises(BuildError, match="stop here"):
-        build(_small_doc(), out, jobs=2, profile=True)
+        build(H.small_doc(), out, jobs=2, profile=True)
     assert calls == [True]
     assert not (out / builder.REQUEST_FILE).exists()  # a failed build leaves no valid record
     monkeypatch.setattr(builder, "compile_generated", real)
-    again = build(_small_doc(), out, jobs=2)  # the record is gone: lowered again, library reused
+    again = build(H.small_doc(), out, jobs=2)  # the record is gone: lowered again, library reused
     assert again.build.key == first.build.key and "request" not in dict(again.build.stats)
 
 
 @needs_nvcc
 def test_a_touched_output_file_is_a_miss(tmp_path, cache):
     out = tmp_path / "b"
-    build(_small_doc(), out, jobs=2)
+    build(H.small_doc(), out, jobs=2)
     good = (out / "tables" / "update.tasks.bin").read_bytes()
     (out / "tables" / "update.tasks.bin").write_bytes(b"\0" * len(good))
-    again = build(_small_doc(), out, jobs=2)
+    again = build(H.small_doc(), out, jobs=2)
     assert "request" not in dict(again.build.stats)
     assert (out / "tables" / "update.tasks.bin").read_bytes() == good
     (out / "program.so").unlink()
-    third = build(_small_doc(), out, jobs=2)
+    third = build(H.small_doc(), out, jobs=2)
     assert "request" not in dict(third.build.stats) and (out / "program.so").exists()
-    assert dict(build(_small_doc(), out, jobs=2).build.stats)["request"] == "hit"
+    assert dict(build(H.small_doc(), out, jobs=2).build.stats)["request"] == "hit"
 
 
 @needs_nvcc
 def test_use_cache_false_always_lowers(tmp_path, cache, monkeypatch):
     out = tmp_path / "b"
-    build(_small_doc(), out, jobs=2)
+    build(H.small_doc(), out, jobs=2)
     _no_lowering(monkeypatch)
     with pytest.raises(AssertionError, match="generate"):
-        build(_small_doc(), out, jobs=2, use_cache=False)
+        build(H.small_doc(), out, jobs=2, use_cache=False)
 
 
 def test_two_runs_of_the_same_pipeline_give_the_same_document_digest():

@@ -11,37 +11,18 @@ from pathlib import Path
 import pytest
 
 import h100_handmade as H
-from latch_core.ir import Value
-from latch_codegen_h100 import BuildError, build, builder, generate
+from latch_codegen_h100 import build, builder, generate
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def _have_nvcc() -> bool:
-    try:
-        builder.find_nvcc()
-        return True
-    except BuildError:
-        return False
 
 
-pytestmark = pytest.mark.skipif(not _have_nvcc(), reason="nvcc not installed")
+pytestmark = pytest.mark.skipif(not H.have_nvcc(), reason="nvcc not installed")
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    d = tmp_path / "cache"
-    monkeypatch.setenv("LATCH_CACHE_DIR", str(d))
-    return d
 
 
-def _small_doc():
-    F = "f32"
-    values = [Value("w", (8,), F, "param"), Value("x", (8,), F, "batch"), Value("y", (8,), F), Value("w2", (8,), F)]
-    nodes = [("m", "latch::mul", ("w", "x"), ("y",)), ("s", "latch::sub", ("w",), ("w2",), {"scalar": 2.0})]
-    g = H.graph("update", values, nodes, [("params", ["w"]), ("batch", ["x"])],
-                [("new_params", ["w2"]), ("metrics", ["y"])], inplace=[("w2", "w")])
-    return H.planned([g], [g.value("w")])
 
 
 def _preprocessed(out: Path, flags) -> str:
@@ -81,7 +62,7 @@ def test_the_profiling_build_of_the_mlp_compiles_and_differs_only_by_its_flag(tm
 
 def test_a_normal_build_compiles_no_profiling_code(tmp_path, cache):
     out = tmp_path / "normal"
-    doc = build(_small_doc(), out, jobs=2)
+    doc = build(H.small_doc(), out, jobs=2)
     assert builder.PROFILE_FLAG not in doc.build.flags
     assert "LATCH_PROFILE" not in (out / "build.ninja").read_text()
     lib = ctypes.CDLL(str(out / "program.so"))
@@ -92,7 +73,7 @@ def test_a_normal_build_compiles_no_profiling_code(tmp_path, cache):
     assert "latch_kernel(latch::Args a )" in pre or "latch_kernel(latch::Args a)" in pre
 
     # A profiling build of the same document: another key, so the two never share a cached library.
-    prof = build(_small_doc(), tmp_path / "p", jobs=2, profile=True)
+    prof = build(H.small_doc(), tmp_path / "p", jobs=2, profile=True)
     assert prof.build.key != doc.build.key and dict(prof.build.stats)["cached"] == "no"
 
 
@@ -101,7 +82,7 @@ def test_the_runtime_refuses_a_manifest_and_library_of_different_builds(tmp_path
     from latch_codegen_h100.runtime import Program, ProgramError
 
     out = tmp_path / "normal"
-    build(_small_doc(), out, jobs=2)
+    build(H.small_doc(), out, jobs=2)
     m = json.loads((out / "manifest.json").read_text())
     m["flags"].append(builder.PROFILE_FLAG)
     (out / "manifest.json").write_text(json.dumps(m))

@@ -24,11 +24,9 @@ import attrs
 import pytest
 
 import h100_handmade as H
-from latch_core.ir import Value
 from latch_codegen_h100 import BuildError, build
 from latch_codegen_h100 import builder, store
 
-F = "f32"
 HERE = Path(__file__).resolve().parent
 WANTED = ("ops", "moe", "schedule", "memory", "codegen-h100")  # no torch-importing capture in the children
 
@@ -42,30 +40,13 @@ def _plugins() -> str:
     return ",".join(n for n in WANTED if n in installed)
 
 
-def _have_nvcc() -> bool:
-    try:
-        builder.find_nvcc()
-        return True
-    except BuildError:
-        return False
 
 
-needs_nvcc = pytest.mark.skipif(not _have_nvcc(), reason="nvcc not installed")
+needs_nvcc = pytest.mark.skipif(not H.have_nvcc(), reason="nvcc not installed")
 
 
-def small_doc(scale=2.0):
-    values = [Value("w", (8,), F, "param"), Value("x", (8,), F, "batch"), Value("y", (8,), F), Value("w2", (8,), F)]
-    nodes = [("m", "latch::mul", ("w", "x"), ("y",)), ("s", "latch::sub", ("w",), ("w2",), {"scalar": scale})]
-    g = H.graph("update", values, nodes, [("params", ["w"]), ("batch", ["x"])],
-                [("new_params", ["w2"]), ("metrics", ["y"])], inplace=[("w2", "w")])
-    return H.planned([g], [g.value("w")])
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    d = tmp_path / "cache"
-    monkeypatch.setenv("LATCH_CACHE_DIR", str(d))
-    return d
 
 
 def _truncate(p: Path) -> None:
@@ -84,12 +65,12 @@ def _cached(doc) -> str:
 @needs_nvcc
 def test_a_truncated_library_in_the_directory_is_rebuilt_never_trusted(tmp_path, cache):
     out = tmp_path / "b"
-    build(small_doc(), out, jobs=2)
+    build(H.small_doc(), out, jobs=2)
     good = store.digest(out / "program.so")
     _truncate(out / "program.so")
     with pytest.raises(store.CorruptLibrary, match="not the library its build recorded"):
         store.verify_directory(out)
-    again = build(small_doc(), out, jobs=2)
+    again = build(H.small_doc(), out, jobs=2)
     assert "request" not in dict(again.build.stats)  # the fast path did not trust it
     assert _cached(again) == "cache" and store.digest(out / "program.so") == good
     store.verify_directory(out)
@@ -97,22 +78,22 @@ def test_a_truncated_library_in_the_directory_is_rebuilt_never_trusted(tmp_path,
     data = bytearray((out / "program.so").read_bytes())
     data[len(data) // 2] ^= 0xFF
     (out / "program.so").write_bytes(bytes(data))
-    third = build(small_doc(), out, jobs=2)
+    third = build(H.small_doc(), out, jobs=2)
     assert _cached(third) == "cache" and store.digest(out / "program.so") == good
 
 
 @needs_nvcc
 def test_a_truncated_cache_entry_is_replaced_not_used(tmp_path, cache):
-    first = build(small_doc(), tmp_path / "a", jobs=2)
+    first = build(H.small_doc(), tmp_path / "a", jobs=2)
     lib, meta = store.cache_entry(cache, first.build.key)
     good = json.loads(meta.read_text())["sha256"]
     _truncate(lib)
-    second = build(small_doc(), tmp_path / "b", jobs=2)
+    second = build(H.small_doc(), tmp_path / "b", jobs=2)
     assert _cached(second) == "no"  # compiled again: the cache entry did not verify
     store.verify_directory(tmp_path / "b")
     # a good entry again (nvcc's output embeds source paths, so it differs from the first one's)
     assert store.digest(lib) == json.loads(meta.read_text())["sha256"] != good
-    third = build(small_doc(), tmp_path / "c", jobs=2)
+    third = build(H.small_doc(), tmp_path / "c", jobs=2)
     assert _cached(third) == "cache"
 
 
@@ -139,9 +120,9 @@ def test_the_runtime_refuses_a_corrupt_library_before_loading_it(tmp_path):
 _SCRIPT = textwrap.dedent("""
     import sys
     sys.path.insert(0, {here!r})
-    import test_store
+    import h100_handmade as H
     from latch_codegen_h100 import build
-    doc = build(test_store.small_doc(), sys.argv[1], jobs=1)
+    doc = build(H.small_doc(), sys.argv[1], jobs=1)
     print("OK", dict(doc.build.stats)["cached"])
 """)
 
@@ -186,7 +167,7 @@ def test_a_killed_build_leaves_nothing_a_later_build_trusts(tmp_path, cache):
     assert store.read_trust(out) is None and not (out / builder.REQUEST_FILE).exists()
     with pytest.raises(store.CorruptLibrary):
         store.verify_directory(out)
-    again = build(small_doc(), out, jobs=2)
+    again = build(H.small_doc(), out, jobs=2)
     assert _cached(again) in ("no", "cache")
     store.verify_directory(out)
 
@@ -196,11 +177,11 @@ def test_a_damaged_library_newer_than_its_objects_is_relinked(tmp_path, cache):
     """Without its record, a program.so is never taken as it is (ninja would call a damaged one
     newer than its objects up to date): the build relinks it, from the same objects."""
     out = tmp_path / "b"
-    build(small_doc(), out, jobs=2, use_cache=False)
+    build(H.small_doc(), out, jobs=2, use_cache=False)
     good = store.digest(out / "program.so")
     store.drop_trust(out)
     _truncate(out / "program.so")
-    again = build(small_doc(), out, jobs=2, use_cache=False)
+    again = build(H.small_doc(), out, jobs=2, use_cache=False)
     assert _cached(again) == "no"
     store.verify_directory(out)
     assert store.digest(out / "program.so") == good  # relinked, byte for byte the library it was
@@ -220,13 +201,13 @@ def _racy(doc):
 
 def test_the_build_refuses_a_document_the_validator_rejects(tmp_path, cache):
     with pytest.raises(BuildError, match="refusing to build a document the static validator rejects"):
-        build(_racy(small_doc()), tmp_path / "b", jobs=2)
+        build(_racy(H.small_doc()), tmp_path / "b", jobs=2)
     assert not (tmp_path / "b" / "program.so").exists()
 
 
 @needs_nvcc
 def test_validate_false_builds_it_and_says_so(tmp_path, cache, capfd):
-    doc = build(_racy(small_doc()), tmp_path / "b", jobs=2, validate=False)
+    doc = build(_racy(H.small_doc()), tmp_path / "b", jobs=2, validate=False)
     assert dict(doc.build.stats)["validated"] is False
     assert "static validation SKIPPED" in capfd.readouterr().err
 
@@ -238,9 +219,9 @@ def test_the_build_command_refuses_and_no_validate_says_it_skipped(tmp_path, cac
     from latch_core.document import save
 
     path = tmp_path / "racy.latch.json"
-    save(_racy(small_doc()), path)
+    save(_racy(H.small_doc()), path)
     r = CliRunner().invoke(main, ["build", "-i", str(path), "-d", str(tmp_path / "b")])
     assert r.exit_code == 1 and "refusing to build" in r.output and "write race" in r.output
-    if _have_nvcc():
+    if H.have_nvcc():
         r = CliRunner().invoke(main, ["build", "-i", str(path), "-d", str(tmp_path / "b"), "--no-validate"])
         assert r.exit_code == 0 and "SKIPPED" in r.output, r.output

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
+from latch_core.cli import parse_value
+
 from .api import Example
 from .errors import CaptureError
 
@@ -124,22 +126,8 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         if "=" not in item:
             raise CaptureError(f"override {item!r} is not KEY=VALUE", hint="write e.g. --set d_model=64")
         k, v = item.split("=", 1)
-        out[k.strip()] = _value(v.strip())
+        out[k.strip()] = parse_value(v.strip())
     return out
-
-
-def _value(v: str) -> Any:
-    low = v.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low == "none":
-        return None
-    for conv in (int, float):
-        try:
-            return conv(v)
-        except ValueError:
-            pass
-    return v
 
 
 _LOADED: dict[tuple[str, str, str], Example] = {}

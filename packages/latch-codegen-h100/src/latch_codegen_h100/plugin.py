@@ -160,10 +160,10 @@ def sass_cmd(build_dir):
     USETMAXREG (the register split), local memory; runs without a GPU."""
     from pathlib import Path
 
-    from .sass import SassError, report
+    from .sass import SassError, sass_report
 
     try:
-        r = report(Path(build_dir) / "program.so")
+        r = sass_report(Path(build_dir) / "program.so")
     except SassError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)

@@ -142,6 +142,4 @@ def sass_report(library: str | Path, cuobjdump: str | None = None) -> SassReport
     return parse(_run([tool, "-sass", lib]), _run([tool, "-res-usage", lib]))
 
 
-report = sass_report
-
-__all__ = ["SassReport", "SassError", "find_cuobjdump", "parse", "report", "sass_report"]
+__all__ = ["SassReport", "SassError", "find_cuobjdump", "parse", "sass_report"]

@@ -229,11 +229,13 @@ def _pass_options(items, names) -> dict[str, dict]:
         owner = max((n for n in names if key.startswith(n + ".")), key=len, default=None)
         if not eq or owner is None:
             raise click.UsageError(f"option {item!r} is not PASS.KEY=VALUE for a pass of the sequence ({', '.join(names)})")
-        out.setdefault(owner, {})[key[len(owner) + 1:]] = _value(raw)
+        out.setdefault(owner, {})[key[len(owner) + 1:]] = parse_value(raw)
     return out
 
 
-def _value(v: str):
+def parse_value(v: str):
+    """A command-line value: true/false, none, an int, a float, else the string itself
+    (``-O PASS.KEY=VALUE`` and an example's ``--set KEY=VALUE`` read values alike)."""
     low = v.strip().lower()
     if low in ("true", "false"):
         return low == "true"
