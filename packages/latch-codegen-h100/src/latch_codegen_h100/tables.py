@@ -20,6 +20,8 @@ import struct
 
 import attrs
 
+from latch_core.ir import DTYPES
+
 ABI_VERSION = 2
 MAX_DIMS = 8
 I_TASK, I_BARRIER, I_WAIT, I_SIGNAL = 1, 2, 3, 4
@@ -32,7 +34,6 @@ TMAP = struct.Struct("<iiqii3q2q3ii")
 
 assert INSTR.size == 16 and TASK.size == 96 and OPERAND.size == 16 and TMAP.size == 80
 
-DTYPE_BYTES = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "u8": 1}
 
 
 @attrs.frozen
@@ -76,7 +77,7 @@ class TmapRecord:
 
         if self.dtype not in TMAP_DTYPES:
             raise ValueError(f"tensor map of a {self.dtype} tensor: TMA takes {sorted(TMAP_DTYPES)}")
-        esize = DTYPE_BYTES[self.dtype]
+        esize = DTYPES[self.dtype]
         strides, acc = [], esize
         for d in self.dims[:-1]:
             acc *= d

@@ -169,17 +169,23 @@ __device__ __forceinline__ bool spin_until(const uint32_t* p, uint32_t target, u
   }
 }
 
+// Wait (one thread) until every block arrived at grid barrier k of this launch: the barrier word
+// holds (epoch * num_barriers + k + 1) * gridDim.x arrivals then.
+__device__ __forceinline__ bool barrier_complete(const Args& a, uint32_t k, int pc) {
+  const uint32_t grid = gridDim.x;
+  const uint32_t base = (a.epoch * a.num_barriers + k) * grid;
+  return spin_until(a.barrier, base + grid, base, a, ERR_BARRIER_TIMEOUT, pc, (int)k);
+}
+
 // The consumers' grid barrier k: every consumer thread has finished the work before it (the named
 // barrier), thread 0 arrives and waits, then every consumer thread leaves together.
 __device__ __forceinline__ bool consumer_grid_barrier(const Args& a, uint32_t k, int pc) {
-  const uint32_t grid = gridDim.x;
-  const uint32_t base = (a.epoch * a.num_barriers + k) * grid;
   block_sync();
   bool failed = false;
   if (threadIdx.x == 0) {
     __threadfence();
     red_release(a.barrier, 1u);
-    failed = !spin_until(a.barrier, base + grid, base, a, ERR_BARRIER_TIMEOUT, pc, (int)k);
+    failed = !barrier_complete(a, k, pc);
   }
   return !sm90::named_sync_or(1, LATCH_THREADS, failed);
 }
@@ -259,9 +265,7 @@ __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* r
       if (!__shfl_sync(0xffffffffu, ok, 0)) return;
     } else if (ins.kind == I_BARRIER) {
       if (lane == 0) {
-        const uint32_t grid = gridDim.x;
-        const uint32_t base = (a.epoch * a.num_barriers + (uint32_t)ins.a) * grid;
-        ok = spin_until(a.barrier, base + grid, base, a, ERR_BARRIER_TIMEOUT, pc - begin, ins.a);
+        ok = barrier_complete(a, (uint32_t)ins.a, pc - begin);
         sm90::fence_proxy_async_global();
       }
       if (!__shfl_sync(0xffffffffu, ok, 0)) return;
