@@ -88,7 +88,7 @@ def test_a_failed_launch_leaves_params_and_state_as_they_were_in_safe_mode(tmp_p
     w, m = w0.clone(), m0.clone()
     safe = Program.load(tmp_path / "bad", timeout_s=0.5)
     safe.safe = True
-    with pytest.raises(LaunchError, match=r"spin timeout.*safe update: the 2 parameter/state tensor\(s\)"):
+    with pytest.raises(LaunchError, match=r"(?s)spin timeout.*safe update: the 2 parameter/state tensor\(s\)"):
         safe({"w": w}, {"m": m}, {"x": x}, {"lr": 0.1})
     assert torch.equal(w, w0) and torch.equal(m, m0)
 
@@ -139,6 +139,6 @@ def test_a_body_error_after_an_in_place_update_is_undone_in_safe_mode(tmp_path):
     assert not torch.equal(w, w0)  # unsafe: the update of w happened before the body error
     w = w0.clone()
     prog.safe = True
-    with pytest.raises(LaunchError, match=r"read index 99, outside \[0, 11\).*safe update: the 1 parameter/state"):
+    with pytest.raises(LaunchError, match=r"(?s)read index 99, outside \[0, 11\).*safe update: the 1 parameter/state"):
         prog.run({"w": w, "emb": emb}, {}, {"x": x, "idx": bad})
     assert torch.equal(w, w0)
