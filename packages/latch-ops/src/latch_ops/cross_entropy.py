@@ -116,21 +116,26 @@ def _bwd_ref(inputs, attrs):
     return [d.to(ref_dtype(attrs.get("out_dtype") or "f32"))]
 
 
-def _tiling(split_dims, footprint, kind):
+ROWS_PER_TASK = 8  # cross_entropy: one row per consumer warp (8 warps of the worker's 256 consumer threads)
+
+
+def _tiling(split_dims, footprint, kind, granule=()):
     from latch_core.tiling import Tiling
 
-    return Tiling(split_dims, footprint, kind=kind)
+    return Tiling(split_dims, footprint, granule=granule, kind=kind)
 
 
 def tiling_fwd(in_types, out_types, attrs):
-    """Rows split; a tile reads its rows of logits whole and its targets."""
+    """Rows split in blocks of ``ROWS_PER_TASK`` (fixed: the scheduler's rule for a free innermost
+    dim would round a 1-D output's blocks up to 128 rows, 16 tasks for 2048 rows); a tile reads its
+    rows of logits whole and its targets."""
     V = in_types[0].shape[1]
 
     def footprint(box):
         (r0, r1), = box
         return [((r0, r1), (0, V)), ((r0, r1),)], [((r0, r1),)] * 3
 
-    return _tiling((0,), footprint, "cross_entropy")
+    return _tiling((0,), footprint, "cross_entropy", granule=(ROWS_PER_TASK,))
 
 
 def tiling_bwd(in_types, out_types, attrs):

@@ -7,7 +7,8 @@
 //   cross_entropy_grad_tile: every consumer thread, 8 consecutive elements of the tile at a time:
 //                           (exp(x - lse) - onehot) * scale, or 0 on an ignored row.
 // BF16 logits with rows a multiple of 8 long and 16-byte aligned take 16-byte vector loads and
-// stores; anything else the scalar path. Statistics in Acc (float; double for f64 logits).
+// stores; anything else the scalar path. Plain (coherent) loads, never ld.global.nc: the logits are
+// written earlier in the same launch, into arena bytes that may have held another value before. Statistics in Acc (float; double for f64 logits).
 #pragma once
 
 #include <type_traits>
@@ -26,6 +27,21 @@ __device__ __forceinline__ void xent_online(Acc v, Acc& m, Acc& s) {
   } else if (v != lowest<Acc>()) {
     s += ew::exp_(v - m);
   }
+}
+
+// Eight values at once: one rescale per chunk (at its max) instead of a branch per element. A NaN
+// element makes s NaN (fmaxf skips it, exp does not), so the row's lse is NaN, as in torch.
+__device__ __forceinline__ void xent_online8(const float* f, float& m, float& s) {
+  float cm = f[0];
+#pragma unroll
+  for (int k = 1; k < 8; ++k) cm = fmaxf(cm, f[k]);
+  if (cm > m) {
+    s = m == lowest<float>() ? 0.f : s * ew::exp_(m - cm);
+    m = cm;
+  }
+  if (m == lowest<float>()) return;  // every value so far is -inf: nothing to add
+#pragma unroll
+  for (int k = 0; k < 8; ++k) s += ew::exp_(f[k] - m);
 }
 
 template <class Acc>
@@ -54,35 +70,55 @@ __device__ __forceinline__ void bf16x8_to_float(const uint4& u, float* f) {
   }
 }
 
+// 8 16-bit floats held in a uint4, as floats.
+template <class T>
+__device__ __forceinline__ void to_float8(const uint4& u, float* f) {
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    bf16x8_to_float(u, f);
+  } else {
+    const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 v = __half22float2(h[k]);
+      f[2 * k] = v.x;
+      f[2 * k + 1] = v.y;
+    }
+  }
+}
+
 template <class T, class Acc>
 __device__ __forceinline__ void xent_row_stats(const T* x, long long V, Acc& m, Acc& s) {
   const int lane = threadIdx.x & 31;
   m = lowest<Acc>();
   s = Acc(0);
-  bool vec = false;
-  if constexpr (sizeof(T) == 2 && sizeof(Acc) == 4) vec = xent_vec_ok(x, V);
-  if (vec) {
-    const uint4* xv = reinterpret_cast<const uint4*>(x);
-    for (long long j = lane; j < V / 8; j += 32) {
-      const uint4 u = __ldg(xv + j);
-      float f[8];
-      if constexpr (sizeof(T) == 2) {
-        if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-          bf16x8_to_float(u, f);
-        } else {
-          const __half2* h = reinterpret_cast<const __half2*>(&u);
+  bool scalar = true;
+  if constexpr (sizeof(T) == 2 && std::is_same<Acc, float>::value) {
+    if (xent_vec_ok(x, V)) {
+      scalar = false;
+      // 4 independent 16-byte loads in flight per lane (8 warps x 2 KiB per SM): enough bytes in
+      // flight to stream at HBM rate, where one load per iteration waits out the latency each time.
+      const uint4* xv = reinterpret_cast<const uint4*>(x);
+      const long long n8 = V / 8;
+      long long j = lane;
+      for (; j + 96 < n8; j += 128) {
+        uint4 u[4];
 #pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const float2 v = __half22float2(h[k]);
-            f[2 * k] = v.x;
-            f[2 * k + 1] = v.y;
-          }
+        for (int q = 0; q < 4; ++q) u[q] = xv[j + 32 * q];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          float f[8];
+          to_float8<T>(u[q], f);
+          xent_online8(f, m, s);
         }
       }
-#pragma unroll
-      for (int k = 0; k < 8; ++k) xent_online<Acc>((Acc)f[k], m, s);
+      for (; j < n8; j += 32) {
+        float f[8];
+        to_float8<T>(xv[j], f);
+        xent_online8(f, m, s);
+      }
     }
-  } else {
+  }
+  if (scalar) {
     for (long long j = lane; j < V; j += 32) xent_online<Acc>((Acc)ld<T>(x, j), m, s);
   }
 #pragma unroll
@@ -124,29 +160,50 @@ __device__ __forceinline__ void cross_entropy_grad_tile(const TS* grad, const T*
                 sizeof(Acc) == 4) {
     vec = xent_vec_ok(x, V) && xent_vec_ok(dx, V) && (c0 % 8 == 0) && (width % 8 == 0);
   }
+  if (vec) {
+    // two runs per thread per iteration, both loads issued before either store (dx may alias
+    // nothing, but the compiler cannot know): twice the bytes in flight
+    for (long long i0 = threadIdx.x; i0 < n; i0 += 2 * LATCH_THREADS) {
+      uint4 u[2];
+      long long r[2], j0[2];
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const long long i = i0 + q * LATCH_THREADS;
+        r[q] = r0 + i / runs;
+        j0[q] = c0 + (i % runs) * 8;
+        if (i < n) u[q] = *reinterpret_cast<const uint4*>(x + r[q] * V + j0[q]);
+      }
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        if (i0 + q * LATCH_THREADS >= n) break;
+        const long long t = (long long)target[r[q]];
+        const bool ok = t != ignore_index;
+        const float l = (float)ld<TS>(lse, r[q]), sc = (float)scale;
+        float f[8];
+        bf16x8_to_float(u[q], f);
+        uint4 o;
+        __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const long long ja = j0[q] + 2 * k;
+          const float a = ok ? (ew::exp_(f[2 * k] - l) - (ja == t ? 1.f : 0.f)) * sc : 0.f;
+          const float b = ok ? (ew::exp_(f[2 * k + 1] - l) - (ja + 1 == t ? 1.f : 0.f)) * sc : 0.f;
+          h[k] = __floats2bfloat162_rn(a, b);
+        }
+        *reinterpret_cast<uint4*>(dx + r[q] * V + j0[q]) = o;
+      }
+    }
+    return;
+  }
   for (long long i = threadIdx.x; i < n; i += LATCH_THREADS) {
     const long long r = r0 + i / runs, j0 = c0 + (i % runs) * 8;
     const long long t = (long long)target[r];
     const bool ok = t != ignore_index;
     const Acc l = (Acc)ld<TS>(lse, r);
-    if (vec) {
-      float f[8];
-      bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(x + r * V + j0)), f);
-      uint4 o;
-      __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&o);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        float a = ok ? (ew::exp_(f[2 * k] - l) - (j0 + 2 * k == t ? 1.f : 0.f)) * scale : 0.f;
-        float b = ok ? (ew::exp_(f[2 * k + 1] - l) - (j0 + 2 * k + 1 == t ? 1.f : 0.f)) * scale : 0.f;
-        h[k] = __floats2bfloat162_rn(a, b);
-      }
-      *reinterpret_cast<uint4*>(dx + r * V + j0) = o;
-    } else {
-      const long long j1 = j0 + 8 < c1 ? j0 + 8 : c1;
-      for (long long j = j0; j < j1; ++j) {
-        const Acc v = ok ? (ew::exp_((Acc)ld<T>(x, r * V + j) - l) - (j == t ? Acc(1) : Acc(0))) * scale : Acc(0);
-        st<TO>(dx, r * V + j, v);
-      }
+    const long long j1 = j0 + 8 < c1 ? j0 + 8 : c1;
+    for (long long j = j0; j < j1; ++j) {
+      const Acc v = ok ? (ew::exp_((Acc)ld<T>(x, r * V + j) - l) - (j == t ? Acc(1) : Acc(0))) * scale : Acc(0);
+      st<TO>(dx, r * V + j, v);
     }
   }
 }
