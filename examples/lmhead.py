@@ -26,6 +26,7 @@ class Config:
     vocab: int = 512
     seed: int = 0
     init_std: float = 0.02
+    ignore_every: int = 0  # > 0: every k-th target is -100 (F.cross_entropy's ignore_index)
     device: str = "cpu"
 
 
@@ -46,8 +47,10 @@ def cross_entropy(logits, targets):
 
 def batch(cfg: Config, index: int):
     g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 7 + index)
-    return (torch.randn(cfg.tokens, cfg.d_model, generator=g) * 0.1,
-            torch.randint(0, cfg.vocab, (cfg.tokens,), generator=g))
+    t = torch.randint(0, cfg.vocab, (cfg.tokens,), generator=g)
+    if cfg.ignore_every > 0:
+        t[::cfg.ignore_every] = -100
+    return torch.randn(cfg.tokens, cfg.d_model, generator=g) * 0.1, t
 
 
 def keep(params, grads, state, hyper):

@@ -75,3 +75,33 @@ def test_full_size_dense_transformer_plan_holds_no_f32_logits(capsys):
               f"{s.num_barriers} barriers, arena {doc.memory.arena_bytes / 1e9:.2f} GB, "
               f"logit-sized tensors: {[(v.name, v.dtype) for v in big]}")
     assert phases > 0 and s.num_barriers > 0
+
+
+def _have_nvcc() -> bool:
+    import shutil
+
+    return shutil.which("nvcc") is not None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _have_nvcc(), reason="nvcc not installed")
+@pytest.mark.parametrize("policy", [True, False])
+def test_bodies_compile_for_sm90a_and_use_no_atomics(tmp_path, policy):
+    """The two cross-entropy bodies (BF16 vector path with the policy, scalar f32 path without) and
+    the embedding backward (no float atomics) in a real nvcc build."""
+    from latch_check.pipeline import compile_example
+
+    c = compile_example(ROOT / "examples" / "lmhead.py", overrides={"vocab": 1000}, policy=policy,
+                        build_dir=tmp_path / "lm", cache=False)
+    src = "".join(p.read_text() for p in sorted((tmp_path / "lm" / "src").glob("unit_*.cu")))
+    dt = "__nv_bfloat16" if policy else "float"
+    assert f"latch::cross_entropy_row<{dt}, long long, float, float>" in src
+    assert f"latch::cross_entropy_grad_tile<{dt}, long long, float, {dt}, float>" in src
+    assert (tmp_path / "lm" / "program.so").is_file()
+    if policy:
+        t = compile_example(EXAMPLE, build_dir=tmp_path / "tf", cache=False)
+        units = "".join(p.read_text() for p in sorted((tmp_path / "tf" / "src").glob("unit_*.cu")))
+        body = units[units.index("// latch::embedding_backward("):]
+        body = body[:body.index("\n}\n")]
+        assert "atomic" not in body and "latch::st<float>" in body
+        assert t.doc.build is not None
