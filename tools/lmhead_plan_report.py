@@ -4,7 +4,7 @@ logits' size it holds, and its phase / task / barrier counts (issue 11).
 
     python tools/lmhead_plan_report.py                    # with memory.fuse_cross_entropy
     python tools/lmhead_plan_report.py --no-fuse          # the pipeline without it, to compare
-    python tools/lmhead_plan_report.py --json out.json
+    python tools/lmhead_plan_report.py --json out.json --scheduler dataflow
 
 Runs the pipeline from capture to memory.plan (the model on the meta device; no build, no
 simulation). Prints one line per value of at least the logits' element count (N x V) that the
@@ -58,11 +58,12 @@ def report(doc, n_logits: int) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--no-fuse", action="store_true", help="leave memory.fuse_cross_entropy out")
+    ap.add_argument("--scheduler", default=None, help="barrier (default) or dataflow")
     ap.add_argument("--json", help="write the report here")
     ap.add_argument("--expect-no-f32-logits", action="store_true")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
-    doc = plan(FULL, not a.no_fuse)
+    doc = plan(FULL, not a.no_fuse, a.scheduler)
     n_logits = FULL["batch"] * FULL["seq"] * FULL["vocab"]
     r = report(doc, n_logits)
     r["seconds"] = round(time.perf_counter() - t0, 1)
