@@ -100,7 +100,7 @@ def run_bench(tokens: int, d_model: int, vocab: int, iters: int, warmup: int, bu
     def latch_setup_and_step():
         holder["run"] = run = GpuRun(compiled.example, compiled.build_dir)
         holder["batch"] = run.gpu_batch(run.batches(0)[0])
-        holder["out"] = run.prog(run.layout, run.layout, holder["batch"], run.hyper, check=True)
+        holder["out"] = run.prog.run(run.layout, run.layout, holder["batch"], run.hyper, check=True)  # every output
 
     res["latch_peak_bytes"] = _peak(latch_setup_and_step) - base
     run, gb, out = holder["run"], holder["batch"], holder["out"]
@@ -109,7 +109,7 @@ def run_bench(tokens: int, d_model: int, vocab: int, iters: int, warmup: int, bu
     ref = _fp64_head(hidden, x, w, t)
     res["latch_gates"] = _gates(out["loss"], out["grad.hidden"], out["grad.weight"], ref, GATES_BF16)
 
-    def latch_step():
+    def latch_step():  # as latch_check.gpu.bench times an update: the loss back, still on the GPU
         return run.prog(run.layout, run.layout, gb, run.hyper, check=False)
 
     res["latch_ms"] = statistics.median(_events_ms(latch_step, iters, warmup))
