@@ -75,7 +75,6 @@ def run_bench(tokens: int, d_model: int, vocab: int, iters: int, warmup: int, bu
         raise click.ClickException("bench-lmhead runs on the GPU; torch sees no CUDA device")
     if not Path(example).is_file():
         raise click.ClickException(f"bench-lmhead needs {example} (the repository's examples/lmhead.py; --example PATH)")
-    dev = torch.device("cuda")
     over = {"tokens": tokens, "d_model": d_model, "vocab": vocab}
     res: dict = {"tokens": tokens, "d_model": d_model, "vocab": vocab, "device": torch.cuda.get_device_name(0),
                  "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
