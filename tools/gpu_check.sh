@@ -33,7 +33,7 @@ export PYTHONUNBUFFERED=1
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 say() { echo "== [gpu_check ${SECONDS}s] $*"; }
-# LATCH_GPU_ONLY=matmul,examples,readme,pytest,sanitizer,dense,profile,full runs only the steps named (default: all).
+# LATCH_GPU_ONLY=matmul,examples,readme,pytest,sanitizer,dense,profile,full,lmhead runs only the steps named (default: all).
 want() { [ -z "${LATCH_GPU_ONLY:-}" ] || [[ ",${LATCH_GPU_ONLY}," == *",$1,"* ]]; }
 row() { echo "$*" >> "$SUMMARY"; }
 
@@ -82,6 +82,25 @@ if want matmul; then
     { echo "===== bench-matmul (exit $rc)"; cat "$WORK/matmul.log"; } >> "$OUT/examples.log"
     tail -40 "$WORK/matmul.log"
     { echo "  MATMUL (exit $rc):"; sed -n '/^case /,$p' "$WORK/matmul.log" | sed 's/^/    /'; } >> "$SUMMARY"
+fi
+
+# Issue 11: the LM head fused with cross-entropy (memory.fuse_cross_entropy, latch_xent.cuh) and the
+# deterministic embedding backward: their GPU tests (tests/test_lmhead_gpu.py), then bench-lmhead
+# (2048 x 768 x 49152, BF16 products) against torch.compile's head + cross-entropy, with peak memory.
+if want lmhead; then
+    say "lmhead: pytest -m gpu tests/test_lmhead_gpu.py"
+    timeout "${LATCH_GPU_LMHEAD_TEST_S:-150}" "$PY" -m pytest -q -m gpu tests/test_lmhead_gpu.py > "$WORK/lmhead_pytest.log" 2>&1
+    rc=$?
+    { echo "===== lmhead pytest (exit $rc)"; cat "$WORK/lmhead_pytest.log"; } >> "$OUT/examples.log"
+    tail -5 "$WORK/lmhead_pytest.log"
+    row "  LMHEAD pytest (exit $rc): $(tail -1 "$WORK/lmhead_pytest.log")"
+    say "bench-lmhead"
+    LATCH_SPIN_TIMEOUT_S=5 timeout "${LATCH_GPU_LMHEAD_S:-200}" "$PY" -m latch_core.cli bench-lmhead \
+        --dir "$WORK/build/bench-lmhead" --json "$OUT/lmhead.json" > "$WORK/lmhead.log" 2>&1
+    rc=$?
+    { echo "===== bench-lmhead (exit $rc)"; cat "$WORK/lmhead.log"; } >> "$OUT/examples.log"
+    tail -14 "$WORK/lmhead.log"
+    { echo "  BENCH-LMHEAD (exit $rc):"; sed -n '/^bench-lmhead /,$p' "$WORK/lmhead.log" | sed 's/^/    /'; } >> "$SUMMARY"
 fi
 
 if want examples; then

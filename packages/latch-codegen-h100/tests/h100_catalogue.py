@@ -77,6 +77,12 @@ ex("log_softmax_backward", [((5, 37), F), ((5, 37), F)])
 ex("nll_loss", [((5, 37), F), ((5,), "i64"), None], reduction="mean", ignore_index=-100)
 ex("nll_loss", [((5, 37), F), ((5,), "i64"), ((37,), F)], reduction="sum", ignore_index=-100)
 ex("nll_loss_backward", [((), F), ((5, 37), F), ((5,), "i64"), None, ((), F)], reduction="mean", ignore_index=-100)
+ex("cross_entropy", [((6, 40), "bf16"), ((6,), "i64")], ignore_index=-100)  # BF16: the 16-byte vector path
+ex("cross_entropy", [((5, 37), F), ((5,), "i64")], ignore_index=-100)
+ex("cross_entropy_backward", [((), F), ((6, 40), "bf16"), ((6,), "i64"), ((6,), F), ((), F)], ignore_index=-100,
+   reduction="mean", out_dtype="bf16")
+ex("cross_entropy_backward", [((), F), ((5, 37), F), ((5,), "i64"), ((5,), F), ((), F)], ignore_index=-100,
+   reduction="sum")
 ex("layer_norm", [((3, 4, 16), F), ((16,), F), ((16,), F)], normalized_ndim=1, eps=1e-5)
 ex("layer_norm_backward", [((3, 16), F), ((3, 16), F), ((3, 1), F), ((3, 1), F), ((16,), F), ((16,), F)],
    normalized_ndim=1, output_mask=(True, True, True))

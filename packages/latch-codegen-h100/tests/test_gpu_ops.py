@@ -18,7 +18,7 @@ from latch_codegen_h100.runtime import DTYPES, Program
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 POSITIVE = {"latch::log", "latch::sqrt", "latch::rsqrt", "latch::log1p", "latch::reciprocal", "latch::pow",
-            "latch::div", "latch::nll_loss_backward"}
+            "latch::div", "latch::nll_loss_backward", "latch::cross_entropy_backward"}
 EXACT = {"i64", "i32", "i16", "i8", "u8", "bool"}
 
 
@@ -35,6 +35,10 @@ def _index_bound(node, pos, g):
     if op in ("latch::nll_loss",) and pos == 1:
         return shape(0)[-1]
     if op == "latch::nll_loss_backward" and pos == 2:
+        return shape(1)[-1]
+    if op == "latch::cross_entropy" and pos == 1:
+        return shape(0)[-1]
+    if op == "latch::cross_entropy_backward" and pos == 2:
         return shape(1)[-1]
     return None
 

@@ -172,6 +172,11 @@ INDEX_CASES = [  # ops whose integer operands need valid indices: (op, operands 
      lambda g, lp, t, w, tw: torch.zeros(4, 5, dtype=torch.float64).scatter(1, t[:, None], -w[t][:, None] / tw)),
     ("latch::scatter", lambda: [torch.zeros(3, 4), torch.tensor([[0, 3], [1, 2], [2, 0]]), torch.randn(3, 2)],
      {"dim": 1}, lambda x, i, s: torch.scatter(x, 1, i, s)),
+    ("latch::cross_entropy", lambda: [torch.randn(4, 5), torch.tensor([1, 4, -100, 0])], {"ignore_index": -100},
+     lambda x, t: torch.nn.functional.cross_entropy(x, t, reduction="none", ignore_index=-100)),
+    ("latch::cross_entropy_backward", lambda: [torch.tensor(1.0), torch.randn(4, 5), torch.tensor([1, 4, -100, 0]),
+                                               torch.randn(4).exp(), torch.tensor(3.0)],
+     {"ignore_index": -100, "reduction": "sum"}, None),  # vs torch's autograd: tests/test_cross_entropy.py
 ]
 
 

@@ -1,11 +1,12 @@
 """Lowerings of the indexing ops (latch_ops/indexing.py).
 
 Gathers (embedding, gather, index_select) compute each output element of the tile from one input
-element chosen by an index. Scatters (embedding_backward, scatter, scatter_add, index_add) fill
+element chosen by an index. Scatters (scatter, scatter_add, index_add) fill
 the task's tile of the output (zeros or a copy of x), then walk every source element and apply the
 ones whose target falls inside the tile (atomically for the accumulating forms), so tiles of one
 scatter never write each other's bytes. An index outside its dimension is reported through the
 kernel's error record (``latch_report``), naming the task, instead of reading wild memory.
+embedding_backward is deterministic (no float atomics; see its body).
 """
 
 from __future__ import annotations
@@ -61,23 +62,29 @@ def _fill_tile(out, value: str, src=None) -> list[str]:
 
 
 def _embedding_backward(ctx: BodyContext) -> str:
+    """Deterministic, no atomics: consumer thread ``x`` owns the columns ``lo1 + x, lo1 + x + THREADS,
+    ...`` of the tile, zeroes them, then walks the indices in order (k = 0, 1, ...) and adds grad
+    row k into row idx[k] when that row is in the tile. Every element of dW is written by one
+    thread, its terms summed in index order: the same bits every run, whatever the tiling."""
     g, idx = ctx.inputs
     dw = ctx.outputs[0]
     n, D = dw.shape
     N = idx.numel
     pad = int(ctx.attr("padding_idx", -1) if ctx.attr("padding_idx") is not None else -1)
-    lines = _fill_tile(dw, f"({compute_type(dw.dtype)})0")
-    lines += [
-        "const int lane_ = threadIdx.x & 31, warp_ = threadIdx.x >> 5, nwarps_ = LATCH_THREADS >> 5;",
-        f"for (long long k = warp_; k < {N}LL; k += nwarps_) {{",
+    acc = compute_type(dw.dtype)
+    return "\n".join([
+        "const long long r0_ = c.t->lo[0], r1_ = c.t->hi[0], c0_ = c.t->lo[1], c1_ = c.t->hi[1];",
+        "for (long long d = c0_ + threadIdx.x; d < c1_; d += LATCH_THREADS)",
+        f"  for (long long r = r0_; r < r1_; ++r) latch::st<{dw.ctype}>({dw.ptr}, r * {D}LL + d, ({acc})0);",
+        f"for (long long k = 0; k < {N}LL; ++k) {{",
         f"  const long long t = (long long)latch::ld<{idx.ctype}>({idx.ptr}, k);",
-        _check("t", n),
-        f"  if (t < c.t->lo[0] || t >= c.t->hi[0] || t == {pad}LL) continue;",
-        "  for (long long d = c.t->lo[1] + lane_; d < c.t->hi[1]; d += 32)",
-        f"    latch::atomic_add({dw.ptr} + t * {D}LL + d, (double)latch::ld<{g.ctype}>({g.ptr}, k * {D}LL + d));",
+        f"  if (t < 0 || t >= {n}LL) {{ if (threadIdx.x == 0) latch_report(latch::ERR_INDEX_RANGE, t, {n}LL); continue; }}",
+        f"  if (t < r0_ || t >= r1_ || t == {pad}LL) continue;",
+        "  for (long long d = c0_ + threadIdx.x; d < c1_; d += LATCH_THREADS)",
+        f"    latch::st<{dw.ctype}>({dw.ptr}, t * {D}LL + d, latch::ld<{dw.ctype}>({dw.ptr}, t * {D}LL + d) + "
+        f"latch::ld<{g.ctype}>({g.ptr}, k * {D}LL + d));",
         "}",
-    ]
-    return "\n".join(lines)
+    ])
 
 
 def _select_along(ctx: BodyContext, index_offset) -> str:
@@ -157,7 +164,7 @@ def lowerings() -> list[Lowering]:
     return [
         Lowering("latch::embedding", body=_embedding, headers=h, doc="row gather"),
         Lowering("latch::embedding_backward", body=_embedding_backward, headers=h,
-                 doc="zero the tile, then atomically add the grad rows whose index falls in it"),
+                 doc="each thread owns tile columns: zero them, add the grad rows in index order (no atomics)"),
         Lowering("latch::gather", body=_gather, headers=h),
         Lowering("latch::index_select", body=_index_select, headers=h),
         Lowering("latch::scatter", body=_scatter(False), headers=h),

@@ -18,12 +18,12 @@ from latch_core.passes import Pass
 def all_lowerings():
     from . import (
         lower_attention, lower_elementwise, lower_indexing, lower_matmul, lower_moe, lower_nn, lower_reduce,
-        lower_views,
+        lower_views, lower_xent,
     )
 
     return (lower_elementwise.lowerings() + lower_reduce.lowerings() + lower_matmul.lowerings()
             + lower_views.lowerings() + lower_indexing.lowerings() + lower_nn.lowerings()
-            + lower_attention.lowerings() + lower_moe.lowerings())
+            + lower_attention.lowerings() + lower_moe.lowerings() + lower_xent.lowerings())
 
 
 @hookimpl

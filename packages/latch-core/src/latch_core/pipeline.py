@@ -4,6 +4,7 @@ to a built program.
     pass                        registered by        what it does
     capture                     latch-capture        example file -> graph section (cached by what it reads)
     memory.policy               latch-memory         numerical policy: BF16 operands of matmul/attention
+    memory.fuse_cross_entropy   latch-memory         graph rewrite: the LM head's cross-entropy, logits stored BF16
     memory.remat                latch-memory         recompute cheap forward values under a byte budget
     schedule.matmul_layouts     latch-schedule       graph rewrite: transposes feeding matmuls become trans flags
     schedule.split_reductions   latch-schedule       graph rewrite: big full reductions in two levels
@@ -45,6 +46,8 @@ class Stage:
 PIPELINE: tuple[Stage, ...] = (
     Stage("capture", "latch-capture", "example file -> graph section (cached by what it reads)"),
     Stage("memory.policy", "latch-memory", "numerical policy: BF16 operands of matmul/attention", "policy"),
+    Stage("memory.fuse_cross_entropy", "latch-memory",
+          "graph rewrite: the LM head's cross-entropy as one op pair over logits stored BF16", "fuse_cross_entropy"),
     Stage("memory.remat", "latch-memory", "recompute cheap forward values under a byte budget", "remat_budget"),
     Stage("schedule.matmul_layouts", "latch-schedule", "graph rewrite: transposes feeding matmuls become trans flags",
           "matmul_layouts"),
@@ -80,6 +83,7 @@ class Request:
     num_sms: int = DEFAULT_NUM_SMS
     policy: bool = True
     remat_budget: int | None = None
+    fuse_cross_entropy: bool = True
     split_reductions: bool = True
     matmul_layouts: bool = True
     matmul_configs: bool = True
@@ -91,7 +95,7 @@ class Request:
     progress: Callable[[str], None] | None = attrs.field(default=None, eq=False)
 
     def passes(self) -> list[str]:
-        on = {"policy": self.policy, "remat_budget": self.remat_budget is not None,
+        on = {"policy": self.policy, "fuse_cross_entropy": self.fuse_cross_entropy, "remat_budget": self.remat_budget is not None,
               "split_reductions": self.split_reductions, "matmul_layouts": self.matmul_layouts,
               "matmul_configs": self.matmul_configs, "build": self.build}
         return [s.name for s in PIPELINE if not s.switch or on[s.switch]]

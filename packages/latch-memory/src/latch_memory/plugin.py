@@ -24,6 +24,12 @@ def policy_pass(doc, **options):
     return _policy(doc, **options)
 
 
+def fuse_cross_entropy_pass(doc, **options):
+    from .cross_entropy import fuse_pass
+
+    return fuse_pass(doc, **options)
+
+
 def remat_pass(doc, **options):
     from .remat import remat_pass as _remat
 
@@ -33,6 +39,10 @@ def remat_pass(doc, **options):
 POLICY = Pass(
     "memory.policy", policy_pass, requires={"graph"}, ensures={"graph"},
     doc="numerical policy: operand_dtype/accum_dtype per op class (options: table, ops, nodes, master)",
+)
+FUSE_CROSS_ENTROPY = Pass(
+    "memory.fuse_cross_entropy", fuse_cross_entropy_pass, requires={"graph"}, ensures={"graph"},
+    doc="LM head: log_softmax/nll_loss and their backward become cross_entropy(_backward) over logits stored BF16",
 )
 REMAT = Pass(
     "memory.remat", remat_pass, requires={"graph"}, ensures={"graph"},
@@ -47,6 +57,7 @@ PLAN = Pass(
 @hookimpl
 def latch_register_passes(register):
     register(POLICY)
+    register(FUSE_CROSS_ENTROPY)
     register(REMAT)
     register(PLAN)
 

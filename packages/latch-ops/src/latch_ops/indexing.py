@@ -118,6 +118,21 @@ def _index_add_infer(inputs, attrs):
     return [x]
 
 
+def tiling_embedding_backward(in_types, out_types, attrs):
+    """dW's rows and columns split; a tile reads every index and, for its columns, every grad row
+    (which rows land in the tile is data)."""
+    from latch_core.tiling import Tiling
+
+    g = in_types[0]
+    lead = tuple((0, s) for s in g.shape[:-1])
+    idx = tuple((0, s) for s in in_types[1].shape)
+
+    def footprint(box):
+        return [lead + (box[1],), idx], [box]
+
+    return Tiling((0, 1), footprint, kind="embedding_backward")
+
+
 SPECS: list[OpSpec] = [
     spec("embedding", "embedding(weight[V,D], idx[*I]) -> out[*I,D]", _embedding_infer,
          lambda i, a: [_t().nn.functional.embedding(i[1], i[0])], tags={INDEXING}, num_inputs=(2, 2), cost=_cost,
@@ -125,6 +140,7 @@ SPECS: list[OpSpec] = [
     spec("embedding_backward", "embedding_backward(grad[*I,D], idx[*I]) {num_weights, padding_idx=-1} -> dW",
          _embedding_backward_infer, _embedding_backward_ref, tags={INDEXING}, num_inputs=(2, 2), cost=_cost,
          doc="grad rows summed into the rows idx names", torch_ops=("aten.embedding_dense_backward",)),
+    # (its extra["tiling"] is set below the list: dW's rows and columns split)
     spec("gather", "gather(x, idx) {dim} -> out", _gather_infer,
          lambda i, a: [_t().gather(i[0], a["dim"], i[1])], tags={INDEXING}, num_inputs=(2, 2), cost=_cost,
          doc="torch.gather", torch_ops=("aten.gather",)),
@@ -141,3 +157,7 @@ SPECS: list[OpSpec] = [
          lambda i, a: [_t().index_add(i[0], a["dim"], i[1], i[2])], tags={INDEXING}, num_inputs=(3, 3), cost=_cost,
          doc="torch.index_add (alpha 1)", torch_ops=("aten.index_add", "aten.index_put (accumulate, one index)")),
 ]
+
+for _s in SPECS:
+    if _s.name == "latch::embedding_backward":
+        _s.extra["tiling"] = tiling_embedding_backward

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from latch_core.registry import OpSpec
 
-from . import elementwise, indexing, matmul, nn, reduction, views
+from . import cross_entropy, elementwise, indexing, matmul, nn, reduction, views
 
 SPECS: list[OpSpec] = [
     *elementwise.SPECS, *reduction.SPECS, *matmul.SPECS, *views.SPECS, *indexing.SPECS, *nn.SPECS,
+    *cross_entropy.SPECS,
 ]
 
 
