@@ -112,3 +112,17 @@ def test_eager_control_runs_tinymoe_with_the_graph_safe_moe_and_microbatches_on_
     assert all(math.isfinite(v) for v in losses) and abs(losses[0] - math.log(64)) < 0.5
     # the control trains a copy: the example's own weights are untouched
     assert all(torch.equal(before[n], p) for n, p in ex.model.named_parameters())
+
+
+def test_compiled_control_traces_an_example_whose_model_spans_two_files():
+    """TinyMoE's MoE (tinymoe.py, loaded under a private module name) inlined into transformer.py's
+    Block: torch.compile imports the module of what it inlines (the H200 run of 2026-12-01 failed
+    with ModuleNotFoundError before controls.importable). aot_eager: dynamo's tracing, no C++ build."""
+    from latch_capture.examples import load_example
+    from latch_check.controls import control
+
+    ex = load_example(EXAMPLES / "tinymoe.py", vocab=64, d_model=32, layers=1, heads=2, experts=4, expert_hidden=16,
+                      batch=2, seq=16)
+    with control(ex, "cpu", "compiled", [ex.microbatch(0)], backend="aot_eager") as step:
+        losses = [float(step()) for _ in range(2)]
+    assert all(math.isfinite(v) for v in losses) and losses[1] < losses[0]

@@ -117,6 +117,7 @@ def bench_shape(example_path: str, shape: tuple[int, int, int], *, overrides: di
         say(f"bench {row['shape']}: latch ({latch_iters} timed updates)")
         row["latch"] = _times(latch_step, latch_iters, min(2, latch_iters))
         run.prog.check()
+        say(f"bench {row['shape']}: latch {row['latch']}")
         del run
         if gate_steps > 0 or trained > 0:
             from .gpu import gpu_compare
@@ -134,6 +135,7 @@ def bench_shape(example_path: str, shape: tuple[int, int, int], *, overrides: di
                 row[kind] = {**_times(step, iters, 3), "setup_s": setup}
         except Exception as e:  # reported in the table and the JSON, never a silent pass
             row[kind] = {"error": f"{type(e).__name__}: {e}"[:400]}
+        say(f"bench {row['shape']}: {kind} {row[kind]}")
         torch.cuda.empty_cache()
     lat = row.get("latch", {}).get("median_ms")
     for kind in controls:

@@ -59,10 +59,35 @@ def _settings(example) -> dict:
 
 
 @contextlib.contextmanager
+def importable(model: torch.nn.Module):
+    """While inside: the modules that define ``model``'s classes are in ``sys.modules``. An example
+    file is loaded under a private module name (``latch_capture.examples.load_module``) that is not
+    registered there; torch.compile imports the module of every function it inlines from another
+    module (TinyMoE's ``MoE.forward`` called from transformer.py's ``Block``), and would fail."""
+    import sys
+
+    from latch_capture.examples import MODULES
+
+    known = {m.__name__: m for m in MODULES.values()}
+    added = []
+    for m in model.modules():
+        name = type(m).__module__
+        if name not in sys.modules and name in known:
+            sys.modules[name] = known[name]
+            added.append(name)
+    try:
+        yield
+    finally:
+        for name in added:
+            sys.modules.pop(name, None)
+
+
+@contextlib.contextmanager
 def control(example, device, kind: str, batches: Sequence[tuple[Any, Any]] | None = None, *, bf16: bool = True,
-            warmup: int = 3) -> Iterator[Callable[[], torch.Tensor]]:
+            warmup: int = 3, backend: str = "inductor") -> Iterator[Callable[[], torch.Tensor]]:
     """While inside: ``step()`` runs one update of ``kind`` over ``batches`` (default: the
-    example's first microbatch), returning the mean loss (on the device). See the module docstring."""
+    example's first microbatch), returning the mean loss (on the device). See the module docstring.
+    ``backend``: torch.compile's (tests on the CPU use ``aot_eager``)."""
     if kind not in KINDS:
         raise ControlError(f"unknown control {kind!r}; choose from {KINDS}")
     ctl = _settings(example)
@@ -77,7 +102,7 @@ def control(example, device, kind: str, batches: Sequence[tuple[Any, Any]] | Non
         opt = torch.optim.AdamW(params, lr=lr, betas=ctl["betas"], eps=ctl["eps"], weight_decay=ctl["weight_decay"],
                                 fused=True, capturable=kind == "graph")
     max_norm = ctl.get("max_norm")
-    fwd = model if kind == "eager" else torch.compile(model)
+    fwd = model if kind == "eager" else torch.compile(model, backend=backend)
     batches = [_to(b, device) for b in (batches if batches is not None else [example.microbatch(0)])]
     K = len(batches)
 
@@ -102,7 +127,7 @@ def control(example, device, kind: str, batches: Sequence[tuple[Any, Any]] | Non
         opt.zero_grad(set_to_none=False)
         return total / K if K > 1 else total
 
-    with torch_native(model):
+    with torch_native(model), importable(model):
         if kind != "graph":
             yield step
             return
