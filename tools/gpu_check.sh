@@ -169,7 +169,7 @@ if want dense; then
     DENSE=(--set d_model=768 --set layers=8 --set heads=12 --set vocab=49152 --set seq=1024 --set batch=2
            --set mlp_hidden=2048)
     timeout "${LATCH_GPU_DENSE_S:-420}" "$PY" -m latch_core.cli compile examples/transformer.py --target gpu "${DENSE[@]}" \
-        --steps 1 --bench --strongest --no-eager --iters 5 --dir "$WORK/build/dense" > "$WORK/dense.log" 2>&1
+        --steps 1 --torch-column --bench --strongest --no-eager --iters 5 --dir "$WORK/build/dense" > "$WORK/dense.log" 2>&1
     rc=$?
     { echo "===== dense transformer (exit $rc)"; cat "$WORK/dense.log"; } >> "$OUT/examples.log"
     grep -E "^(GATES|BENCH|STRONGEST)|capture |build |schedule |FAIL" "$WORK/dense.log" | head -20

@@ -126,3 +126,14 @@ def test_compiled_control_traces_an_example_whose_model_spans_two_files():
     with control(ex, "cpu", "compiled", [ex.microbatch(0)], backend="aot_eager") as step:
         losses = [float(step()) for _ in range(2)]
     assert all(math.isfinite(v) for v in losses) and losses[1] < losses[0]
+
+
+def test_compile_refuses_the_torch_column_on_the_cpu_and_names_the_cpu_tool():
+    from click.testing import CliRunner
+
+    from latch_core.cli import main
+
+    r = CliRunner().invoke(main, ["compile", str(EXAMPLES / "mlp.py"), "--target", "sim", "--torch-column", "-q"])
+    assert r.exit_code == 2 and "tools/qualify_gates.py" in r.output
+    r = CliRunner().invoke(main, ["compile", str(EXAMPLES / "mlp.py"), "--target", "sim", "--trained", "5", "-q"])
+    assert r.exit_code == 2 and "--trained" in r.output

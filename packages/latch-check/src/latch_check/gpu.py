@@ -336,8 +336,9 @@ def gpu_compare(example, build_dir: str | Path, *, steps: int = 10, thresholds: 
                                       torch_routing=t_routing, state=kind)
         pt = (f"; torch: PyTorch's own {'BF16 autocast' if bf16 else 'FP32'} update on the same inputs"
               if torch_column else "")
+        said = f", {where} state" if torch_column or trained > 0 else ""  # the state matters to the torch rule
         title = (f"{example.name or 'example'}: step {step} ({last.name}, K={run.K}, {doc.schedule.strategy}, "
-                 f"policy {policy_of(doc)}, {where} state) GPU vs FP64 reference"
+                 f"policy {policy_of(doc)}{said}) GPU vs FP64 reference"
                  + (" replaying the GPU's routing" if routed else "") + pt + (f" ({note})" if note else ""))
         tables.append(GateTable(title, gates))
         say(f"gpu: step {step}: {'ok' if tables[-1].passed else 'FAILED'}")
