@@ -19,6 +19,9 @@
 #      profiling builds (tools/profile_report.py: time per op, waiting at synchronisation) of the MLP
 #      and of the full TinyMoE-200M, and a first timing of the full TinyMoE-200M at 2 x 1024
 #      (LATCH_GPU_FULL=0 skips both full-size steps);
+#   5b. (issue 12) `want bench`: latch-pipeline bench, the generated program against the eager,
+#      torch.compile and one-CUDA-graph controls, with the gates' torch column (fresh and trained);
+#      the profile step also writes the per-SM timeline of the small transformer;
 #   6. a short summary table, LAST.
 # Logs go to $OUT (default ./gpu-check-out), in few files (the device tool returns at most 8):
 # gpu.txt, install.log, examples.log, pytest_gpu.log, sanitizer.log, summary.txt.
