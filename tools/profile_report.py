@@ -9,6 +9,10 @@ cache key and, by default, its own directory), runs a warm-up update and then N 
 example's data on the GPU, and prints latch_codegen_h100.profile's report per program: kernel time
 (globaltimer, with the CUDA-event time of the same launches), busy / barrier wait / counter wait /
 idle time per SM, the waiting fraction of the update, and the top ops, bodies and fusion groups.
+With --trace-dir DIR it also writes the per-SM timeline (latch_codegen_h100.timeline): DIR/trace.json
+(Chrome/Perfetto trace: one track per SM, each task named by op and source line, waits as events;
+open it in ui.perfetto.dev), DIR/timeline.png, and DIR/summary.json with the busy and waiting time
+per SM and per op class (also printed, TIMELINE lines).
 The profiling build's own overhead (two timer reads and one 16-byte store per instruction) is in
 the numbers; compare the CUDA-event time with a normal build's to see it.
 """
@@ -31,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default=None, help="build directory (default: build/<example>-<strategy>-profile)")
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--per-sm", action="store_true", help="also print every SM's row")
+    ap.add_argument("--trace-dir", default=None, help="write trace.json, timeline.png and summary.json here")
+    ap.add_argument("--trace-updates", type=int, default=1, help="updates drawn in the trace and PNG (the last ones)")
     args = ap.parse_args(argv)
     if args.updates < 1:
         ap.error("--updates must be at least 1")
@@ -74,7 +80,36 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(records)} launch(es); kernel time {per_update_ms:.4f} ms per update (globaltimer{ev_txt}); "
           f"waiting at synchronisation {100 * waiting:.2f}% of the update's SM-time")
     print(format_reports(reps, top=args.top, per_sm=args.per_sm))
+    if args.trace_dir:
+        write_timeline(doc, records, reps, Path(args.trace_dir), updates=args.trace_updates,
+                       launches_per_update=max(1, len(records) // args.updates))
     return 0
+
+
+def write_timeline(doc, records, reps, out: Path, *, updates: int = 1, launches_per_update: int = 1) -> None:
+    """trace.json, timeline.png and summary.json of the profiled launches (the last ``updates``
+    updates in the pictures; every launch in the summary)."""
+    import json
+
+    from latch_codegen_h100.profile import layout_from_document
+    from latch_codegen_h100.timeline import class_summary, classes_from_registry, legend, timeline_png, trace
+
+    out.mkdir(parents=True, exist_ok=True)
+    layouts = {r.program: layout_from_document(doc, r.program) for r in records}
+    classes: dict[str, str] = {}
+    for lay in layouts.values():
+        classes.update(classes_from_registry(lay))
+    drawn = list(records[-updates * launches_per_update:])
+    (out / "trace.json").write_text(json.dumps(trace(layouts, drawn, classes)))
+    (out / "timeline.png").write_bytes(timeline_png(layouts, drawn, classes))
+    summary = []
+    for rep in reps:
+        text, data = class_summary(rep, layouts[rep.program], classes)
+        print(text)
+        summary.append(data)
+    (out / "summary.json").write_text(json.dumps({"programs": summary, "legend": legend()}, indent=1))
+    print(legend())
+    print(f"TIMELINE written: {out}/trace.json (open in ui.perfetto.dev), {out}/timeline.png, {out}/summary.json")
 
 
 if __name__ == "__main__":

@@ -307,3 +307,43 @@ def test_tinymoe_bf16_with_routing_passes_its_gates_on_the_gpu(tmp_path):
     result = gpu.gpu_compare(ex, tmp_path, steps=10)
     assert result.passed, result.format()
     assert all(any(isinstance(g, RoutingGate) for g in t.gates) for t in result.tables)
+
+
+@pytest.mark.parametrize("K", [1, 2])
+def test_gpu_compare_with_the_torch_column_and_a_trained_state(monkeypatch, K):
+    """gpu_compare(torch_column=True, trained=N) through the float32 CPU stand-in: every continuous
+    gate carries PyTorch's own (FP32 here: an f32 policy) update's error, measured against the
+    reference replaying PyTorch's routing for one microbatch (said in the title) and not measured
+    for K > 1; a last table at the trained state, where no fresh-state factor applies."""
+    from latch_capture import Example
+    from latch_core.sections import ScheduleSection
+    from latch_check.gates import FRESH_FACTOR
+
+    ex = Example(model=Routed(), objective=mse, inputs=_batch(0)[0], targets=_batch(0)[1],
+                 optimizer=tensor_update(sgd), hyper={"lr": 0.1}, microbatches=K, name="routed", batch=_batch)
+    doc = ex.capture(grads=True, routing=True)
+    doc = attrs.evolve(doc, schedule=ScheduleSection("stand-in", 1, ()))
+
+    class Run(_Float32Run):
+        device = torch.device("cpu")
+
+        def load_state(self, params, state):
+            flat = bind_inputs(self.doc, params=params, state=state, inputs=self.example.inputs,
+                               targets=self.example.targets, hyper=self.hyper)
+            self.layout = {v.name: flat[v.name].detach().float().clone() for v in self.doc.graph.layout}
+
+    monkeypatch.setattr(gpu, "GpuRun", lambda example, build_dir: Run(example, build_dir, doc))
+    result = gpu.gpu_compare(ex, "no-build-dir", steps=1, thresholds=gpu.GATES_F32, torch_column=True, trained=3)
+    assert len(result.tables) == 2 and result.passed, result.format()
+    fresh, trained = result.tables
+    assert "fresh state" in fresh.title and "trained (3 FP32 updates) state" in trained.title
+    l2 = [g for g in fresh.gates if not isinstance(g, RoutingGate)]
+    if K == 1:
+        assert "replaying PyTorch's own routing" in fresh.title
+        assert all(g.torch_rel is not None and g.torch_rel < 1e-5 for g in l2)  # FP32 against FP64
+        assert {g.group: g for g in l2}["param_update"].factor == FRESH_FACTOR
+        assert all(g.factor is None for g in trained.gates if not isinstance(g, RoutingGate))
+        assert "torch result" in fresh.format()
+    else:
+        assert "torch column not measured" in fresh.title and all(g.torch_rel is None for g in l2)
+    assert trained.gates[0].step == 3

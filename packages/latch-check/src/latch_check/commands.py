@@ -56,6 +56,10 @@ def _fail(e: Exception, code: int = 2):
 @click.option("--strongest", is_flag=True,
               help="with --bench: also the compiled model with the whole update in ONE CUDA graph (STRONGEST line)")
 @click.option("--no-eager", is_flag=True, help="with --bench: skip the eager controls (large models)")
+@click.option("--torch-column", is_flag=True,
+              help="GPU: each gate table also shows PyTorch's own (BF16 autocast) update on the same inputs (docs/GATES.md)")
+@click.option("--trained", type=int, default=0, show_default=True,
+              help="GPU: also gate one update at the state after N eager FP32 updates (with --torch-column)")
 @click.option("--twice", is_flag=True, help="run the pipeline a second time and report the cached rebuild")
 @click.option("--no-build", is_flag=True, help="stop after planning and validation (no nvcc)")
 @click.option("--no-cache", is_flag=True, help="capture, build and check again even when nothing changed")
@@ -64,8 +68,8 @@ def _fail(e: Exception, code: int = 2):
               help="default: build/EXAMPLE-STRATEGY")
 @click.option("-q", "--quiet", is_flag=True, help="no per-stage lines and no progress bars")
 def compile_command(example, overrides, scheduler, num_sms, policy, remat_budget, split_reductions, routing, target,
-                    steps, seed, bench, iters, strongest, no_eager, twice, no_build, no_cache, output, build_dir,
-                    quiet):
+                    steps, seed, bench, iters, strongest, no_eager, torch_column, trained, twice, no_build, no_cache,
+                    output, build_dir, quiet):
     """Compile EXAMPLE.py's whole training update into one kernel, run it and check it.
 
     Runs latch_core.pipeline (capture, memory.policy, [memory.remat], schedule.split_reductions,
@@ -90,6 +94,11 @@ def compile_command(example, overrides, scheduler, num_sms, policy, remat_budget
             say("target: no CUDA device seen by torch: checking on the CPU arena simulator (--target gpu to insist)")
         if bench and where != "gpu":
             raise click.UsageError("--bench times the kernel on the GPU; there is none here (--target sim)")
+        if (torch_column or trained) and where != "gpu":
+            raise click.UsageError("--torch-column and --trained gate the kernel on the GPU; on the CPU, "
+                                   "tools/qualify_gates.py gives the same tables for the BF16 policy")
+        if trained < 0:
+            raise click.UsageError(f"--trained must be 0 or more, got {trained}")
         kw = dict(overrides=parse_overrides(list(overrides)), scheduler=scheduler, num_sms=num_sms, policy=policy,
                   remat_budget=remat_budget, split_reductions=split_reductions, build_dir=build_dir,
                   build=not no_build, routing=routing, cache=not no_cache)
@@ -106,12 +115,13 @@ def compile_command(example, overrides, scheduler, num_sms, policy, remat_budget
             click.echo(f"{compiled.name}: cached rebuild {again.times.get('build', 0.0):.3f} s (cached: "
                        f"{st.get('cached')}); whole second pipeline {time.perf_counter() - t0:.2f} s")
         result = None
-        if steps > 0:
+        if steps > 0 or trained > 0:
             note = policy_note(compiled.doc, where)
             if note:
                 say(note)
             t0 = time.perf_counter()
-            result, cached = run_checks(compiled, where, steps=steps, seed=seed, cache=not no_cache, say=say)
+            result, cached = run_checks(compiled, where, steps=steps, seed=seed, cache=not no_cache, say=say,
+                                        torch_column=torch_column, trained=trained)
             how = "cached result of an identical run (--no-cache runs it again)" if cached else (
                 "on the GPU" if where == "gpu" else "on the CPU arena simulator")
             say(f"run+check {time.perf_counter() - t0:7.2f} s  {how}")

@@ -1,53 +1,40 @@
-"""The strongest PyTorch control of an update: the compiled model, torch's fused AdamW and
-``clip_grad_norm_``, the whole update captured in ONE CUDA graph (TARGETS.md's "strongest").
+"""The PyTorch controls of an update (TARGETS.md), on the same model, weights and batches.
 
-    step, info = compiled_graph_step(example, device)   # step() replays the graph: one update
+    with control(example, device, "graph", batches) as step:   # step() runs one update
+        ...
+    step, info = compiled_graph_step(example, device)           # the strongest, as a replay function
 
-What it runs, for an example whose optimizer says what it is in torch terms
-(``TensorUpdate.control``, e.g. examples/_optim.py's ``adamw``): ``torch.compile(model)`` forward,
-the example's objective, ``loss.backward()``, ``torch.nn.utils.clip_grad_norm_`` (foreach),
-``torch.optim.AdamW(fused=True, capturable=True)``. Attention written with Latch's ``latch_ops.
-attention.sdpa`` (whose eager form is a reference formula) runs as torch's own
-``F.scaled_dot_product_attention`` (flash) in the control, so the control is the fastest PyTorch has.
-Parameters are FP32 like the Latch program's master weights; the matrix products run in BF16 under
-``torch.autocast`` when ``bf16`` (the policy the Latch program follows).
+Kinds (``KINDS``):
+- ``eager``: the model as written, ``loss.backward()``, ``torch.nn.utils.clip_grad_norm_``
+  (foreach), ``torch.optim.AdamW(foreach=True)``;
+- ``compiled``: ``torch.compile(model)`` forward, the same backward and clipping,
+  ``torch.optim.AdamW(fused=True)``;
+- ``graph`` (the strongest): ``compiled`` with ``AdamW(fused=True, capturable=True)`` and the whole
+  update, every microbatch included, captured in ONE CUDA graph and replayed.
+Each needs an example whose optimizer says what it is in torch terms (``TensorUpdate.control``,
+e.g. examples/_optim.py's ``adamw``). Parameters are FP32 like the Latch program's master weights;
+the forward runs under ``torch.autocast(bf16)`` when ``bf16`` (the policy the Latch program follows).
+Latch's ops in the model run as PyTorch's own (``latch_check.torch_native``: flash SDPA, the
+graph-safe MoE with ``torch._grouped_mm``), in every kind, so the controls differ only in how
+PyTorch runs them. With K microbatches each runs forward and backward of ``loss / K`` per
+microbatch (gradients accumulate in ``.grad``), then clipping and one optimizer step.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
-import torch.nn.functional as F
+
+from .torch_native import torch_native
+
+KINDS = ("eager", "compiled", "graph")
 
 
 class ControlError(RuntimeError):
     pass
-
-
-def _flash_sdpa(q, k, v, *, causal: bool = True, scale: float | None = None):
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
-
-
-@contextlib.contextmanager
-def flash_attention(model: torch.nn.Module):
-    """While inside: modules whose code calls ``latch_ops.attention.sdpa`` call torch's flash SDPA."""
-    from latch_ops.attention import sdpa
-
-    patched = []
-    for m in model.modules():
-        g = getattr(type(m).forward, "__globals__", {})
-        for name, v in list(g.items()):
-            if v is sdpa:
-                patched.append((g, name))
-                g[name] = _flash_sdpa
-    try:
-        yield
-    finally:
-        for g, name in patched:
-            g[name] = sdpa
 
 
 def _to(x, device):
@@ -55,45 +42,95 @@ def _to(x, device):
         return x.detach().to(device).clone()
     if isinstance(x, Mapping):
         return {k: _to(v, device) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        return type(x)(_to(v, device) for v in x)
     return x
 
 
-def compiled_graph_step(example, device, *, bf16: bool = True, warmup: int = 3) -> tuple[Callable[[], Any], dict]:
-    """One update of ``example`` as the strongest control: see the module docstring. Returns
-    (``replay``, info) where ``replay()`` runs one update (the graph's replay)."""
+def _settings(example) -> dict:
     ctl = getattr(example.optimizer, "control", None)
     if not ctl or ctl.get("optimizer") != "adamw":
         raise ControlError(f"example {getattr(example, 'name', '?')!r}: its optimizer does not say what it is in torch "
-                           "terms (TensorUpdate.control); the compiled control runs torch's fused AdamW")
-    lr = ctl.get("lr")
-    if lr is None:
-        lr = float((example.hyper or {}).get("lr", 1e-3))
-    model = copy.deepcopy(example.model).to(device)
-    params = [p for p in model.parameters()]
-    opt = torch.optim.AdamW(params, lr=torch.tensor(lr, device=device), betas=ctl["betas"], eps=ctl["eps"],
-                            weight_decay=ctl["weight_decay"], fused=True, capturable=True)
-    max_norm = ctl.get("max_norm")
-    cmodel = torch.compile(model)
-    x, y = example.microbatch(0)
-    x, y = _to(x, device), _to(y, device)
+                           "terms (TensorUpdate.control); the controls run torch's AdamW")
+    ctl = dict(ctl)
+    if ctl.get("lr") is None:
+        ctl["lr"] = float((example.hyper or {}).get("lr", 1e-3))
+    return ctl
 
-    def call():
+
+@contextlib.contextmanager
+def importable(model: torch.nn.Module):
+    """While inside: the modules that define ``model``'s classes are in ``sys.modules``. An example
+    file is loaded under a private module name (``latch_capture.examples.load_module``) that is not
+    registered there; torch.compile imports the module of every function it inlines from another
+    module (TinyMoE's ``MoE.forward`` called from transformer.py's ``Block``), and would fail."""
+    import sys
+
+    from latch_capture.examples import MODULES
+
+    known = {m.__name__: m for m in MODULES.values()}
+    added = []
+    for m in model.modules():
+        name = type(m).__module__
+        if name not in sys.modules and name in known:
+            sys.modules[name] = known[name]
+            added.append(name)
+    try:
+        yield
+    finally:
+        for name in added:
+            sys.modules.pop(name, None)
+
+
+@contextlib.contextmanager
+def control(example, device, kind: str, batches: Sequence[tuple[Any, Any]] | None = None, *, bf16: bool = True,
+            warmup: int = 3, backend: str = "inductor") -> Iterator[Callable[[], torch.Tensor]]:
+    """While inside: ``step()`` runs one update of ``kind`` over ``batches`` (default: the
+    example's first microbatch), returning the mean loss (on the device). See the module docstring.
+    ``backend``: torch.compile's (tests on the CPU use ``aot_eager``)."""
+    if kind not in KINDS:
+        raise ControlError(f"unknown control {kind!r}; choose from {KINDS}")
+    ctl = _settings(example)
+    device = torch.device(device)
+    model = copy.deepcopy(example.model).to(device)
+    params = list(model.parameters())
+    if kind == "eager":
+        opt = torch.optim.AdamW(params, lr=ctl["lr"], betas=ctl["betas"], eps=ctl["eps"],
+                                weight_decay=ctl["weight_decay"], foreach=True)
+    else:
+        lr = torch.tensor(ctl["lr"], device=device) if kind == "graph" else ctl["lr"]
+        opt = torch.optim.AdamW(params, lr=lr, betas=ctl["betas"], eps=ctl["eps"], weight_decay=ctl["weight_decay"],
+                                fused=True, capturable=kind == "graph")
+    max_norm = ctl.get("max_norm")
+    fwd = model if kind == "eager" else torch.compile(model, backend=backend)
+    batches = [_to(b, device) for b in (batches if batches is not None else [example.microbatch(0)])]
+    K = len(batches)
+
+    def call(x):
         if isinstance(x, Mapping):
-            return cmodel(**x)
-        return cmodel(x)
+            return fwd(**x)
+        if isinstance(x, (tuple, list)):
+            return fwd(*x)
+        return fwd(x)
 
     def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
-            res = example.objective(call(), y)
-        loss = res if isinstance(res, torch.Tensor) else res[0]
-        loss.backward()
+        total = None
+        for x, y in batches:
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
+                res = example.objective(call(x), y)
+            loss = res if isinstance(res, torch.Tensor) else res[0]
+            (loss / K if K > 1 else loss).backward()
+            total = loss.detach() if total is None else total + loss.detach()
         if max_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
         opt.step()
         opt.zero_grad(set_to_none=False)
-        return loss.detach()
+        return total / K if K > 1 else total
 
-    with flash_attention(model):
+    with torch_native(model), importable(model):
+        if kind != "graph":
+            yield step
+            return
         s = torch.cuda.Stream(device)
         s.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(s):
@@ -102,8 +139,17 @@ def compiled_graph_step(example, device, *, bf16: bool = True, warmup: int = 3) 
         torch.cuda.current_stream(device).wait_stream(s)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            loss = step()
-    return graph.replay, {"loss": loss, "parameters": sum(p.numel() for p in params), "bf16": bf16}
+            step()
+    yield graph.replay
 
 
-__all__ = ["compiled_graph_step", "flash_attention", "ControlError"]
+def compiled_graph_step(example, device, *, bf16: bool = True, warmup: int = 3,
+                        batches: Sequence[tuple[Any, Any]] | None = None) -> tuple[Callable[[], Any], dict]:
+    """The strongest control as ``(replay, info)``: ``replay()`` runs one update (module docstring)."""
+    gen = control(example, device, "graph", batches, bf16=bf16, warmup=warmup)
+    replay = gen.__enter__()  # the graph needs nothing of the context after capture
+    gen.__exit__(None, None, None)
+    return replay, {"parameters": sum(p.numel() for p in example.model.parameters()), "bf16": bf16}
+
+
+__all__ = ["control", "compiled_graph_step", "KINDS", "ControlError"]

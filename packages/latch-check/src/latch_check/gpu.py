@@ -51,7 +51,7 @@ from latch_core.document import Document, load
 
 from . import reference
 from .compare import CompareResult
-from .gates import Gate, GateTable, RoutingGate, program_gates, routing_gate
+from .gates import Gate, GateTable, RoutingGate, attach_torch, program_gates, routing_gate
 from .policy import has_routing, policy_of  # noqa: F401  (re-exported: latch_check.gpu.policy_of)
 
 GATES_F32 = {"loss": 1e-5, "grad": 1e-4, "new_params": 1e-5, "param_update": 1e-3, "new_state": 1e-4,
@@ -132,6 +132,15 @@ class GpuRun:
         self.layout = {n: flat[n].detach().to(self.device, dts[n]).contiguous().clone() for n in dts}
         self._bdt = _batch_dtypes(self.doc)
 
+    def load_state(self, params: Mapping[str, torch.Tensor], state: Any) -> None:
+        """Overwrite the layout's parameters and optimizer state (accumulators to zero)."""
+        from latch_capture import bind_inputs
+
+        flat = bind_inputs(self.doc, params=params, state=state, inputs=self.example.inputs,
+                           targets=self.example.targets, hyper=self.hyper)
+        for n, t in self.layout.items():
+            t.copy_(flat[n].detach().to(t.device, t.dtype))
+
     def batches(self, step: int) -> list[tuple[Any, Any]]:
         return [self.example.microbatch(step * self.K + k) for k in range(self.K)]
 
@@ -209,8 +218,9 @@ def _routed_run(doc, graph, ins, outputs, ops, *, step, suffix) -> tuple[dict, l
 
 
 def reference_gates(doc, flat: Mapping[str, torch.Tensor], batches: list, outputs: list[Mapping[str, torch.Tensor]], *,
-                    thresholds: Mapping[str, float], step: int | None = None,
-                    ops=None) -> tuple[list[Gate | RoutingGate], str]:
+                    thresholds: Mapping[str, float], step: int | None = None, ops=None,
+                    torch_outputs: Mapping[str, torch.Tensor] | None = None, torch_routing: list | None = None,
+                    state: str | None = None) -> tuple[list[Gate | RoutingGate], str]:
     """The gates of one update, on the CPU: ``(gates, note)``, ``note`` non-empty when the title
     must say how the reference was run.
 
@@ -220,6 +230,11 @@ def reference_gates(doc, flat: Mapping[str, torch.Tensor], batches: list, output
     without routing), the last with the in-place new values added. Without a routing group the
     last program's groups are gated against the free FP64 reference; with one, see the module
     docstring (routing gates of every run, then the continuous groups of the last run).
+
+    ``torch_outputs`` (PyTorch's own update on the same inputs, ``latch_check.qualify``) fills the
+    gates' ``torch`` column, against the same reference, or, for a routed program, against the
+    reference replaying PyTorch's own routing (``torch_routing``: its expert indices per
+    ``token_topk`` call; one microbatch only). ``state``: "fresh" or "trained" (``gates``).
     """
     from latch_capture import advance, batch_inputs, program_inputs
 
@@ -252,13 +267,36 @@ def reference_gates(doc, flat: Mapping[str, torch.Tensor], batches: list, output
             ref = reference.run(doc, graph.name, ins, ops=ops)
         if k < K - 1:
             flat = advance(graph, flat, ref)
-    gates = program_gates(last, outputs[-1], ref, thresholds=thresholds, step=step, previous=ins) + gates
-    return gates, "; ".join(notes)
+    main = program_gates(last, outputs[-1], ref, thresholds=thresholds, step=step, previous=ins)
+    if torch_outputs is not None:
+        ref_t = ref
+        if routed:
+            nodes = decision_nodes(last)
+            if K > 1 or torch_routing is None or len(torch_routing) != len(nodes):
+                ref_t = None
+                notes.append("torch column not measured: PyTorch's routing can be replayed for one microbatch only"
+                             if K > 1 else f"torch column not measured: PyTorch made {len(torch_routing or [])} "
+                             f"routing decisions, the program {len(nodes)}")
+            else:
+                ref_t = reference.run(doc, last.name, ins, ops=ops,
+                                      force={v: torch_routing[i] for i, (_, v) in enumerate(nodes)})
+                notes.append("torch column against the reference replaying PyTorch's own routing")
+        if ref_t is not None:
+            tg = program_gates(last, torch_outputs, ref_t, thresholds=thresholds, step=step, previous=ins)
+            main = attach_torch(main, tg, state)
+    return main + gates, "; ".join(notes)
 
 
 def gpu_compare(example, build_dir: str | Path, *, steps: int = 10, thresholds: Mapping[str, float] | None = None,
-                progress: Callable[[str], None] | None = None) -> CompareResult:
-    """Gate ``steps`` consecutive GPU updates against the FP64 reference (module docstring)."""
+                progress: Callable[[str], None] | None = None, torch_column: bool = False,
+                trained: int = 0) -> CompareResult:
+    """Gate ``steps`` consecutive GPU updates against the FP64 reference (module docstring).
+
+    ``torch_column``: each table also shows PyTorch's own update on the same inputs
+    (``latch_check.qualify``; BF16 autocast under a BF16 policy) against the same FP64 reference.
+    ``trained`` > 0: one more table, of the update from the state after ``trained`` eager FP32
+    updates (``qualify.train``, on the GPU), with the batch after them: the trained state where
+    ``param_update`` and ``new_params`` are gated by their absolute thresholds alone."""
     from latch_capture.programs import DECISIONS
 
     say = progress or (lambda m: None)
@@ -274,23 +312,46 @@ def gpu_compare(example, build_dir: str | Path, *, steps: int = 10, thresholds: 
     elif any(n.op in DECISIONS for n in last.nodes):
         say("gpu: the program routes tokens but outputs no routing decisions; a near-tie routing flip will show as "
             "O(1) errors downstream (capture with routing=True to gate routing separately)")
+    bf16 = policy_of(doc) == "bf16"
     tables = []
-    for step in range(steps):
-        batches = run.batches(step)
+
+    def one(step: int, batch_index: int, kind: str, where: str) -> None:
+        batches = [example.microbatch(batch_index * run.K + k) for k in range(run.K)]
         # a copy taken before the program overwrites the layout in place
         flat = {n: (t.detach().double() if t.is_floating_point() else t.detach()).cpu().clone()
                 for n, t in run.layout.items()}
         flat.update({n: torch.tensor(float(v), dtype=torch.float64) for n, v in run.hyper.items()})
+        t_out, t_routing = None, []
+        if torch_column:
+            from .qualify import state_from_flat, torch_update
+
+            params, state = state_from_flat(example, run.layout)
+            t_out = torch_update(example, params, state, batches, run.hyper, bf16=bf16, device=run.device,
+                                 routing=t_routing)
         runs = run.update_each(batches) if routed and run.K > 1 else [run.update(batches)]
         outputs = [{n: t.detach().cpu() for n, t in out.items()} for out in runs]
         for new, old in last.inplace:
             outputs[-1][new] = run.layout[old].detach().cpu()
-        gates, note = reference_gates(doc, flat, batches, outputs, thresholds=th, step=step)
+        gates, note = reference_gates(doc, flat, batches, outputs, thresholds=th, step=step, torch_outputs=t_out,
+                                      torch_routing=t_routing, state=kind)
+        pt = (f"; torch: PyTorch's own {'BF16 autocast' if bf16 else 'FP32'} update on the same inputs"
+              if torch_column else "")
+        said = f", {where} state" if torch_column or trained > 0 else ""  # the state matters to the torch rule
         title = (f"{example.name or 'example'}: step {step} ({last.name}, K={run.K}, {doc.schedule.strategy}, "
-                 f"policy {policy_of(doc)}) GPU vs FP64 reference"
-                 + (" replaying the GPU's routing" if routed else "") + (f" ({note})" if note else ""))
+                 f"policy {policy_of(doc)}{said}) GPU vs FP64 reference"
+                 + (" replaying the GPU's routing" if routed else "") + pt + (f" ({note})" if note else ""))
         tables.append(GateTable(title, gates))
         say(f"gpu: step {step}: {'ok' if tables[-1].passed else 'FAILED'}")
+
+    for step in range(steps):
+        one(step, step, "fresh", "fresh")
+    if trained > 0:
+        from .qualify import train
+
+        say(f"gpu: training {trained} eager FP32 updates for the trained-state gates")
+        params, state = train(example, trained, hyper=run.hyper, device=run.device)
+        run.load_state(params, state)
+        one(trained, trained, "trained", f"trained ({trained} FP32 updates)")
     return CompareResult(tuple(tables))
 
 

@@ -159,9 +159,10 @@ _STEP = re.compile(r"step (\d+)")
 
 
 def run_checks(compiled: Compiled, target: str, *, steps: int, seed: int = 0, cache: bool = True,
-               say: Callable[[str], None] = lambda m: None):
+               say: Callable[[str], None] = lambda m: None, torch_column: bool = False, trained: int = 0):
     """Run ``steps`` updates on ``target`` and gate them against the FP64 reference; returns
-    ``(CompareResult or results.Cached, cached: bool)``."""
+    ``(CompareResult or results.Cached, cached: bool)``. GPU only: ``torch_column`` (PyTorch's own
+    update as a column) and ``trained`` (one more update at a trained state; ``gpu.gpu_compare``)."""
     from latch_core import progress
 
     if target == "gpu":
@@ -169,10 +170,13 @@ def run_checks(compiled: Compiled, target: str, *, steps: int, seed: int = 0, ca
             raise PipelineError("the GPU target needs a build; drop --no-build")
         from .gpu import gpu_compare
 
-        with progress.task("gpu updates", total=steps) as bar:
+        with progress.task("gpu updates", total=steps + (1 if trained else 0)) as bar:
             result = gpu_compare(compiled.example, compiled.build_dir, steps=steps,
-                                 progress=_stepper(bar, say, 1))
+                                 progress=_stepper(bar, say, 1), torch_column=torch_column, trained=trained)
         return result, False
+    if torch_column or trained:
+        raise PipelineError("the torch column and the trained state are GPU checks; on the CPU use "
+                            "latch_check.qualify.cpu_tables (tools/qualify_gates.py)")
     from . import results
 
     key = results.key(compiled, steps=steps, seed=seed) if cache else None

@@ -1,0 +1,139 @@
+"""The gate table's torch column (PyTorch's own update on the same inputs), the fresh-state rule,
+PyTorch's graph-safe MoE product, and the bench command's parsing and table. CPU only."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from latch_check.bench import BenchError, format_table, parse_shapes
+from latch_check.gates import FRESH_FACTOR, Gate, GateTable, attach_torch
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+
+def test_fresh_rule_passes_only_within_the_factor_of_pytorch_and_only_for_sign_like_groups():
+    g = [Gate("param_update", 0.12, 0.1, 10), Gate("grad w", 0.06, 0.05, 10), Gate("new_params", 2e-3, 1e-3, 10)]
+    t = [Gate("param_update", 0.10, 0.1, 10), Gate("grad w", 0.06, 0.05, 10), Gate("new_params", 1e-3, 1e-3, 10)]
+    fresh = attach_torch(g, t, "fresh")
+    assert fresh[0].passed and fresh[0].factor == FRESH_FACTOR and fresh[0].torch_passed  # 0.12 <= 1.5 x 0.10
+    assert not fresh[1].passed and fresh[1].factor is None and fresh[1].torch_passed is False  # grads: absolute only
+    assert not fresh[2].passed  # 2e-3 > 1.5 x 1e-3
+    trained = attach_torch(g, t, "trained")
+    assert not trained[0].passed and trained[0].factor is None  # trained: the absolute threshold alone
+    assert attach_torch([Gate("param_update", math.nan, 0.1, 1)], t, "fresh")[0].passed is False
+    with pytest.raises(ValueError):
+        attach_torch(g, t, "warm")
+
+
+def test_table_shows_the_torch_column_and_says_which_gates_pytorch_fails():
+    gates = attach_torch([Gate("loss", 1e-5, 1e-2, 1), Gate("param_update", 0.12, 0.1, 10)],
+                         [Gate("loss", 2e-5, 1e-2, 1), Gate("param_update", 0.11, 0.1, 10)], "fresh")
+    text = GateTable("t", gates).format()
+    assert "torch result" in text and "1.10e-01" in text and "1e-01 or 1.5x torch" in text
+    assert "PyTorch's own update on the same inputs FAILS 1: param_update" in text
+    plain = GateTable("t", [Gate("loss", 1e-5, 1e-2, 1)]).format()
+    assert "torch" not in plain  # no column where nothing was measured
+
+
+def test_graph_safe_grouped_product_matches_the_reference_and_its_gradients():
+    from latch_check.torch_native import grouped_ragged_mm, native_route_order
+    from latch_ops.moe.reference import (
+        ragged_mm_grad_w_math, ragged_mm_grad_x_math, ragged_mm_math, route_order_math,
+    )
+
+    g = torch.Generator().manual_seed(0)
+    idx = torch.stack([torch.randperm(4, generator=g)[:2] for _ in range(37)])  # uneven counts, one may be 0
+    for a, b in zip(native_route_order(idx, 4), route_order_math(idx, 4)):
+        assert torch.equal(a, b)
+    _, _, offsets = route_order_math(idx, 4)
+    x = torch.randn(74, 32, generator=g, requires_grad=True)
+    w = torch.randn(4, 32, 16, generator=g, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = grouped_ragged_mm(x, w, offsets)
+    assert y.dtype == torch.bfloat16
+    xb, wb = x.detach().bfloat16().double(), w.detach().bfloat16().double()
+    ref = ragged_mm_math(xb, wb, offsets)
+    assert (y.double() - ref).norm() / ref.norm() < 1e-2
+    dy = torch.randn(74, 16, generator=g)
+    y.backward(dy.bfloat16())
+    dyb = dy.bfloat16().double()
+    for got, want in ((x.grad, ragged_mm_grad_x_math(dyb, wb, offsets)), (w.grad, ragged_mm_grad_w_math(xb, dyb, offsets))):
+        assert (got.double() - want).norm() / want.norm() < 1e-2
+
+
+def test_cpu_qualification_small_transformer_gates_pytorch_bf16_on_the_same_reference():
+    from latch_check.pipeline import compile_example
+    from latch_check.qualify import cpu_tables
+
+    c = compile_example(EXAMPLES / "transformer.py", overrides={"seq": 16}, build=False)
+    fresh, trained = cpu_tables(c.example, c.doc, trained=3)
+    assert "fresh state" in fresh.title and "trained state (3 FP32 updates)" in trained.title
+    for t in (fresh, trained):
+        rows = {g.group: g for g in t.gates}
+        assert all(g.torch_rel is not None for g in t.gates)
+        # BF16 rounding, not zero and not O(1): both the policy and PyTorch
+        assert 1e-4 < rows["grad embed.weight"].rel_l2 < 3e-2 and 1e-4 < rows["grad embed.weight"].torch_rel < 3e-2
+        assert t.passed
+    assert fresh.gates[-1].step == 0 and trained.gates[-1].step == 3
+    upd = {g.group: g for g in fresh.gates}["param_update"]
+    assert upd.factor == FRESH_FACTOR
+    assert {g.group: g for g in trained.gates}["param_update"].factor is None
+
+
+def test_bench_shapes_parse_and_bad_ones_name_the_culprit():
+    assert parse_shapes("2x1024, 32x1024,16x8x1024") == [(1, 2, 1024), (1, 32, 1024), (16, 8, 1024)]
+    for bad in ("2y1024", "0x8", "1x2x3x4", ","):
+        with pytest.raises(BenchError):
+            parse_shapes(bad)
+
+
+def test_bench_table_gives_ratios_and_shows_failed_controls():
+    row = {"shape": "2x1024", "latch": {"median_ms": 2.0, "min_ms": 1.9, "max_ms": 2.2},
+           "graph": {"median_ms": 5.0, "min_ms": 4.9, "max_ms": 5.1, "ratio_vs_latch": 2.5},
+           "eager": {"error": "RuntimeError: boom"}}
+    text = format_table([row], ("eager", "graph"))
+    assert "2.500x" in text and "FAILED" in text and "2x1024 eager: RuntimeError: boom" in text
+    assert "2.000 (1.900-2.200)" in text
+
+
+def test_eager_control_runs_tinymoe_with_the_graph_safe_moe_and_microbatches_on_the_cpu():
+    from latch_capture.examples import load_example
+    from latch_check.controls import control
+
+    ex = load_example(EXAMPLES / "tinymoe.py", vocab=64, d_model=32, layers=1, heads=2, experts=4, expert_hidden=16,
+                      batch=2, seq=16)
+    before = {n: p.detach().clone() for n, p in ex.model.named_parameters()}
+    with control(ex, "cpu", "eager", [ex.microbatch(0), ex.microbatch(1)]) as step:
+        losses = [float(step()) for _ in range(2)]
+    assert all(math.isfinite(v) for v in losses) and abs(losses[0] - math.log(64)) < 0.5
+    # the control trains a copy: the example's own weights are untouched
+    assert all(torch.equal(before[n], p) for n, p in ex.model.named_parameters())
+
+
+def test_compiled_control_traces_an_example_whose_model_spans_two_files():
+    """TinyMoE's MoE (tinymoe.py, loaded under a private module name) inlined into transformer.py's
+    Block: torch.compile imports the module of what it inlines (the H200 run of 2026-12-01 failed
+    with ModuleNotFoundError before controls.importable). aot_eager: dynamo's tracing, no C++ build."""
+    from latch_capture.examples import load_example
+    from latch_check.controls import control
+
+    ex = load_example(EXAMPLES / "tinymoe.py", vocab=64, d_model=32, layers=1, heads=2, experts=4, expert_hidden=16,
+                      batch=2, seq=16)
+    with control(ex, "cpu", "compiled", [ex.microbatch(0)], backend="aot_eager") as step:
+        losses = [float(step()) for _ in range(2)]
+    assert all(math.isfinite(v) for v in losses) and losses[1] < losses[0]
+
+
+def test_compile_refuses_the_torch_column_on_the_cpu_and_names_the_cpu_tool():
+    from click.testing import CliRunner
+
+    from latch_core.cli import main
+
+    r = CliRunner().invoke(main, ["compile", str(EXAMPLES / "mlp.py"), "--target", "sim", "--torch-column", "-q"])
+    assert r.exit_code == 2 and "tools/qualify_gates.py" in r.output
+    r = CliRunner().invoke(main, ["compile", str(EXAMPLES / "mlp.py"), "--target", "sim", "--trained", "5", "-q"])
+    assert r.exit_code == 2 and "--trained" in r.output
