@@ -15,15 +15,18 @@ from latch_check.gates import FRESH_FACTOR, Gate, GateTable, attach_torch
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
-def test_fresh_rule_passes_only_within_the_factor_of_pytorch_and_only_for_sign_like_groups():
+def test_a_gate_passes_only_on_its_threshold_and_fresh_sign_like_failures_near_pytorch_are_labelled():
     g = [Gate("param_update", 0.12, 0.1, 10), Gate("grad w", 0.06, 0.05, 10), Gate("new_params", 2e-3, 1e-3, 10)]
     t = [Gate("param_update", 0.10, 0.1, 10), Gate("grad w", 0.06, 0.05, 10), Gate("new_params", 1e-3, 1e-3, 10)]
     fresh = attach_torch(g, t, "fresh")
-    assert fresh[0].passed and fresh[0].factor == FRESH_FACTOR and fresh[0].torch_passed  # 0.12 <= 1.5 x 0.10
-    assert not fresh[1].passed and fresh[1].factor is None and fresh[1].torch_passed is False  # grads: absolute only
-    assert not fresh[2].passed  # 2e-3 > 1.5 x 1e-3
+    # 0.12 > 0.1 fails, whatever PyTorch scores; within 1.5 x PyTorch's 0.10 it is labelled torch-level
+    assert not fresh[0].passed and fresh[0].torch_level and fresh[0].torch_passed
+    assert fresh[0].result_text == "FAIL (torch-level: 1.20x torch)"
+    assert not fresh[1].passed and not fresh[1].torch_level and fresh[1].torch_passed is False  # grads: no label
+    assert not fresh[2].passed and not fresh[2].torch_level and fresh[2].result_text == "FAIL"  # 2e-3 > 1.5 x 1e-3
     trained = attach_torch(g, t, "trained")
-    assert not trained[0].passed and trained[0].factor is None  # trained: the absolute threshold alone
+    assert not trained[0].passed and not trained[0].torch_level  # trained: no label either
+    assert attach_torch([Gate("param_update", 0.05, 0.1, 10)], t, "fresh")[0].result_text == "ok"
     assert attach_torch([Gate("param_update", math.nan, 0.1, 1)], t, "fresh")[0].passed is False
     with pytest.raises(ValueError):
         attach_torch(g, t, "warm")
@@ -33,8 +36,9 @@ def test_table_shows_the_torch_column_and_says_which_gates_pytorch_fails():
     gates = attach_torch([Gate("loss", 1e-5, 1e-2, 1), Gate("param_update", 0.12, 0.1, 10)],
                          [Gate("loss", 2e-5, 1e-2, 1), Gate("param_update", 0.11, 0.1, 10)], "fresh")
     text = GateTable("t", gates).format()
-    assert "torch result" in text and "1.10e-01" in text and "1e-01 or 1.5x torch" in text
+    assert "torch result" in text and "1.10e-01" in text and "FAIL (torch-level: 1.09x torch)" in text
     assert "PyTorch's own update on the same inputs FAILS 1: param_update" in text
+    assert "1 FAILED" in text and "1 of the failures torch-level" in text
     plain = GateTable("t", [Gate("loss", 1e-5, 1e-2, 1)]).format()
     assert "torch" not in plain  # no column where nothing was measured
 

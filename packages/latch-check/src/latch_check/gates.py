@@ -14,10 +14,12 @@ The ``torch`` column (``program_gates(..., torch_outputs=...)``): PyTorch's own 
 reference, group by group; where it exceeds the threshold the table says so (``torch result``
 FAIL). At a *fresh* state (``state="fresh"``: the first updates from initialisation) AdamW's update
 is about ``-lr * sign(g)`` element by element, so ``param_update`` and ``new_params`` measure how
-many near-zero gradient entries change sign under rounding: there those two gates also pass when
-the program's error is at most ``FRESH_FACTOR`` x PyTorch's own (said in the gate column); at a
-*trained* state (``state="trained"``) and everywhere else only the absolute threshold counts.
-docs/GATES.md gives the measurements behind both.
+many near-zero gradient entries change sign under rounding. A gate passes ONLY on its absolute
+threshold, at every state (no gate is loosened to pass); where one of those two fails at a fresh
+state and the program's error is at most ``FRESH_FACTOR`` x PyTorch's own on the same inputs, the
+result says ``FAIL (torch-level)`` and the ratio, so the table shows a gate that PyTorch's own BF16
+sits at, not a kernel error; at a *trained* state (``state="trained"``) that is where the update is
+gated sharply. docs/GATES.md gives the measurements behind both.
 
 Routing gates (``routing <node>``, :func:`routing_gate`) judge a discrete decision instead: the
 experts a program chose per token against the FP64 reference's top-k of the same router
@@ -37,10 +39,10 @@ from latch_core.ir import Graph
 
 FP64_THRESHOLD = 1e-10  # FP64 against FP64: rounding differences only
 FRESH_FACTOR = 1.5
-"""At a fresh state ``param_update`` and ``new_params`` pass when rel_l2 <= the threshold OR <=
-FRESH_FACTOR x PyTorch's own error on the same inputs (docs/GATES.md: the first AdamW step is
-sign-like; measured program/PyTorch ratios 0.3-1.0 on the CPU, so 1.5 leaves room for the two
-roundings' independent sign flips, and a program that flips twice PyTorch's signs' share fails)."""
+"""At a fresh state a FAILED ``param_update`` or ``new_params`` gate whose rel_l2 is <= FRESH_FACTOR x
+PyTorch's own error on the same inputs is marked ``FAIL (torch-level)``: still a failure (it counts
+in the table's FAILED and in the verdict), labelled as what it is (docs/GATES.md: the first AdamW
+step is sign-like; measured program/PyTorch ratios 0.3-1.0 on the CPU)."""
 SIGN_LIKE = ("param_update", "new_params")  # groups the fresh-state rule applies to
 
 
@@ -72,16 +74,27 @@ class Gate:
     numel: int
     step: int | None = None
     torch_rel: float | None = None  # PyTorch's own update's rel L2 on the same group (None: not measured)
-    factor: float | None = None    # fresh-state rule: also passes when rel_l2 <= factor x torch
+    factor: float | None = None    # fresh-state label: a failure within factor x torch is "torch-level"
 
     @property
     def passed(self) -> bool:
-        if math.isnan(self.rel_l2):
-            return False
-        if self.rel_l2 <= self.threshold:
-            return True
-        return (self.factor is not None and self.torch_rel is not None and not math.isnan(self.torch_rel)
+        """The absolute threshold, and nothing else, decides."""
+        return not math.isnan(self.rel_l2) and self.rel_l2 <= self.threshold
+
+    @property
+    def torch_level(self) -> bool:
+        """A failed fresh-state sign-like gate within ``factor`` x PyTorch's own error (a label only)."""
+        return (not self.passed and self.factor is not None and self.torch_rel is not None
+                and not math.isnan(self.torch_rel) and self.torch_rel > 0
                 and self.rel_l2 <= self.factor * self.torch_rel)
+
+    @property
+    def result_text(self) -> str:
+        if self.passed:
+            return "ok"
+        if self.torch_level:
+            return f"FAIL (torch-level: {self.rel_l2 / self.torch_rel:.2f}x torch)"
+        return "FAIL"
 
     @property
     def torch_passed(self) -> bool | None:
@@ -92,7 +105,7 @@ class Gate:
 
     @property
     def gate_text(self) -> str:
-        return f"{self.threshold:.0e}" + (f" or {self.factor:g}x torch" if self.factor is not None else "")
+        return f"{self.threshold:.0e}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,7 +236,7 @@ class GateTable:
             return [_num(g.torch_rel), "ok" if g.torch_passed else "FAIL"]
 
         rows = [([str(g.step)] if has_step else []) + [
-            g.group, f"{g.numel:,}", _num(g.rel_l2)] + torch_cells(g) + [g.gate_text, "ok" if g.passed else "FAIL"]
+            g.group, f"{g.numel:,}", _num(g.rel_l2)] + torch_cells(g) + [g.gate_text, g.result_text]
             for g in l2]
         out = [self.title] + _block(st + ["group", "elements", "rel L2"] + tcols + ["gate", "result"], rows)
         routing = [g for g in self.gates if isinstance(g, RoutingGate)]
@@ -252,6 +265,10 @@ class GateTable:
             tail = ("; PyTorch's own update on the same inputs passes every gate it was measured on" if not t_fail
                     else f"; PyTorch's own update on the same inputs FAILS {len(t_fail)}: {', '.join(t_fail[:6])}"
                     + (" ..." if len(t_fail) > 6 else ""))
+        n_level = sum(1 for g in l2 if g.torch_level)
+        if n_level:
+            tail += (f"; {n_level} of the failures torch-level (a fresh-state sign-like gate within "
+                     f"{FRESH_FACTOR:g}x PyTorch's own error: docs/GATES.md)")
         out.append(f"{len(self.gates)} gates, " + ("all passed" if not n_fail else f"{n_fail} FAILED") + tail)
         return "\n".join(out)
 
