@@ -4,6 +4,7 @@ to a built program.
     pass                        registered by        what it does
     capture                     latch-capture        example file -> graph section (cached by what it reads)
     memory.policy               latch-memory         numerical policy: BF16 operands of matmul/attention
+    moe.store_operands          latch-ops            graph rewrite: BF16 operands of the ragged expert products
     memory.remat                latch-memory         recompute cheap forward values under a byte budget
     schedule.matmul_layouts     latch-schedule       graph rewrite: transposes feeding matmuls become trans flags
     schedule.split_reductions   latch-schedule       graph rewrite: big full reductions in two levels
@@ -45,6 +46,8 @@ class Stage:
 PIPELINE: tuple[Stage, ...] = (
     Stage("capture", "latch-capture", "example file -> graph section (cached by what it reads)"),
     Stage("memory.policy", "latch-memory", "numerical policy: BF16 operands of matmul/attention", "policy"),
+    Stage("moe.store_operands", "latch-ops", "graph rewrite: BF16 operands of the ragged expert products stored",
+          "policy"),
     Stage("memory.remat", "latch-memory", "recompute cheap forward values under a byte budget", "remat_budget"),
     Stage("schedule.matmul_layouts", "latch-schedule", "graph rewrite: transposes feeding matmuls become trans flags",
           "matmul_layouts"),

@@ -1,7 +1,20 @@
 // MoE bodies (latch_ops/moe/specs.py): token_topk and its backward, route_order, and the ragged
 // matrix products (forward, grad_x, grad_w) over expert segments given by ``offsets`` (data).
+//
+// Two forms of the ragged products:
+// - grouped wgmma (``ragged_produce`` / ``ragged_consume``, ``ragged_w_produce`` /
+//   ``ragged_w_consume``): BF16/F16 operands streamed by TMA through the worker's ring, FP32
+//   accumulators, the store fused into the epilogue (latch_gemm.cuh's primitives). A task is a box
+//   of the output; which expert segments it meets is read from ``offsets`` at run time, by the
+//   producer thread and the consumers alike, so both walk the same (expert, sub-tile, K block)
+//   sequence and agree on the ring position without talking. Offsets are final before either reads
+//   them: the producer reads them after the task's waits (and, for a writer on its own SM, after
+//   Task::dep), the consumers after the producer handed the task over.
+// - SIMT (``ragged_rows``, ``ragged_grad_w_tile``): everything else (FP32/FP64 operands, shapes TMA
+//   cannot stream), rounding operands to ``ROUND`` inside the body.
 #pragma once
 
+#include "latch_gemm.cuh"
 #include "latch_matmul.cuh"
 
 namespace latch {
@@ -128,6 +141,202 @@ __device__ void ragged_grad_w_tile(const TX* x, const TG* g, const TOff* offsets
                                                      i_hi, j_lo, j_hi, smem);
     latch::block_sync();
   }
+}
+
+// ---- grouped wgmma over expert segments --------------------------------------------------------
+
+namespace moe {
+
+// One 3-D box of ``map`` at element coordinates (c0 innermost, c1, c2); see sm90::tma_load_2d.
+__device__ __forceinline__ void tma_load_3d(void* dst, const void* map, uint64_t* bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];"
+      ::"r"(sm90::smem_addr(dst)), "l"(map), "r"(sm90::smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// Zero the K rows [valid, 64) of this warpgroup's A block and of every B block of a stage (both
+// MN-major: a K row is one 128-byte row, whatever the swizzle), then make the zeros visible to the
+// tensor cores (async proxy) before any warp of the warpgroup issues its wgmma. Both warpgroups zero
+// B; they write the same zeros, and the stage is released only after both are done with it.
+template <int BN>
+__device__ __forceinline__ void mask_k_rows(char* st, int wg, int valid) {
+  const int t = threadIdx.x & 127;
+  const int chunks = (64 - valid) * 8;  // 16-byte chunks past the valid rows of one 8 KiB block
+  const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+  for (int i = t; i < chunks * (1 + BN / 64); i += 128) {
+    const int b = i / chunks, q = i - b * chunks;
+    char* base = b == 0 ? st + 8192 * wg : st + GemmShape<128, BN, true, false>::A_BYTES + 8192 * (b - 1);
+    *reinterpret_cast<uint4*>(base + valid * 128 + q * 16) = z;
+  }
+  sm90::fence_proxy_async_shared();
+  sm90::named_sync(2 + wg, 128);
+}
+
+// Rows [lo, hi) of expert e's segment inside [r_lo, r_hi) (empty: lo >= hi).
+template <class TOff>
+__device__ __forceinline__ void segment(const TOff* offsets, int e, int r_lo, int r_hi, int& lo, int& hi) {
+  lo = max((int)offsets[e], r_lo);
+  hi = min((int)offsets[e + 1], r_hi);
+}
+
+}  // namespace moe
+
+// ragged_mm (B_K = false) and ragged_mm_grad_x (B_K = true): out rows [r_lo, r_hi) x columns
+// [n_lo, n_hi). Each expert segment inside the rows is computed in 128-row sub-tiles starting at the
+// segment's first row (TMA boxes start at any row; rows past the segment are loaded, multiplied and
+// not stored). A: the rows, [R, K] K-major, map (K, R) with boxes (64, 128).
+// B_K = false: w [E, K, N] (w[e] N-major), 3-D map (N, K, E), boxes (64, 64, 1): K blocks never
+//   reach the next expert (they read zeros past K).
+// B_K = true: w [E, N, K] (out = x @ w[e]^T: w[e] K-major), 3-D map (K, N, E), boxes (64, BN, 1).
+template <int BN, bool B_K, class TOff>
+__device__ __forceinline__ bool ragged_produce(Pipe& p, const void* map_a, const void* map_b, const TOff* offsets,
+                                               int E, int K, int r_lo, int r_hi, int n_lo, int n_hi) {
+  typedef GemmShape<128, BN, false, B_K> S;
+  for (int e = 0; e < E; ++e) {
+    int lo, hi;
+    moe::segment(offsets, e, r_lo, r_hi, lo, hi);
+    for (int m0 = lo; m0 < hi; m0 += 128) {
+      for (int n0 = n_lo; n0 < n_hi; n0 += BN) {
+        for (int k = 0; k < K; k += GEMM_BK) {
+          if (!pipe_wait(&p.empty[p.stage], p.phase ^ 1u, p)) return false;
+          char* st = p.at(p.stage);
+          uint64_t* full = &p.full[p.stage];
+          sm90::mbar_arrive_expect_tx(full, S::STAGE);
+          sm90::tma_load_2d(st, map_a, full, k, m0);
+          char* sb = st + S::A_BYTES;
+          if (B_K) {
+            moe::tma_load_3d(sb, map_b, full, k, n0, e);
+          } else {
+#pragma unroll
+            for (int j = 0; j < BN / 64; ++j) moe::tma_load_3d(sb + 8192 * j, map_b, full, n0 + 64 * j, k, e);
+          }
+          p.advance();
+        }
+      }
+    }
+  }
+  return true;
+}
+
+template <class T, int BN, bool B_K, class TO, class TOff>
+__device__ __forceinline__ bool ragged_consume(Pipe& p, TO* out, const TOff* offsets, int E, int K, int N, int r_lo,
+                                               int r_hi, int n_lo, int n_hi) {
+  // rows outside every segment are zero (offsets need not cover all rows)
+  const int first = max(r_lo, min(r_hi, (int)offsets[0])), last = min(r_hi, max(r_lo, (int)offsets[E]));
+  const int w = n_hi - n_lo;
+  for (int i = threadIdx.x; i < (r_hi - r_lo) * w; i += LATCH_THREADS) {
+    const int r = r_lo + i / w;
+    if (r < first || r >= last) st<TO>(out, (long long)r * N + n_lo + i % w, 0.0f);
+  }
+  for (int e = 0; e < E; ++e) {
+    int lo, hi;
+    moe::segment(offsets, e, r_lo, r_hi, lo, hi);
+    if (lo >= hi) continue;
+    const GemmStore<TO> epi{out, (long long)N, hi, n_hi, (N & 1) == 0};
+    if (!gemm_consume<T, 128, BN, false, B_K>(p, epi, lo, hi, n_lo, n_hi, 0, K)) return false;
+  }
+  return true;
+}
+
+// ragged_mm_grad_w: dw[e][i, j] = sum over expert e's rows r of x[r, i] * g[r, j], for experts
+// [e_lo, e_hi), rows i in [i_lo, i_hi) of Din, columns j in [j_lo, j_hi) of Dout: grouped along K
+// (the rows). A = x^T: x [R, Din] is M-major, map (Din, R), boxes (64, 64); B = g [R, Dout],
+// N-major, map (Dout, R), boxes (64, 64). K blocks start at the segment's first row; the last one
+// reads rows of the next expert, which the consumers zero in shared memory (mask_k_rows) before
+// the product. Each element is one fixed-order sum: deterministic.
+template <int BN, class TOff>
+__device__ __forceinline__ bool ragged_w_produce(Pipe& p, const void* map_x, const void* map_g, const TOff* offsets,
+                                                 int e_lo, int e_hi, int i_lo, int i_hi, int j_lo, int j_hi) {
+  typedef GemmShape<128, BN, true, false> S;
+  for (int e = e_lo; e < e_hi; ++e) {
+    const int lo = (int)offsets[e], hi = (int)offsets[e + 1];
+    for (int m0 = i_lo; m0 < i_hi; m0 += 128) {
+      for (int n0 = j_lo; n0 < j_hi; n0 += BN) {
+        for (int k = lo; k < hi; k += GEMM_BK) {
+          if (!pipe_wait(&p.empty[p.stage], p.phase ^ 1u, p)) return false;
+          char* st = p.at(p.stage);
+          uint64_t* full = &p.full[p.stage];
+          sm90::mbar_arrive_expect_tx(full, S::STAGE);
+          sm90::tma_load_2d(st, map_x, full, m0, k);
+          sm90::tma_load_2d(st + 8192, map_x, full, m0 + 64, k);
+          char* sb = st + S::A_BYTES;
+#pragma unroll
+          for (int j = 0; j < BN / 64; ++j) sm90::tma_load_2d(sb + 8192 * j, map_g, full, n0 + 64 * j, k);
+          p.advance();
+        }
+      }
+    }
+  }
+  return true;
+}
+
+namespace moe {
+
+// One K block of grad_w on the consumer side (gemm_k_block with the tail rows masked).
+template <class T, int BN, bool FIRST>
+__device__ __forceinline__ bool w_k_block(Pipe& p, float (&acc)[BN / 2], int wg, int valid) {
+  if (!pipe_wait_warp(&p.full[p.stage], p.phase, p)) {
+    sm90::wgmma_wait<0>();
+    return false;
+  }
+  char* st = p.at(p.stage);
+  if (valid < GEMM_BK) mask_k_rows<BN>(st, wg, valid);
+  const char* sa = st + 8192 * wg;
+  const char* sb = st + GemmShape<128, BN, true, false>::A_BYTES;
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < GEMM_BK / 16; ++kk) {
+    const uint64_t da = sm90::wgmma_desc(sa + 2048 * kk, 8192, 1024);
+    const uint64_t db = sm90::wgmma_desc(sb + 2048 * kk, 8192, 1024);
+    Wgmma<BN, 1, 1, T>::run(acc, da, db, (FIRST && kk == 0) ? 0 : 1);
+  }
+  sm90::wgmma_commit();
+  return true;
+}
+
+}  // namespace moe
+
+template <class T, int BN, class TO, class TOff>
+__device__ __forceinline__ bool ragged_w_consume(Pipe& p, TO* dw, const TOff* offsets, int Din, int Dout, int e_lo,
+                                                 int e_hi, int i_lo, int i_hi, int j_lo, int j_hi) {
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  for (int e = e_lo; e < e_hi; ++e) {
+    const int lo = (int)offsets[e], hi = (int)offsets[e + 1];
+    const int nk = hi > lo ? (hi - lo + GEMM_BK - 1) / GEMM_BK : 0;
+    const GemmStore<TO> epi{dw + (long long)e * Din * Dout, (long long)Dout, i_hi, j_hi, (Dout & 1) == 0};
+    for (int m0 = i_lo; m0 < i_hi; m0 += 128) {
+      for (int n0 = j_lo; n0 < j_hi; n0 += BN) {
+        float acc[BN / 2];
+        if (nk > 0) {
+          if (!moe::w_k_block<T, BN, true>(p, acc, wg, min(GEMM_BK, hi - lo))) return false;
+          uint32_t prev = p.stage;
+          p.advance();
+#pragma unroll 1
+          for (int kb = 1; kb < nk; ++kb) {
+            if (!moe::w_k_block<T, BN, false>(p, acc, wg, min(GEMM_BK, hi - lo - GEMM_BK * kb))) return false;
+            sm90::wgmma_wait<1>();
+            if (lane == 0) sm90::mbar_arrive(&p.empty[prev]);
+            prev = p.stage;
+            p.advance();
+          }
+          sm90::wgmma_wait<0>();
+          if (lane == 0) sm90::mbar_arrive(&p.empty[prev]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;  // an expert without rows: dw[e] = 0
+        }
+        const int row = m0 + 64 * wg + 16 * warp + (lane >> 2);
+        const int col = n0 + 2 * (lane & 3);
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          epi(row, col + 8 * j, acc[4 * j], acc[4 * j + 1]);
+          epi(row + 8, col + 8 * j, acc[4 * j + 2], acc[4 * j + 3]);
+        }
+      }
+    }
+  }
+  return true;
 }
 
 }  // namespace latch
