@@ -10,7 +10,7 @@ from latch_core.registry import Registry
 
 
 def test_the_list_reads_top_to_bottom():
-    assert pipeline.NAMES == ("capture", "memory.policy", "memory.remat", "schedule.matmul_layouts",
+    assert pipeline.NAMES == ("capture", "memory.policy", "moe.store_operands", "memory.remat", "schedule.matmul_layouts",
                               "schedule.split_reductions", "schedule.matmul_configs", "schedule", "memory.plan",
                               "schedule.validate", "build")
     r = pipeline.Request("ex.py")
@@ -19,7 +19,7 @@ def test_the_list_reads_top_to_bottom():
         "capture", "memory.remat", "schedule.matmul_layouts", "schedule.matmul_configs", "schedule", "memory.plan",
         "schedule.validate"]
     assert pipeline.Request("ex.py", matmul_layouts=False, matmul_configs=False).passes() == [
-        "capture", "memory.policy", "schedule.split_reductions", "schedule", "memory.plan", "schedule.validate",
+        "capture", "memory.policy", "moe.store_operands", "schedule.split_reductions", "schedule", "memory.plan", "schedule.validate",
         "build"]
     opts = pipeline.Request("ex.py", scheduler="dataflow", num_sms=8, remat_budget=10).options()
     assert opts["schedule"] == {"num_sms": 8, "scheduler": "dataflow"} and opts["memory.remat"] == {"budget_bytes": 10}
