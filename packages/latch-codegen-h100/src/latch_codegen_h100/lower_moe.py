@@ -22,6 +22,7 @@ from .lowering import BodyContext, Lowering, LoweringError, TensorMap
 
 HEADER = "latch_moe.cuh"
 MAX_EXPERTS = 8192  # route_order keeps one counter per expert in shared memory
+FAST_EXPERTS = 256  # = latch::ROUTE_FAST_EXPERTS: route_order_match's per-warp counts fit (9 * E ints)
 
 
 def _round(ctx: BodyContext) -> int:
@@ -39,7 +40,7 @@ def _token_topk(ctx: BodyContext) -> str:
         raise LoweringError(f"{ctx.op}: both outputs (values, indices) must reach memory")
     E = probs.shape[1]
     k = int(ctx.attr("k"))
-    return (f"latch::token_topk_rows<{probs.ctype}, {indices.ctype}>({probs.ptr}, {values.ptr}, {indices.ptr}, "
+    return (f"latch::token_topk_warps<{probs.ctype}, {indices.ctype}>({probs.ptr}, {values.ptr}, {indices.ptr}, "
             f"{E}LL, {k}, c.t->lo[0], c.t->hi[0]);")
 
 
@@ -68,12 +69,14 @@ def _route_order(ctx: BodyContext) -> str:
     E = int(ctx.attr("num_experts"))
     if E > MAX_EXPERTS:
         raise LoweringError(f"{ctx.op}: {E} experts exceed {MAX_EXPERTS}, the most this body counts in shared memory")
-    return (f"latch::route_order_all<{idx.ctype}, {token.ctype}>({idx.ptr}, {token.ptr}, {position.ptr}, "
+    fn = "route_order_match" if E <= FAST_EXPERTS else "route_order_all"
+    return (f"latch::{fn}<{idx.ctype}, {token.ctype}>({idx.ptr}, {token.ptr}, {position.ptr}, "
             f"{offsets.ptr}, {N}LL, {k}, {E}LL, (int*){ctx.smem});")
 
 
 def _route_smem(ctx: BodyContext) -> int:
-    return 4 * (int(ctx.attr("num_experts")) + ctx.threads)
+    E = int(ctx.attr("num_experts"))
+    return 4 * 9 * E if E <= FAST_EXPERTS else 4 * (E + ctx.threads)
 
 
 def _ragged(mode: int):
@@ -235,10 +238,12 @@ def _ragged_lowering(op: str, simt) -> Lowering:
 def lowerings() -> list[Lowering]:
     h = (HEADER,)
     return [
-        Lowering("latch::token_topk", body=_token_topk, headers=h, doc="thread per row, k selection passes"),
+        Lowering("latch::token_topk", body=_token_topk, headers=h,
+                 doc="warp per row: k rounds of a per-lane pick and a shuffle arg-max"),
         Lowering("latch::token_topk_backward", body=_token_topk_backward, headers=h),
         Lowering("latch::route_order", body=_route_order, headers=h, smem=_route_smem, whole=True,
-                 doc="one block: expert counts, offsets, stable ranks 256 pairs at a time"),
+                 doc="one block: expert counts, offsets, stable ranks 256 pairs at a time (warp match + "
+                     "per-warp counts up to 256 experts, a scan of the chunk beyond)"),
         _ragged_lowering("latch::ragged_mm", _ragged(0)),
         _ragged_lowering("latch::ragged_mm_grad_x", _ragged(1)),
         _ragged_lowering("latch::ragged_mm_grad_w", _ragged_grad_w),

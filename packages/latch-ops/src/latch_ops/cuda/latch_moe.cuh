@@ -102,6 +102,123 @@ __device__ void route_order_all(const TI* indices, TO* token, TO* position, TO* 
   }
 }
 
+// ---- fast routing bodies ----------------------------------------------------------------------
+
+// Rows [r_lo, r_hi) of token_topk, one warp per row: lane l holds experts l, l + 32, ...; each of
+// the k rounds takes, per lane, its best expert strictly after the previous pick in the order
+// (value descending, NaN first, index ascending), then the warp's best by five shuffles. Same
+// result as token_topk_rows (a stable descending sort's first k).
+template <class V>
+__device__ __forceinline__ bool topk_before(V v, long long e, V bv, long long be) {  // (v, e) precedes (bv, be)
+  if (be < 0) return e >= 0;
+  if (e < 0) return false;
+  const bool vn = v != v, bn = bv != bv;
+  if (vn != bn) return vn;
+  if (!vn && v != bv) return v > bv;
+  return e < be;
+}
+
+template <class T, class TI>
+__device__ void token_topk_warps(const T* probs, T* values, TI* indices, long long E, int k, long long r_lo,
+                                 long long r_hi) {
+  typedef decltype(ld<T>(probs, 0)) V;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (long long r = r_lo + warp; r < r_hi; r += LATCH_THREADS / 32) {
+    const T* row = probs + r * E;
+    long long prev = -1;
+    V prev_v = V(0);
+    for (int s = 0; s < k; ++s) {
+      long long best = -1;
+      V bv = V(0);
+      for (long long e = lane; e < E; e += 32) {
+        const V v = ld<T>(row, e);
+        if (prev >= 0 && !topk_before(prev_v, prev, v, e)) continue;  // not after the previous pick
+        if (topk_before(v, e, bv, best)) {
+          best = e;
+          bv = v;
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const long long ob = __shfl_xor_sync(0xffffffffu, best, o);
+        const V ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        if (topk_before(ov, ob, bv, best)) {
+          best = ob;
+          bv = ov;
+        }
+      }
+      if (lane == 0) {
+        st<T>(values, r * k + s, bv);
+        indices[r * k + s] = (TI)best;
+      }
+      prev = best;
+      prev_v = bv;
+    }
+  }
+}
+
+// route_order in one block for up to ROUTE_FAST_EXPERTS experts: counts (shared-memory integer
+// atomics: the same counts in any order), offsets, then the pairs 256 at a time in pair order, each
+// pair's stable rank among its expert's pairs from __match_any_sync within its warp plus the
+// counts of the warps before it: O(1) per pair instead of a scan of the chunk.
+// smem: E + 8 * E ints.
+constexpr int ROUTE_FAST_EXPERTS = 256;
+
+template <class TI, class TO>
+__device__ void route_order_match(const TI* indices, TO* token, TO* position, TO* offsets, long long N, int k,
+                                  long long E, int* smem) {
+  int* run = smem;      // [E]: counts, then the next free row of each expert
+  int* cnt = smem + E;  // [8][E]: pairs of each expert in each warp of the current chunk
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const long long P = N * (long long)k;
+  for (long long e = tid; e < E; e += LATCH_THREADS) run[e] = 0;
+  latch::block_sync();
+  for (long long p = tid; p < P; p += LATCH_THREADS) {
+    const long long e = (long long)indices[p];
+    if (e < 0 || e >= E) {
+      latch_report(ERR_INDEX_RANGE, e, E);
+      continue;
+    }
+    atomicAdd(&run[e], 1);
+  }
+  latch::block_sync();
+  if (tid == 0) {
+    int acc = 0;
+    for (long long e = 0; e < E; ++e) {
+      const int c = run[e];
+      offsets[e] = (TO)acc;
+      run[e] = acc;
+      acc += c;
+    }
+    offsets[E] = (TO)acc;
+  }
+  const unsigned below = (1u << lane) - 1u;
+  for (long long base = 0; base < P; base += LATCH_THREADS) {
+    for (long long i = tid; i < 8 * E; i += LATCH_THREADS) cnt[i] = 0;
+    const long long p = base + tid;
+    long long e = p < P ? (long long)indices[p] : -1;
+    if (e < 0 || e >= E) e = -1;
+    const unsigned same = __match_any_sync(0xffffffffu, (int)e);
+    latch::block_sync();  // offsets/run written, cnt zeroed
+    if (e >= 0 && (same & below) == 0) cnt[warp * E + e] = __popc(same);  // the group's first lane
+    latch::block_sync();
+    if (e >= 0) {
+      int rank = __popc(same & below);
+      for (int w = 0; w < warp; ++w) rank += cnt[w * E + e];
+      const long long row = run[e] + rank;
+      token[row] = (TO)(p / k);
+      position[p] = (TO)row;
+    }
+    latch::block_sync();
+    for (long long x = tid; x < E; x += LATCH_THREADS) {
+      int add = 0;
+      for (int w = 0; w < 8; ++w) add += cnt[w * E + x];
+      run[x] += add;
+    }
+    latch::block_sync();
+  }
+}
+
 // out rows [r_lo, r_hi) x columns [c_lo, c_hi) of a ragged product: each expert's segment of the
 // rows multiplies that expert's matrix; rows in no segment are zero. MODE 0: out = x @ w[e]
 // (w [E, K, N]); MODE 1: out = x @ w[e]^T (w [E, N, K]).

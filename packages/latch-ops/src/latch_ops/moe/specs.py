@@ -260,7 +260,7 @@ SPECS = [
         num_inputs=(1, 1),
         cost=cost_token_topk,
         doc="per-row top-k in descending order, ties to the lower index",
-        extra={"reference": _ref_token_topk, "torch_ops": ["latch::token_topk"]},
+        extra={"reference": _ref_token_topk, "torch_ops": ["latch::token_topk"], "tiling": tilings.token_topk},
     ),
     OpSpec(
         name=TOKEN_TOPK_BACKWARD,
