@@ -10,16 +10,17 @@ from latch_core.registry import Registry
 
 
 def test_the_list_reads_top_to_bottom():
-    assert pipeline.NAMES == ("capture", "memory.policy", "moe.store_operands", "memory.remat", "schedule.matmul_layouts",
+    assert pipeline.NAMES == ("capture", "memory.policy", "moe.store_operands", "moe.fixed_order_scatters",
+                              "memory.remat", "schedule.matmul_layouts",
                               "schedule.split_reductions", "schedule.matmul_configs", "schedule", "memory.plan",
                               "schedule.validate", "build")
     r = pipeline.Request("ex.py")
     assert r.passes() == [n for n in pipeline.NAMES if n != "memory.remat"]
     assert pipeline.Request("ex.py", policy=False, build=False, split_reductions=False, remat_budget=10).passes() == [
-        "capture", "memory.remat", "schedule.matmul_layouts", "schedule.matmul_configs", "schedule", "memory.plan",
+        "capture", "moe.fixed_order_scatters", "memory.remat", "schedule.matmul_layouts", "schedule.matmul_configs", "schedule", "memory.plan",
         "schedule.validate"]
     assert pipeline.Request("ex.py", matmul_layouts=False, matmul_configs=False).passes() == [
-        "capture", "memory.policy", "moe.store_operands", "schedule.split_reductions", "schedule", "memory.plan", "schedule.validate",
+        "capture", "memory.policy", "moe.store_operands", "moe.fixed_order_scatters", "schedule.split_reductions", "schedule", "memory.plan", "schedule.validate",
         "build"]
     opts = pipeline.Request("ex.py", scheduler="dataflow", num_sms=8, remat_budget=10).options()
     assert opts["schedule"] == {"num_sms": 8, "scheduler": "dataflow"} and opts["memory.remat"] == {"budget_bytes": 10}

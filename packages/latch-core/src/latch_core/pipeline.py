@@ -5,6 +5,7 @@ to a built program.
     capture                     latch-capture        example file -> graph section (cached by what it reads)
     memory.policy               latch-memory         numerical policy: BF16 operands of matmul/attention
     moe.store_operands          latch-ops            graph rewrite: BF16 operands of the ragged expert products
+    moe.fixed_order_scatters    latch-ops            graph rewrite: MoE scatters to tokens as fixed-order gathers
     memory.remat                latch-memory         recompute cheap forward values under a byte budget
     schedule.matmul_layouts     latch-schedule       graph rewrite: transposes feeding matmuls become trans flags
     schedule.split_reductions   latch-schedule       graph rewrite: big full reductions in two levels
@@ -48,6 +49,8 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("memory.policy", "latch-memory", "numerical policy: BF16 operands of matmul/attention", "policy"),
     Stage("moe.store_operands", "latch-ops", "graph rewrite: BF16 operands of the ragged expert products stored",
           "policy"),
+    Stage("moe.fixed_order_scatters", "latch-ops",
+          "graph rewrite: MoE scatters back to tokens as gathers summed in a fixed order (no atomics)"),
     Stage("memory.remat", "latch-memory", "recompute cheap forward values under a byte budget", "remat_budget"),
     Stage("schedule.matmul_layouts", "latch-schedule", "graph rewrite: transposes feeding matmuls become trans flags",
           "matmul_layouts"),

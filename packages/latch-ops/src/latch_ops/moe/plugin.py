@@ -1,7 +1,7 @@
 """The `moe` entry point (group ``latch.plugins``): registers the MoE op specs exactly as a
-third-party package would, through the ``latch_register_ops`` hook, and the pass
-``moe.store_operands`` (BF16 operands of the ragged products, ``policy``) through
-``latch_register_passes``. Each differentiable op's derivative is the autograd formula registered
+third-party package would, through the ``latch_register_ops`` hook, and the passes
+``moe.store_operands`` (BF16 operands of the ragged products, ``policy``) and
+``moe.fixed_order_scatters`` (``scatter``) through ``latch_register_passes``. Each differentiable op's derivative is the autograd formula registered
 with its torch custom op (``torch_ops``), which capture traces through. Importing this module
 never imports torch."""
 
@@ -21,6 +21,18 @@ STORE_OPERANDS = Pass(
 )
 
 
+def _fixed_order_scatters(doc, **options):
+    from .scatter import fixed_order_scatters_pass
+
+    return fixed_order_scatters_pass(doc, **options)
+
+
+FIXED_ORDER_SCATTERS = Pass(
+    "moe.fixed_order_scatters", _fixed_order_scatters, requires={"graph"}, ensures={"graph"},
+    doc="graph rewrite: index_add back to tokens by route_order's outputs as gathers summed in a fixed order",
+)
+
+
 @hookimpl
 def latch_register_ops(register):
     from .specs import SPECS
@@ -32,3 +44,4 @@ def latch_register_ops(register):
 @hookimpl
 def latch_register_passes(register):
     register(STORE_OPERANDS)
+    register(FIXED_ORDER_SCATTERS)
