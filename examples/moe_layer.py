@@ -11,7 +11,6 @@ the experts' segments are ragged.
 """
 
 import torch
-from torch import nn
 
 from latch_capture import Example
 from _optim import sgd
