@@ -73,3 +73,36 @@ def test_token_topk_tiles_rows():
     assert t.split_dims == (0,) and t.granule_of(0) == 0
     ins, outs = t.footprint(((3, 7), (0, 2)))
     assert ins == [((3, 7), (0, 4))] and outs == [((3, 7), (0, 2)), ((3, 7), (0, 2))]
+
+
+def test_a_gather_read_only_by_ragged_products_gathers_stored_rows():
+    """xs = index_select(x, token) feeding the products: x is cast (N rows), the gather moves BF16."""
+    g = _graph()
+    values = [Value("h", (8, 8), F, "batch"), Value("tok", (16,), "i64", "batch")] + [
+        v for v in g.values if v.name != "x"] + [Value("x", (16, 8), F)]
+    nodes = [Node("gather", "latch::index_select", ("h", "tok"), ("x",), {"dim": 0})] + list(g.nodes)
+    g = Graph("update", values, nodes, [Group("batch", ["h", "tok", "off"]), Group("params", ["w1", "w3"])],
+              [Group("metrics", ["b", "dw"])])
+    g2, nodes_, casts = store_ragged_operands(g)
+    by = {n.name: n for n in g2.nodes}
+    assert [n.op for n in g2.nodes][:2] == ["latch::cast", "latch::index_select"]
+    assert by["gather"].inputs == ("h.bf16", "tok") and by["gather"].outputs == ("x.bf16",)
+    assert g2.value("x.bf16").dtype == BF and "x" not in {v.name for v in g2.values}
+    assert by["m1"].inputs[0] == by["m3"].inputs[0] == by["gw"].inputs[0] == "x.bf16"
+    # read by anything else (here: an output), the FP32 rows stay and are cast after the gather
+    g3 = Graph("update", values, nodes, g.inputs, [Group("metrics", ["b", "dw", "x"])])
+    g4, _, _ = store_ragged_operands(g3)
+    assert {n.name: n for n in g4.nodes}["gather"].outputs == ("x",)
+
+
+def test_a_cast_already_in_the_graph_is_reused_for_the_gathers_source():
+    g = _graph()
+    values = [Value("h", (8, 8), F, "batch"), Value("tok", (16,), "i64", "batch"), Value("h.bf16", (8, 8), BF)] + [
+        v for v in g.values if v.name != "x"] + [Value("x", (16, 8), F)]
+    nodes = [Node("c0", "latch::cast", ("h",), ("h.bf16",), {"dtype": BF}),
+             Node("gather", "latch::index_select", ("h", "tok"), ("x",), {"dim": 0})] + list(g.nodes)
+    g = Graph("update", values, nodes, [Group("batch", ["h", "tok", "off"]), Group("params", ["w1", "w3"])],
+              [Group("metrics", ["b", "dw", "h.bf16"])])
+    g2, _, _ = store_ragged_operands(g)
+    assert [n.op for n in g2.nodes].count("latch::cast") == 4  # h (kept), w1, w3, a: no second cast of h
+    assert {n.name: n for n in g2.nodes}["gather"].inputs == ("h.bf16", "tok")
