@@ -36,7 +36,7 @@ export PYTHONUNBUFFERED=1
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 say() { echo "== [gpu_check ${SECONDS}s] $*"; }
-# LATCH_GPU_ONLY=matmul,examples,readme,pytest,sanitizer,dense,profile,full,lmhead,bench runs only the steps named (default: all).
+# LATCH_GPU_ONLY=matmul,examples,readme,pytest,sanitizer,dense,moe,profile,full,lmhead,bench runs only the steps named (default: all).
 want() { [ -z "${LATCH_GPU_ONLY:-}" ] || [[ ",${LATCH_GPU_ONLY}," == *",$1,"* ]]; }
 row() { echo "$*" >> "$SUMMARY"; }
 
@@ -197,6 +197,26 @@ if want dense; then
     grep -E "^(GATES|BENCH|STRONGEST)|capture |build |schedule |FAIL" "$WORK/dense.log" | head -20
     [ $rc -eq 0 ] || { echo "gpu_check: dense exited $rc; last lines:"; tail -25 "$WORK/dense.log"; }
     grep -E "^(GATES|BENCH|STRONGEST)" "$WORK/dense.log" | sed 's/^/  dense: /' >> "$SUMMARY" || row "  dense: no result (rc $rc)"
+fi
+
+# TinyMoE-200M's expert layer (examples/moe_layer.py: router, top-2, route_order, the three ragged
+# products as grouped wgmma, combine; forward + backward + SGD) in the persistent kernel: the ragged
+# bodies' GPU tests, then bench-moe (FP64 gates, two runs bit-identical, ms against torch _grouped_mm
+# replayed from a CUDA graph; latch_check/bench_moe.py).
+if want moe; then
+    say "moe: ragged bodies (pytest) and bench-moe"
+    LATCH_SPIN_TIMEOUT_S=5 timeout "${LATCH_GPU_MOE_S:-200}" "$PY" -m pytest -q -m gpu -p no:cacheprovider \
+        packages/latch-codegen-h100/tests/test_moe_bodies.py > "$WORK/moe-pytest.log" 2>&1
+    rc=$?
+    { echo "===== moe pytest (exit $rc)"; cat "$WORK/moe-pytest.log"; } >> "$OUT/examples.log"
+    tail -15 "$WORK/moe-pytest.log"
+    row "  MOE pytest (exit $rc): $(tail -1 "$WORK/moe-pytest.log")"
+    LATCH_SPIN_TIMEOUT_S=5 timeout "${LATCH_GPU_MOE_S:-200}" "$PY" -m latch_core.cli bench-moe \
+        --dir "$WORK/build/bench-moe" --json "$OUT/moe.json" ${LATCH_GPU_MOE_ARGS:-} > "$WORK/moe.log" 2>&1
+    rc=$?
+    { echo "===== bench-moe (exit $rc)"; cat "$WORK/moe.log"; } >> "$OUT/examples.log"
+    tail -40 "$WORK/moe.log"
+    { echo "  MOE bench-moe (exit $rc):"; sed -n '/^bench-moe:/,$p' "$WORK/moe.log" | sed 's/^/    /'; } >> "$SUMMARY"
 fi
 
 # Profiling builds (tools/profile_report.py, -DLATCH_PROFILE=1): where the kernel's time goes per op,

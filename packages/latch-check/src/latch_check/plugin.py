@@ -14,12 +14,14 @@ from latch_core.hookspecs import hookimpl
 def latch_register_commands(register):
     from .bench_lmhead import bench_lmhead_command
     from .bench_matmul import bench_matmul_command
+    from .bench_moe import bench_moe_command
     from .commands import check_command, compile_command, simulate_command
 
     register(bench_lmhead_command)
     from .bench import bench_command
     register(bench_command)
     register(bench_matmul_command)
+    register(bench_moe_command)
     register(check_command)
     register(compile_command)
     register(simulate_command)

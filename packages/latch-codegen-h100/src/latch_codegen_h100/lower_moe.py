@@ -3,17 +3,26 @@ two gradients. Registered here, by latch-codegen-h100's plugin; a third-party op
 register its lowerings through its own ``latch_register_lowerings`` the same way.
 
 Routing decisions are data: the ragged bodies read ``offsets`` at run time and walk the expert
-segments inside their tile (``latch_moe.cuh``); the matrix work reuses the matmul tile loop, with
-``operand_dtype`` rounding like latch::matmul.
+segments inside their tile (``latch_moe.cuh``). Two bodies per ragged product:
+- **grouped wgmma** (``ragged_produce``/``ragged_consume``, ``ragged_w_produce``/``ragged_w_consume``):
+  BF16/F16 operands (stored so by ``moe.store_operands``) whose rows are 16-byte aligned, an
+  FP32/BF16/F16 result: TMA loads through the worker's ring, wgmma into FP32 accumulators, the
+  store in the epilogue. The forward and grad_x tile by output rows x columns (a 128-row box meets
+  one or two experts: one 128 x BN sub-tile per expert it meets); grad_w by (expert, Din, Dout)
+  boxes, the K loop over the expert's own rows (grouped along K, one fixed-order sum per element:
+  deterministic, no split, no atomics).
+- **SIMT** (the matmul tile loop, ``operand_dtype`` rounding like latch::matmul): everything else.
+  Which one a node gets is decided by :func:`ragged_wgmma` from its operand types alone.
 """
 
 from __future__ import annotations
 
 from . import cgen
-from .lowering import BodyContext, Lowering, LoweringError
+from .lowering import BodyContext, Lowering, LoweringError, TensorMap
 
 HEADER = "latch_moe.cuh"
 MAX_EXPERTS = 8192  # route_order keeps one counter per expert in shared memory
+FAST_EXPERTS = 256  # = latch::ROUTE_FAST_EXPERTS: route_order_match's per-warp counts fit (9 * E ints)
 
 
 def _round(ctx: BodyContext) -> int:
@@ -31,7 +40,7 @@ def _token_topk(ctx: BodyContext) -> str:
         raise LoweringError(f"{ctx.op}: both outputs (values, indices) must reach memory")
     E = probs.shape[1]
     k = int(ctx.attr("k"))
-    return (f"latch::token_topk_rows<{probs.ctype}, {indices.ctype}>({probs.ptr}, {values.ptr}, {indices.ptr}, "
+    return (f"latch::token_topk_warps<{probs.ctype}, {indices.ctype}>({probs.ptr}, {values.ptr}, {indices.ptr}, "
             f"{E}LL, {k}, c.t->lo[0], c.t->hi[0]);")
 
 
@@ -60,12 +69,14 @@ def _route_order(ctx: BodyContext) -> str:
     E = int(ctx.attr("num_experts"))
     if E > MAX_EXPERTS:
         raise LoweringError(f"{ctx.op}: {E} experts exceed {MAX_EXPERTS}, the most this body counts in shared memory")
-    return (f"latch::route_order_all<{idx.ctype}, {token.ctype}>({idx.ptr}, {token.ptr}, {position.ptr}, "
+    fn = "route_order_match" if E <= FAST_EXPERTS else "route_order_all"
+    return (f"latch::{fn}<{idx.ctype}, {token.ctype}>({idx.ptr}, {token.ptr}, {position.ptr}, "
             f"{offsets.ptr}, {N}LL, {k}, {E}LL, (int*){ctx.smem});")
 
 
 def _route_smem(ctx: BodyContext) -> int:
-    return 4 * (int(ctx.attr("num_experts")) + ctx.threads)
+    E = int(ctx.attr("num_experts"))
+    return 4 * 9 * E if E <= FAST_EXPERTS else 4 * (E + ctx.threads)
 
 
 def _ragged(mode: int):
@@ -94,14 +105,146 @@ def _mm_smem(ctx: BodyContext) -> int:
     return (8 if _acc(ctx) == "double" else 4) * 32 * ((64 + 1) + (64 + 1))
 
 
+# --------------------------------------------------------------------------------------------
+# Grouped wgmma bodies
+
+BK = 64
+LOW = ("bf16", "f16")
+OUT = ("f32", "bf16", "f16")  # what the fused epilogue stores
+
+
+def ragged_wgmma(op: str, in_types, out_dtype: str) -> int | None:
+    """BN of the wgmma body for a ragged node with operand types ``in_types`` ((shape, dtype) of
+    the two float operands) and result dtype ``out_dtype``, or None when the SIMT body computes it."""
+    (a_shape, a_dt), (b_shape, b_dt) = in_types
+    if a_dt not in LOW or b_dt != a_dt or out_dtype not in OUT:
+        return None
+    if any(d % 8 for d in (a_shape[-1], b_shape[-1])):  # TMA: 16-byte row strides
+        return None
+    if max(*a_shape, *b_shape) >= 2 ** 31:
+        return None
+    if op == "latch::ragged_mm":  # w[e] [K, N] N-major: whole 64-column blocks
+        n = b_shape[2]
+        return 128 if n > 64 else 64
+    if op == "latch::ragged_mm_grad_x":  # w[e] [N, K] K-major: N = Din, any multiple of 16
+        n = b_shape[1]
+        return next(x for x in (16, 32, 64, 96, 128) if x >= min(n, 128))
+    n = b_shape[1]  # grad_w: g [R, Dout] N-major
+    return 128 if n > 64 else 64
+
+
+def _bn(ctx: BodyContext) -> int | None:
+    a, b = ctx.inputs[0], ctx.inputs[1]
+    return ragged_wgmma(ctx.op, ((a.shape, a.dtype), (b.shape, b.dtype)), ctx.outputs[0].dtype)
+
+
+def _w_args(ctx: BodyContext) -> tuple[int, ...]:
+    if _bn(ctx) is None:
+        return ()
+    if ctx.op == "latch::ragged_mm_grad_w":
+        _, din, dout = ctx.outputs[0].shape
+        return (din, dout)
+    x, w, _ = ctx.inputs
+    E = w.shape[0]
+    K = x.shape[1]
+    N = ctx.outputs[0].shape[1]
+    return (E, K, N)
+
+
+def _rows_box() -> str:
+    return "const int r_lo = c.t->lo[0], r_hi = c.t->hi[0], n_lo = c.t->lo[1], n_hi = c.t->hi[1];"
+
+
+def _w_box() -> str:
+    return ("const int e_lo = c.t->lo[0], e_hi = c.t->hi[0], i_lo = c.t->lo[1], i_hi = c.t->hi[1], "
+            "j_lo = c.t->lo[2], j_hi = c.t->hi[2];")
+
+
+def _wgmma_body(ctx: BodyContext) -> str:
+    bn = _bn(ctx)
+    a, _, offsets = ctx.inputs
+    out = ctx.outputs[0]
+    if ctx.op == "latch::ragged_mm_grad_w":
+        return "\n".join([_w_box(), "latch::Pipe p = c.pipe;",
+                          f"if (!latch::ragged_w_consume<{a.ctype}, {bn}>(p, {out.ptr}, {offsets.ptr}, (int)c.args[0], "
+                          "(int)c.args[1], e_lo, e_hi, i_lo, i_hi, j_lo, j_hi)) return;"])
+    bk = "true" if ctx.op == "latch::ragged_mm_grad_x" else "false"
+    return "\n".join([_rows_box(), "latch::Pipe p = c.pipe;",
+                      f"if (!latch::ragged_consume<{a.ctype}, {bn}, {bk}>(p, {out.ptr}, {offsets.ptr}, (int)c.args[0], "
+                      "(int)c.args[1], (int)c.args[2], r_lo, r_hi, n_lo, n_hi)) return;"])
+
+
+def _wgmma_producer(ctx: BodyContext) -> str:
+    bn = _bn(ctx)
+    offsets = ctx.inputs[2]
+    if ctx.op == "latch::ragged_mm_grad_w":
+        return "\n".join([_w_box(),
+                          f"if (!latch::ragged_w_produce<{bn}>(p, {ctx.tmap(0)}, {ctx.tmap(1)}, {offsets.ptr}, e_lo, e_hi, "
+                          "i_lo, i_hi, j_lo, j_hi)) return false;"])
+    bk = "true" if ctx.op == "latch::ragged_mm_grad_x" else "false"
+    return "\n".join([_rows_box(),
+                      f"if (!latch::ragged_produce<{bn}, {bk}>(p, {ctx.tmap(0)}, {ctx.tmap(1)}, {offsets.ptr}, "
+                      "(int)c.args[0], (int)c.args[1], r_lo, r_hi, n_lo, n_hi)) return false;"])
+
+
+def _tensor_maps(ctx: BodyContext) -> list[TensorMap]:
+    bn = _bn(ctx)
+    a, b, _ = ctx.inputs
+    if ctx.op == "latch::ragged_mm_grad_w":
+        (R, din), (_, dout) = a.shape, b.shape
+        return [TensorMap(0, (din, R), (64, 64)), TensorMap(1, (dout, R), (64, 64))]
+    R, K = a.shape
+    E, d1, d2 = b.shape
+    amap = TensorMap(0, (K, R), (64, 128))
+    if ctx.op == "latch::ragged_mm":  # w [E, K, N]
+        return [amap, TensorMap(1, (d2, d1, E), (64, 64, 1))]
+    return [amap, TensorMap(1, (d2, d1, E), (64, bn, 1))]  # grad_x: w [E, N, K]
+
+
+def _stage_bytes(ctx: BodyContext) -> int:
+    return (128 + _bn(ctx)) * BK * 2
+
+
+class _WhenWgmma:
+    """A producer-half callable that answers None for nodes the SIMT body computes."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.__module__ = fn.__module__
+        self.__qualname__ = fn.__qualname__
+
+    def __call__(self, ctx: BodyContext):
+        return self.fn(ctx) if _bn(ctx) is not None else None
+
+
+def _either(simt):
+    def body(ctx: BodyContext) -> str:
+        return _wgmma_body(ctx) if _bn(ctx) is not None else simt(ctx)
+    body.__qualname__ = f"ragged_body_{getattr(simt, '__qualname__', 'simt')}"
+    return body
+
+
+def _smem(ctx: BodyContext) -> int:
+    return 0 if _bn(ctx) is not None else _mm_smem(ctx)
+
+
+def _ragged_lowering(op: str, simt) -> Lowering:
+    return Lowering(op, body=_either(simt), headers=(HEADER,), smem=_smem, producer=_WhenWgmma(_wgmma_producer),
+                    tensor_maps=_WhenWgmma(_tensor_maps), stage_bytes=_WhenWgmma(_stage_bytes), args=_w_args,
+                    doc="grouped wgmma + TMA over the expert segments read from offsets (BF16/F16 operands, FP32 "
+                        "accumulation, fused store); tiled SIMT otherwise")
+
+
 def lowerings() -> list[Lowering]:
     h = (HEADER,)
     return [
-        Lowering("latch::token_topk", body=_token_topk, headers=h, doc="thread per row, k selection passes"),
+        Lowering("latch::token_topk", body=_token_topk, headers=h,
+                 doc="warp per row: k rounds of a per-lane pick and a shuffle arg-max"),
         Lowering("latch::token_topk_backward", body=_token_topk_backward, headers=h),
         Lowering("latch::route_order", body=_route_order, headers=h, smem=_route_smem, whole=True,
-                 doc="one block: expert counts, offsets, stable ranks 256 pairs at a time"),
-        Lowering("latch::ragged_mm", body=_ragged(0), headers=h, smem=_mm_smem),
-        Lowering("latch::ragged_mm_grad_x", body=_ragged(1), headers=h, smem=_mm_smem),
-        Lowering("latch::ragged_mm_grad_w", body=_ragged_grad_w, headers=h, smem=_mm_smem),
+                 doc="one block: expert counts, offsets, stable ranks 256 pairs at a time (warp match + "
+                     "per-warp counts up to 256 experts, a scan of the chunk beyond)"),
+        _ragged_lowering("latch::ragged_mm", _ragged(0)),
+        _ragged_lowering("latch::ragged_mm_grad_x", _ragged(1)),
+        _ragged_lowering("latch::ragged_mm_grad_w", _ragged_grad_w),
     ]

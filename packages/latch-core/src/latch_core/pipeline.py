@@ -5,6 +5,8 @@ to a built program.
     capture                     latch-capture        example file -> graph section (cached by what it reads)
     memory.policy               latch-memory         numerical policy: BF16 operands of matmul/attention
     memory.fuse_cross_entropy   latch-memory         graph rewrite: the LM head's cross-entropy, logits stored BF16
+    moe.store_operands          latch-ops            graph rewrite: BF16 operands of the ragged expert products
+    moe.fixed_order_scatters    latch-ops            graph rewrite: MoE scatters to tokens as fixed-order gathers
     memory.remat                latch-memory         recompute cheap forward values under a byte budget
     schedule.matmul_layouts     latch-schedule       graph rewrite: transposes feeding matmuls become trans flags
     schedule.split_reductions   latch-schedule       graph rewrite: big full reductions in two levels
@@ -48,6 +50,10 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("memory.policy", "latch-memory", "numerical policy: BF16 operands of matmul/attention", "policy"),
     Stage("memory.fuse_cross_entropy", "latch-memory",
           "graph rewrite: the LM head's cross-entropy as one op pair over logits stored BF16", "fuse_cross_entropy"),
+    Stage("moe.store_operands", "latch-ops", "graph rewrite: BF16 operands of the ragged expert products stored",
+          "policy"),
+    Stage("moe.fixed_order_scatters", "latch-ops",
+          "graph rewrite: MoE scatters back to tokens as gathers summed in a fixed order (no atomics)"),
     Stage("memory.remat", "latch-memory", "recompute cheap forward values under a byte budget", "remat_budget"),
     Stage("schedule.matmul_layouts", "latch-schedule", "graph rewrite: transposes feeding matmuls become trans flags",
           "matmul_layouts"),

@@ -1,9 +1,36 @@
 """The `moe` entry point (group ``latch.plugins``): registers the MoE op specs exactly as a
-third-party package would, through the ``latch_register_ops`` hook. Each differentiable op's
-derivative is the autograd formula registered with its torch custom op (``torch_ops``), which
-capture traces through. Importing this module never imports torch."""
+third-party package would, through the ``latch_register_ops`` hook, and the passes
+``moe.store_operands`` (BF16 operands of the ragged products, ``policy``) and
+``moe.fixed_order_scatters`` (``scatter``) through ``latch_register_passes``. Each differentiable op's derivative is the autograd formula registered
+with its torch custom op (``torch_ops``), which capture traces through. Importing this module
+never imports torch."""
 
 from latch_core.hookspecs import hookimpl
+from latch_core.passes import Pass
+
+
+def _store_operands(doc, **options):
+    from .policy import store_operands_pass
+
+    return store_operands_pass(doc, **options)
+
+
+STORE_OPERANDS = Pass(
+    "moe.store_operands", _store_operands, requires={"graph"}, ensures={"graph"},
+    doc="graph rewrite: BF16/F16 operands of the ragged products stored (casts), FP32 results (out_dtype)",
+)
+
+
+def _fixed_order_scatters(doc, **options):
+    from .scatter import fixed_order_scatters_pass
+
+    return fixed_order_scatters_pass(doc, **options)
+
+
+FIXED_ORDER_SCATTERS = Pass(
+    "moe.fixed_order_scatters", _fixed_order_scatters, requires={"graph"}, ensures={"graph"},
+    doc="graph rewrite: index_add back to tokens by route_order's outputs as gathers summed in a fixed order",
+)
 
 
 @hookimpl
@@ -12,3 +39,9 @@ def latch_register_ops(register):
 
     for spec in SPECS:
         register(spec)
+
+
+@hookimpl
+def latch_register_passes(register):
+    register(STORE_OPERANDS)
+    register(FIXED_ORDER_SCATTERS)

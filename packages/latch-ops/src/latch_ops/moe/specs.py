@@ -12,7 +12,7 @@ top-k routing and E experts:
         token[r] = the token of sorted row r; position[n*k + s] = the sorted row of pair (n, s)
         (the inverse permutation); offsets[e]..offsets[e+1] are expert e's rows, offsets[0] = 0,
         offsets[E] = N*k
-    ragged_mm(x[R,Din], w[E,Din,Dout], offsets[E+1]) -> out[R,Dout]
+    ragged_mm(x[R,Din], w[E,Din,Dout], offsets[E+1]) {out_dtype?} -> out[R,Dout]
         out[r] = x[r] @ w[e] for offsets[e] <= r < offsets[e+1]; rows in no segment are zero
     ragged_mm_grad_x(grad[R,Dout], w[E,Din,Dout], offsets[E+1]) -> dx[R,Din]
         dx[r] = grad[r] @ w[e]^T in expert e's segment; rows in no segment are zero
@@ -22,6 +22,10 @@ top-k routing and E experts:
 ragged_mm's derivative is two ops, not one, so that each tiles on its own: dx by rows and columns
 like ragged_mm itself, dw by (expert, Din, Dout) boxes; one op producing both could only run as a
 single task, since every dw tile needs every row of the segment that dx splits.
+
+The three ragged products take an optional ``out_dtype`` (the result's dtype, default the
+operands'): ``moe.store_operands`` (``latch_ops.moe.policy``) stores BF16 operands for the tensor
+cores and keeps FP32 results, as ``memory.policy`` does for latch::matmul.
 
 Tags: ragged_mm and its gradients are ``matmul`` (tensor-core work: the numerical policy gives them
 BF16 operands) and ``routing``; their ``extra["tiling"]`` (``tilings``) tells the scheduler how they
@@ -105,6 +109,17 @@ def infer_route_order(inputs: Sequence[TensorType | None], attrs: dict[str, Any]
     return [TensorType((rows,), "i64"), TensorType((rows,), "i64"), TensorType((E + 1,), "i64")]
 
 
+def _out_dtype(op: str, attrs: dict[str, Any], default: str) -> str:
+    """The output dtype: attribute ``out_dtype`` (set by ``moe.store_operands`` when the operands
+    are stored in BF16 but the result stays FP32), else the operands' dtype."""
+    v = attrs.get("out_dtype")
+    if v is None:
+        return default
+    if v not in FLOAT_DTYPES:
+        raise ShapeError(f"{op}: attribute 'out_dtype' must be a float dtype {sorted(FLOAT_DTYPES)}, got {v!r}")
+    return v
+
+
 def _ragged_operands(op: str, x, w, offsets) -> tuple[int, int, int, int]:
     x = _need(op, "x", x, 2, FLOAT_DTYPES, "[R, Din] rows sorted by expert")
     w = _need(op, "w", w, 3, FLOAT_DTYPES, "[E, Din, Dout] stacked expert weights")
@@ -123,7 +138,7 @@ def _ragged_operands(op: str, x, w, offsets) -> tuple[int, int, int, int]:
 def infer_ragged_mm(inputs: Sequence[TensorType | None], attrs: dict[str, Any]) -> list[TensorType]:
     x, w, offsets = inputs
     R, _Din, _E, Dout = _ragged_operands(RAGGED_MM, x, w, offsets)
-    return [TensorType((R, Dout), x.dtype)]
+    return [TensorType((R, Dout), _out_dtype(RAGGED_MM, attrs, x.dtype))]
 
 
 def infer_ragged_mm_grad_x(inputs: Sequence[TensorType | None], attrs: dict[str, Any]) -> list[TensorType]:
@@ -139,7 +154,7 @@ def infer_ragged_mm_grad_x(inputs: Sequence[TensorType | None], attrs: dict[str,
         raise ShapeError(f"{op}: grad {grad} has Dout={grad.shape[1]} but w {w} has Dout={Dout}")
     if offsets.shape != (E + 1,):
         raise ShapeError(f"{op}: offsets must be [E+1] = [{E + 1}] for w {w}, got {offsets}")
-    return [TensorType((grad.shape[0], Din), grad.dtype)]
+    return [TensorType((grad.shape[0], Din), _out_dtype(op, attrs, grad.dtype))]
 
 
 def infer_ragged_mm_grad_w(inputs: Sequence[TensorType | None], attrs: dict[str, Any]) -> list[TensorType]:
@@ -151,7 +166,8 @@ def infer_ragged_mm_grad_w(inputs: Sequence[TensorType | None], attrs: dict[str,
         raise ShapeError(f"{RAGGED_MM_GRAD_W}: x {x} and grad {grad} must share the row count and dtype")
     if offsets.shape[0] < 1:
         raise ShapeError(f"{RAGGED_MM_GRAD_W}: offsets must be [E+1] with E >= 0, got {offsets}")
-    return [TensorType((offsets.shape[0] - 1, x.shape[1], grad.shape[1]), x.dtype)]
+    out = _out_dtype(RAGGED_MM_GRAD_W, attrs, x.dtype)
+    return [TensorType((offsets.shape[0] - 1, x.shape[1], grad.shape[1]), out)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -208,22 +224,31 @@ def _ref_route_order(inputs, attrs):
     return list(route_order_math(inputs[0], int(attrs["num_experts"])))
 
 
+def _as_out(t, attrs):
+    """A reference result at the reference width of ``out_dtype`` (FP64 in the interpreter)."""
+    if attrs.get("out_dtype") is None:
+        return t
+    from latch_ops.common import ref_dtype
+
+    return t.to(ref_dtype(attrs["out_dtype"]))
+
+
 def _ref_ragged_mm(inputs, attrs):
     from .reference import ragged_mm_math
 
-    return [ragged_mm_math(*inputs)]
+    return [_as_out(ragged_mm_math(*inputs), attrs)]
 
 
 def _ref_ragged_mm_grad_x(inputs, attrs):
     from .reference import ragged_mm_grad_x_math
 
-    return [ragged_mm_grad_x_math(*inputs)]
+    return [_as_out(ragged_mm_grad_x_math(*inputs), attrs)]
 
 
 def _ref_ragged_mm_grad_w(inputs, attrs):
     from .reference import ragged_mm_grad_w_math
 
-    return [ragged_mm_grad_w_math(*inputs)]
+    return [_as_out(ragged_mm_grad_w_math(*inputs), attrs)]
 
 
 SPECS = [
@@ -235,7 +260,7 @@ SPECS = [
         num_inputs=(1, 1),
         cost=cost_token_topk,
         doc="per-row top-k in descending order, ties to the lower index",
-        extra={"reference": _ref_token_topk, "torch_ops": ["latch::token_topk"]},
+        extra={"reference": _ref_token_topk, "torch_ops": ["latch::token_topk"], "tiling": tilings.token_topk},
     ),
     OpSpec(
         name=TOKEN_TOPK_BACKWARD,

@@ -59,3 +59,16 @@ def ragged_grad_w(in_types, out_types, attrs):
         return [((0, x.shape[0]), din), ((0, grad.shape[0]), dout), _full(offsets)], [box]
 
     return _tiling((0, 1, 2), footprint, (1, TILE, TILE), "ragged_grad_w")
+
+
+def token_topk(in_types, out_types, attrs):
+    """token_topk(probs) -> (values[N, k], indices[N, k]): tiles of rows (a warp per row); a tile
+    reads its rows of probs (every expert) and writes its rows of both outputs. How many rows a tile
+    holds is the cost model's choice (granule 0)."""
+    (probs,) = in_types
+
+    def footprint(box):
+        rows = box[0]
+        return [(rows, (0, probs.shape[1]))], [box, box]
+
+    return _tiling((0,), footprint, (0,), "token_topk")

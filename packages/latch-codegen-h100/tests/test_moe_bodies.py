@@ -1,0 +1,170 @@
+"""The grouped wgmma bodies of the ragged expert products (lower_moe.py, latch_moe.cuh).
+
+CPU: which body a node gets; the three products at TinyMoE's layouts compile for sm_90a into HGMMA
+fed by TMA, not serialised, without spills. GPU (marked): each product against its FP64
+reference over ragged routing (an empty expert, segments shorter than a K block, longer than a
+tile, tiles that straddle experts), and the expert-weight gradient bit-identical across runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import h100_handmade as H
+from latch_core.ir import Value
+from latch_codegen_h100 import build
+from latch_codegen_h100.lower_moe import ragged_wgmma
+from latch_codegen_h100.sass import SassError, find_cuobjdump, sass_report
+
+BF, F = "bf16", "f32"
+
+
+def _tools() -> bool:
+    try:
+        find_cuobjdump()
+    except SassError:
+        return False
+    return H.have_nvcc()
+
+
+needs_tools = pytest.mark.skipif(not _tools(), reason="nvcc or cuobjdump not installed")
+
+
+def test_the_wgmma_body_is_taken_for_bf16_operands_tma_can_stream():
+    R, d, h, E = 4096, 768, 512, 16  # TinyMoE-200M's expert layer
+    assert ragged_wgmma("latch::ragged_mm", (((R, d), BF), ((E, d, h), BF)), F) == 128
+    assert ragged_wgmma("latch::ragged_mm_grad_x", (((R, h), BF), ((E, d, h), BF)), F) == 128
+    assert ragged_wgmma("latch::ragged_mm_grad_w", (((R, d), BF), ((R, h), BF)), F) == 128
+    assert ragged_wgmma("latch::ragged_mm_grad_x", (((R, 8), BF), ((E, 40, 8), BF)), F) == 64
+    # FP32 operands, rows TMA cannot stream (not 16-byte multiples), an FP64 result: SIMT
+    assert ragged_wgmma("latch::ragged_mm", (((R, d), F), ((E, d, h), F)), F) is None
+    assert ragged_wgmma("latch::ragged_mm", (((R, 12), BF), ((E, 12, h), BF)), F) is None
+    assert ragged_wgmma("latch::ragged_mm", (((R, d), BF), ((E, d, h), BF)), "f64") is None
+
+
+def _doc(R=512, d=128, h=192, E=4, strategy="barrier", tiles=3, split="rows"):
+    values = [Value("x", (R, d), BF, "batch"), Value("w", (E, d, h), BF, "batch"), Value("off", (E + 1,), "i64", "batch"),
+              Value("g", (R, h), BF, "batch"), Value("y", (R, h), F), Value("dx", (R, d), F),
+              Value("dw", (E, d, h), F)]
+    nodes = [("fwd", "latch::ragged_mm", ("x", "w", "off"), ("y",), {"out_dtype": F}),
+             ("dgrad", "latch::ragged_mm_grad_x", ("g", "w", "off"), ("dx",), {"out_dtype": F}),
+             ("wgrad", "latch::ragged_mm_grad_w", ("x", "g", "off"), ("dw",), {"out_dtype": F})]
+    g = H.graph("update", values, nodes, [("batch", ["x", "w", "off", "g"])], [("metrics", ["y", "dx", "dw"])])
+    return H.planned([g], strategy=strategy, tiles=tiles, split=split)
+
+
+@needs_tools
+def test_ragged_products_compile_to_tensor_cores_fed_by_tma(tmp_path, cache):
+    out = tmp_path / "b"
+    doc = build(_doc(), out, jobs=2)
+    stats = dict(doc.build.stats)
+    assert stats.get("spill_stores", 0) == 0 and "wgmma_warnings" not in stats, stats
+    r = sass_report(out / "program.so")
+    # three bodies: forward and grad_x through gemm_k_block (two sites of four), grad_w its own two
+    assert sum(r.hgmma.values()) >= 3 * 8, r
+    assert any(k.startswith("64x128x16.F32.BF16") for k in r.hgmma), r
+    assert r.hgmma_serialized == 0, r
+    assert r.utmaldg >= 3, r
+    assert r.local_loads == 0, r
+
+
+# --------------------------------------------------------------------------------------------
+# GPU
+
+def _routing(R, E, gen):
+    """Offsets with an empty expert, a segment shorter than a K block, one longer than a tile."""
+    import torch
+
+    assert E >= 4
+    sizes = [0, 37, 300]
+    rest = R - sum(sizes)
+    cuts = torch.sort(torch.randint(0, rest + 1, (E - 4,), generator=gen)).values.tolist()
+    parts = [b - a for a, b in zip([0] + cuts, cuts + [rest])]
+    sizes = sizes + parts
+    off = [0]
+    for s in sizes:
+        off.append(off[-1] + s)
+    return torch.tensor(off, dtype=torch.int64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("strategy,split", [("barrier", "rows"), ("dataflow", "cols")])
+def test_ragged_products_match_fp64_and_weight_gradients_repeat_bit_for_bit(strategy, split, tmp_path):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from latch_codegen_h100.runtime import Program
+
+    R, d, h, E = 512, 128, 192, 6
+    build(_doc(R, d, h, E, strategy=strategy, split=split), tmp_path / "b")
+    prog = Program.load(tmp_path / "b")
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(R, d, generator=gen).bfloat16()
+    w = torch.randn(E, d, h, generator=gen).bfloat16()
+    gr = torch.randn(R, h, generator=gen).bfloat16()
+    off = _routing(R, E, gen)
+    batch = {"x": x.cuda(), "w": w.cuda(), "off": off.cuda(), "g": gr.cuda()}
+    outs = prog.run_program("update", batch=batch)
+    again = prog.run_program("update", batch=batch)
+    xd, wd, gd = x.double(), w.double(), gr.double()
+    y = torch.zeros(R, h, dtype=torch.float64)
+    dx = torch.zeros(R, d, dtype=torch.float64)
+    dw = torch.zeros(E, d, h, dtype=torch.float64)
+    for e in range(E):
+        lo, hi = int(off[e]), int(off[e + 1])
+        y[lo:hi] = xd[lo:hi] @ wd[e]
+        dx[lo:hi] = gd[lo:hi] @ wd[e].T
+        dw[e] = xd[lo:hi].T @ gd[lo:hi]
+    for name, ref in (("y", y), ("dx", dx), ("dw", dw)):
+        got = outs[name].double().cpu()
+        err = ((got - ref).norm() / ref.norm()).item()
+        assert err <= 1e-5, f"{name}: rel-L2 {err:.3g} against FP64 (FP32 accumulation of BF16 operands)"
+    assert torch.all(outs["dw"][0] == 0), "an expert without rows has a zero gradient"
+    for name in ("y", "dx", "dw"):
+        assert torch.equal(outs[name], again[name]), f"{name} differs between two runs"
+
+
+def _routing_doc(N=2048, E=16, k=2, strategy="barrier", tiles=3):
+    values = [Value("probs", (N, E), F, "batch"), Value("vals", (N, k), F), Value("idx", (N, k), "i64"),
+              Value("ids", (N, k), "i64", "batch"), Value("token", (N * k,), "i64"), Value("pos", (N * k,), "i64"),
+              Value("offsets", (E + 1,), "i64")]
+    nodes = [("topk", "latch::token_topk", ("probs",), ("vals", "idx"), {"k": k}),
+             ("order", "latch::route_order", ("ids",), ("token", "pos", "offsets"), {"num_experts": E})]
+    g = H.graph("update", values, nodes, [("batch", ["probs", "ids"])],
+                [("metrics", ["vals", "idx", "token", "pos", "offsets"])])
+    return H.planned([g], strategy=strategy, tiles=tiles)
+
+
+@needs_tools
+def test_routing_bodies_compile(tmp_path, cache):
+    doc = build(_routing_doc(), tmp_path / "r", jobs=2)
+    assert dict(doc.build.stats).get("spill_stores", 0) == 0
+
+
+@pytest.mark.gpu
+def test_routing_bodies_match_their_references_exactly(tmp_path):
+    """token_topk with ties (to the lower expert) in row tiles; route_order on skewed routing
+    (an expert nobody picks) at TinyMoE's 2 x 1024 tokens."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from latch_codegen_h100.runtime import Program
+    from latch_ops.moe.reference import route_order_math, token_topk_math
+
+    N, E, k = 2048, 16, 2
+    build(_routing_doc(N, E, k), tmp_path / "r")
+    prog = Program.load(tmp_path / "r")
+    gen = torch.Generator().manual_seed(2)
+    probs = torch.softmax(torch.randn(N, E, generator=gen), -1)
+    probs[::7, 3] = probs[::7, 5]  # ties
+    probs[::11] = 1.0 / E  # a whole row tied
+    ids = torch.multinomial(torch.tensor([4.0] + [1.0] * (E - 2) + [0.0]), N * k, replacement=True,
+                            generator=gen).view(N, k)
+    outs = prog.run_program("update", batch={"probs": probs.cuda(), "ids": ids.cuda()})
+    v, i = token_topk_math(probs, k)
+    assert torch.equal(outs["idx"].cpu(), i) and torch.equal(outs["vals"].cpu(), v)
+    token, pos, off = route_order_math(ids, E)
+    assert torch.equal(outs["offsets"].cpu(), off)
+    assert torch.equal(outs["token"].cpu(), token) and torch.equal(outs["pos"].cpu(), pos)

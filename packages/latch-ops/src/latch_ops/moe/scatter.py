@@ -1,0 +1,108 @@
+"""Pass ``moe.fixed_order_scatters``: the MoE's scatters back to tokens become gathers summed in a
+fixed order (deterministic, no float atomics, spread over the SMs by rows).
+
+Autograd turns the layer's two gathers (``index_select`` by route_order's ``token``, the dispatch,
+and by its ``position``, the combine) into ``index_add`` onto zeros, whose body lets every task walk
+every source element and add with float atomics: one token's k contributions land in an order that
+varies from run to run. Both have a gather form, because route_order's outputs are two views of one
+permutation of the N*k (token, slot) pairs:
+
+    index_add(zeros[N, ...], 0, token, g)     ->  sum(reshape(index_select(g, 0, position), [N, k, ...]), dims=[1])
+        token n's k rows of g, in slot order, summed over the slot axis (each token's contributions in
+        their own slots, summed in a fixed order);
+    index_add(zeros[P, ...], 0, position, g)  ->  index_select(g, 0, scatter(zeros_i64[P], 0, position, arange(P)))
+        position is a permutation, so the sum has one term per row: a gather by its inverse.
+
+An ``index_add`` onto anything but a ``latch::full`` of zeros, along another dim, or by an index
+that is not a route_order output, is left alone. No torch: the pass runs on the document only.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from latch_core.document import Document
+from latch_core.ir import Graph, Node, Value
+
+from . import specs
+
+INDEX_ADD, INDEX_SELECT, FULL = "latch::index_add", "latch::index_select", "latch::full"
+
+
+def _fresh(names: set[str], base: str) -> str:
+    name = base
+    while name in names:
+        name += "_"
+    names.add(name)
+    return name
+
+
+def rewrite_scatters(g: Graph) -> tuple[Graph, int]:
+    """(new graph, index_add nodes replaced) for one program."""
+    producers = {o: n for n in g.nodes for o in n.outputs}
+    routes: dict[str, tuple[str, Node]] = {}
+    for n in g.nodes:
+        if n.op == specs.ROUTE_ORDER and len(n.outputs) == 3:
+            routes[n.outputs[0]] = ("token", n)
+            routes[n.outputs[1]] = ("position", n)
+
+    def zeros(v: str | None) -> bool:
+        p = producers.get(v)
+        return p is not None and p.op == FULL and p.attr("value") in (0, 0.0) and not isinstance(p.attr("value"), bool)
+
+    def eligible(n: Node) -> bool:
+        return (n.op == INDEX_ADD and len(n.inputs) == 3 and n.attr("dim") == 0 and n.inputs[1] in routes
+                and zeros(n.inputs[0]) and n.attr("alpha") in (None, 1, 1.0))
+
+    todo = [n for n in g.nodes if eligible(n)]
+    if not todo:
+        return g, 0
+    names = {v.name for v in g.values} | {n.name for n in g.nodes}
+    values = list(g.values)
+    nodes: list[Node] = []
+    for n in g.nodes:
+        if not eligible(n):
+            nodes.append(n)
+            continue
+        kind, route = routes[n.inputs[1]]
+        src, out = n.inputs[2], n.outputs[0]
+        sv = g.value(src)
+        if kind == "token":
+            N, k = g.value(route.inputs[0]).shape
+            slots = _fresh(names, f"{out}.slots")
+            by_token = _fresh(names, f"{out}.by_token")
+            shape = (N, k) + tuple(sv.shape[1:])
+            values += [Value(slots, sv.shape, sv.dtype), Value(by_token, shape, sv.dtype)]
+            nodes += [Node(_fresh(names, f"gather.{out}"), INDEX_SELECT, (src, route.outputs[1]), (slots,), {"dim": 0},
+                           source=n.source),
+                      Node(_fresh(names, f"slots.{out}"), "latch::reshape", (slots,), (by_token,),
+                           {"shape": list(shape)}, source=n.source),
+                      Node(n.name, "latch::sum", (by_token,), (out,), {"dims": [1], "keepdim": False}, source=n.source)]
+        else:
+            P = g.value(n.inputs[1]).shape[0]
+            base, ar, inv = (_fresh(names, f"{out}.{s}") for s in ("inv_base", "rows", "inverse"))
+            values += [Value(base, (P,), "i64"), Value(ar, (P,), "i64"), Value(inv, (P,), "i64")]
+            nodes += [Node(_fresh(names, f"full.{base}"), FULL, (), (base,), {"shape": [P], "value": 0, "dtype": "i64"},
+                           source=n.source),
+                      Node(_fresh(names, f"arange.{ar}"), "latch::arange", (), (ar,),
+                           {"start": 0, "step": 1, "size": P, "dtype": "i64"}, source=n.source),
+                      Node(_fresh(names, f"inverse.{inv}"), "latch::scatter", (base, n.inputs[1], ar), (inv,), {"dim": 0},
+                           source=n.source),
+                      Node(n.name, INDEX_SELECT, (src, inv), (out,), {"dim": 0}, source=n.source)]
+    # the zeros the index_adds started from, now read by no one
+    read = {v for n in nodes for v in n.inputs if v is not None} | set(g.output_names())
+    dead = {n.name for n in nodes if n.op == FULL and all(o not in read for o in n.outputs)}
+    gone = {o for n in nodes if n.name in dead for o in n.outputs}
+    nodes = [n for n in nodes if n.name not in dead]
+    values = [v for v in values if v.name not in gone]
+    return attrs.evolve(g, values=values, nodes=nodes), len(todo)
+
+
+def fixed_order_scatters_pass(doc: Document, **_options) -> tuple[Document, str]:
+    programs, count = [], 0
+    for p in doc.graph.programs:
+        p2, c = rewrite_scatters(p)
+        programs.append(p2)
+        count += c
+    return (attrs.evolve(doc, graph=attrs.evolve(doc.graph, programs=programs)),
+            f"{count} MoE scatters back to tokens became fixed-order gathers")
