@@ -11,9 +11,11 @@ from latch_core.hookspecs import hookimpl
 
 @hookimpl
 def latch_register_commands(register):
+    from .bench_attention import bench_attention_command
     from .bench_matmul import bench_matmul_command
     from .commands import check_command, compile_command, simulate_command
 
+    register(bench_attention_command)
     register(bench_matmul_command)
     register(check_command)
     register(compile_command)
