@@ -79,9 +79,11 @@ CASES = (
 )
 
 
-def _programs(c: Case, dtype: str = "bf16") -> list[Graph]:
-    q, k, v, go = (f"{c.name}.{n}" for n in ("q", "k", "v", "go"))
+def _programs(c: Case, dtype: str = "bf16", glse: bool = False, body: str | None = None) -> list[Graph]:
+    q, k, v, go, gl = (f"{c.name}.{n}" for n in ("q", "k", "v", "go", "glse"))
     attrs_ = {"causal": c.causal, "scale": c.scale}
+    if body:
+        attrs_["attention_body"] = body
     if dtype in ("bf16", "f16"):
         attrs_["operand_dtype"] = dtype
     stat = "f32" if dtype in ("bf16", "f16") else dtype
@@ -98,17 +100,22 @@ def _programs(c: Case, dtype: str = "bf16") -> list[Graph]:
             dq, dk, dv = f"{p}.dq", f"{p}.dk", f"{p}.dv"
             values += [Value(go, c.q_shape, dtype, BATCH), Value(dq, c.q_shape, dtype), Value(dk, c.kv_shape, dtype),
                        Value(dv, c.kv_shape, dtype)]
-            nodes.append(Node(f"{p}.sdpa_backward", "latch::sdpa_backward", (go, None, q, k, v, out, lse),
+            if glse:
+                values.append(Value(gl, c.q_shape[:3], stat, BATCH))
+            nodes.append(Node(f"{p}.sdpa_backward", "latch::sdpa_backward", (go, gl if glse else None, q, k, v, out, lse),
                               (dq, dk, dv), attrs_, source=f"bench_attention {c.name}"))
             outs = (out, dq, dk, dv)
-            batch = (q, k, v, go)
+            batch = (q, k, v, go) + ((gl,) if glse else ())
         progs.append(Graph(p, values, nodes, (Group("batch", batch),), (Group("metrics", outs),)))
     return progs
 
 
-def attention_document(case_list: Iterable[Case], dtype: str = "bf16") -> Document:
-    """Per case ``<case>.fwd`` and ``<case>.fwdbwd`` (see the module docstring)."""
-    progs = [p for c in case_list for p in _programs(c, dtype)]
+def attention_document(case_list: Iterable[Case], dtype: str = "bf16", glse: bool = False,
+                       body: str | None = None) -> Document:
+    """Per case ``<case>.fwd`` and ``<case>.fwdbwd`` (see the module docstring); ``glse``: the
+    backward also takes a gradient of lse (a batch input ``<case>.glse``); ``body="simt"`` forces
+    the SIMT bodies (attribute ``attention_body``)."""
+    progs = [p for c in case_list for p in _programs(c, dtype, glse, body)]
     return Document(graph=GraphSection(progs, (), {"example": "bench_attention"}))
 
 
@@ -147,10 +154,12 @@ def make_inputs(c: Case, device, seed: int, dtype=None) -> dict:
     g = torch.Generator(device=device).manual_seed(seed)
     mk = lambda s: torch.randn(s, device=device, generator=g, dtype=torch.float32).to(dtype)  # noqa: E731
     return {f"{c.name}.q": mk(c.q_shape), f"{c.name}.k": mk(c.kv_shape), f"{c.name}.v": mk(c.kv_shape),
-            f"{c.name}.go": mk(c.q_shape)}
+            f"{c.name}.go": mk(c.q_shape),
+            f"{c.name}.glse": torch.randn(c.q_shape[:3], device=device, generator=g, dtype=torch.float32).to(
+                torch.float64 if dtype == torch.float64 else torch.float32)}
 
 
-def reference(c: Case, ins: dict) -> dict:
+def reference(c: Case, ins: dict, glse: bool = False) -> dict:
     """FP64 out, dq, dk, dv of the same operands (latch_ops.attention's math, chunked by batch)."""
     import torch
 
@@ -158,9 +167,9 @@ def reference(c: Case, ins: dict) -> dict:
 
     res: dict = {"out": [], "dq": [], "dk": [], "dv": []}
     for b in range(c.batch):
-        q, k, v, go = (ins[f"{c.name}.{n}"][b:b + 1].double() for n in ("q", "k", "v", "go"))
+        q, k, v, go, gl = (ins[f"{c.name}.{n}"][b:b + 1].double() for n in ("q", "k", "v", "go", "glse"))
         out, lse = sdpa_forward_math(q, k, v, c.causal, c.scale)
-        dq, dk, dv = sdpa_backward_math(go, None, q, k, v, out, lse, c.causal, c.scale)
+        dq, dk, dv = sdpa_backward_math(go, gl if glse else None, q, k, v, out, lse, c.causal, c.scale)
         for key, t in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
             res[key].append(t)
         del q, k, v, go, out, lse, dq, dk, dv
@@ -172,7 +181,7 @@ def rel_l2(got, ref) -> float:
 
 
 def _torch_flash(c: Case, ins: dict):
-    """(forward fn, forward+backward fn, outputs) of torch's flash SDPA on the case's tensors."""
+    """(forward fn, forward+backward fn, a note) of torch's flash SDPA on the case's tensors."""
     import torch
     import torch.nn.functional as F
 
@@ -181,17 +190,26 @@ def _torch_flash(c: Case, ins: dict):
     v = ins[f"{c.name}.v"].detach().requires_grad_()
     go = ins[f"{c.name}.go"]
     gqa = c.kv_heads != c.heads
-    ctx = torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.FLASH_ATTENTION])
+    flash = [torch.nn.attention.SDPBackend.FLASH_ATTENTION]
+    repeat = False
 
     def fwd():
-        with ctx:
+        with torch.nn.attention.sdpa_kernel(flash):
+            if repeat:  # this torch's flash kernel takes no grouped k/v: repeat them (autograd sums back)
+                kk, vv = k.repeat_interleave(c.heads // c.kv_heads, 1), v.repeat_interleave(c.heads // c.kv_heads, 1)
+                return F.scaled_dot_product_attention(q, kk, vv, is_causal=c.causal, scale=c.scale)
             return F.scaled_dot_product_attention(q, k, v, is_causal=c.causal, scale=c.scale, enable_gqa=gqa)
 
     def fwdbwd():
         out = fwd()
         return torch.autograd.grad(out, (q, k, v), go)
 
-    return fwd, fwdbwd
+    if gqa:
+        try:
+            fwdbwd()
+        except RuntimeError:
+            repeat = True
+    return fwd, fwdbwd, ("flash, k/v repeated" if repeat else "flash")
 
 
 def _graphed(fn):
@@ -209,6 +227,25 @@ def _graphed(fn):
     return graph
 
 
+def check_case(prog, c: Case, ins: dict, ref: dict, glse: bool = False) -> tuple[dict, bool]:
+    """(relative L2 of out, dq, dk, dv against ``ref``, whether a second run of ``<case>.fwdbwd``
+    gave the same bits)."""
+    import torch
+
+    fb = f"{c.name}.fwdbwd"
+    batch = {k: v for k, v in ins.items() if glse or not k.endswith(".glse")}
+    names = {"out": f"{fb}.out", "dq": f"{fb}.dq", "dk": f"{fb}.dk", "dv": f"{fb}.dv"}
+    prog.launch(fb, batch=batch)
+    prog.check()
+    got = prog.outputs(fb, batch=batch)
+    first = {key: got[n].clone() for key, n in names.items()}
+    prog.launch(fb, batch=batch)
+    prog.check()
+    again = prog.outputs(fb, batch=batch)
+    identical = all(torch.equal(first[key], again[n]) for key, n in names.items())
+    return {key: rel_l2(first[key], ref[key]) for key in names}, identical
+
+
 def run_case(prog, c: Case, iters: int, seed: int) -> dict:
     import torch
 
@@ -218,32 +255,25 @@ def run_case(prog, c: Case, iters: int, seed: int) -> dict:
     ins = make_inputs(c, dev, seed)
     ref = reference(c, ins)
     fb = f"{c.name}.fwdbwd"
-    prog.launch(fb, batch=ins)
-    prog.check()
-    got = prog.outputs(fb, batch=ins)
-    names = {"out": f"{fb}.out", "dq": f"{fb}.dq", "dk": f"{fb}.dk", "dv": f"{fb}.dv"}
-    first = {key: got[n].clone() for key, n in names.items()}
-    prog.launch(fb, batch=ins)
-    prog.check()
-    again = prog.outputs(fb, batch=ins)
-    identical = all(torch.equal(first[key], again[n]) for key, n in names.items())
-    errs = {key: rel_l2(first[key], ref[key]) for key in names}
-    fwd, fwdbwd = _torch_flash(c, ins)
+    errs, identical = check_case(prog, c, ins, ref)
+    fwd, fwdbwd, control = _torch_flash(c, ins)
     t_out = fwd()
     t_grads = fwdbwd()
     torch_errs = {"out": rel_l2(t_out, ref["out"]), "dq": rel_l2(t_grads[0], ref["dq"]),
                   "dk": rel_l2(t_grads[1], ref["dk"]), "dv": rel_l2(t_grads[2], ref["dv"])}
-    del ref, first, again, got, t_out, t_grads
+    del ref, t_out, t_grads
     torch.cuda.empty_cache()
-    lf = _median_ms(lambda: prog.launch(f"{c.name}.fwd", batch=ins), iters, warmup=1)
-    lb = _median_ms(lambda: prog.launch(fb, batch=ins), iters, warmup=1)
+    fwd_ins = {k: v for k, v in ins.items() if k.split(".")[-1] in ("q", "k", "v")}
+    bwd_ins = {k: v for k, v in ins.items() if not k.endswith(".glse")}
+    lf = _median_ms(lambda: prog.launch(f"{c.name}.fwd", batch=fwd_ins), iters, warmup=1)
+    lb = _median_ms(lambda: prog.launch(fb, batch=bwd_ins), iters, warmup=1)
     prog.check()
     gf, gb = _graphed(fwd), _graphed(fwdbwd)
     tf = _median_ms(gf.replay, iters)
     tb = _median_ms(gb.replay, iters)
     ok = identical and all(e <= REL_GATE for e in errs.values())
     return {"case": c.name, "batch": c.batch, "heads": c.heads, "kv_heads": c.kv_heads, "seq": c.seq,
-            "head_dim": c.head_dim, "causal": c.causal, "rel_l2": errs, "torch_rel_l2": torch_errs,
+            "head_dim": c.head_dim, "causal": c.causal, "control": control, "rel_l2": errs, "torch_rel_l2": torch_errs,
             "bitwise_repeat": identical, "latch_fwd_ms": lf, "latch_fwdbwd_ms": lb, "torch_fwd_ms": tf,
             "torch_fwdbwd_ms": tb, "fwd_ratio": tf / lf, "fwdbwd_ratio": tb / lb,
             "latch_fwd_tflops": c.flops() / lf / 1e9, "latch_fwdbwd_tflops": c.flops(True) / lb / 1e9, "ok": ok}
@@ -260,6 +290,9 @@ def format_table(rows: list[dict]) -> str:
                      f"{r['latch_fwd_ms']:9.3f} {r['torch_fwd_ms']:8.3f} {100 * r['fwd_ratio']:6.1f}% "
                      f"{r['latch_fwdbwd_ms']:9.3f} {r['torch_fwdbwd_ms']:8.3f} {100 * r['fwdbwd_ratio']:6.1f}% "
                      f"{r['latch_fwdbwd_tflops']:7.1f}{'' if r['ok'] else '  WRONG'}")
+    for r in rows:
+        if r.get("control", "flash") != "flash":
+            lines.append(f"  {r['case']}: control is torch {r['control']}")
     return "\n".join(lines)
 
 

@@ -1,6 +1,9 @@
 """Lowerings of ``latch::sdpa`` and ``latch::sdpa_backward`` (latch_ops/attention.py).
 
-SIMT bodies at (batch, head, block) granularity (latch_ops.attention's tilings). The forward walks
+Bodies at (batch, head, block) granularity (latch_ops.attention's tilings). BF16 storage with
+head dims 64/128 runs the tensor-core bodies of latch_attention_mma.cuh (mma.sync m16n8k16, FP32
+accumulation: a flash forward with online softmax, and a backward that rebuilds P from lse; see
+:func:`tensor_cores`); everything else runs the SIMT bodies of latch_attention.cuh. The SIMT forward walks
 the task's box of query rows (dims B, H, Tq of ``out``), one warp per row; a backward task (a box of
 dq: batch, a group of query heads, a block of rows) computes dq for its query rows and dk, dv for
 the key rows of the same block (``latch_ops.attention.key_block``), one warp per row, dk/dv summed
@@ -15,7 +18,23 @@ from . import cgen
 from .lowering import BodyContext, Lowering, LoweringError
 
 HEADER = "latch_attention.cuh"
+MMA_HEADER = "latch_attention_mma.cuh"
 MAX_HEAD = 256
+MMA_HEADS = (64, 128)
+MMA_BLOCK = 64  # keys (and backward query rows) per staged block of the mma bodies
+MMA_ROWS = 128  # query rows one forward call covers (8 warps x 16)
+
+
+def tensor_cores(ctx: BodyContext) -> bool:
+    """The tensor-core (mma.sync) bodies serve BF16 storage with BF16 operands and equal head
+    dims 64 or 128; everything else (f32/f64 storage, other head dims) runs the SIMT bodies, which
+    compute in the storage's precision (the FP64 tests' exact path). ``attention_body="simt"`` on
+    the node forces the SIMT bodies (tests compare the two)."""
+    q, k, v = ctx.inputs[2:5] if ctx.op.endswith("backward") else ctx.inputs[:3]
+    if ctx.attr("attention_body") == "simt":
+        return False
+    return (q.dtype == k.dtype == v.dtype == "bf16" and ctx.attr("operand_dtype") in (None, "bf16")
+            and q.shape[3] == v.shape[3] and q.shape[3] in MMA_HEADS)
 
 
 def _common(ctx: BodyContext, q, k, v):
@@ -36,6 +55,19 @@ def _forward(ctx: BodyContext) -> str:
     out, lse = ctx.outputs
     B, H, Hkv, Tq, Tk, D, Dv, acc, nc, rnd, causal, scale = _common(ctx, q, k, v)
     G = H // Hkv
+    if tensor_cores(ctx):
+        lse_arg = f"{lse.ptr} + bh * {Tq}LL" if lse.present else "(float*)nullptr"
+        return "\n".join([
+            "for (long long b_ = c.t->lo[0]; b_ < c.t->hi[0]; ++b_)",
+            "for (long long h_ = c.t->lo[1]; h_ < c.t->hi[1]; ++h_)",
+            f"for (long long r_ = c.t->lo[2]; r_ < c.t->hi[2]; r_ += {MMA_ROWS}) {{",
+            f"  const long long bh = b_ * {H}LL + h_, bkv = b_ * {Hkv}LL + h_ / {G};",
+            f"  const long long re_ = r_ + {MMA_ROWS} < c.t->hi[2] ? r_ + {MMA_ROWS} : c.t->hi[2];",
+            f"  latch::amma::sdpa_forward<{D}, {causal}>({q.ptr} + bh * {Tq * D}LL, {k.ptr} + bkv * {Tk * D}LL, "
+            f"{v.ptr} + bkv * {Tk * D}LL, {out.ptr} + bh * {Tq * D}LL, {lse_arg}, r_, re_, {Tq}LL, {Tk}LL, "
+            f"{float(ctx.attr('scale'))!r}f, {ctx.smem});",
+            "}",
+        ])
     lse_arg = f"{lse.ptr} + bh * {Tq}LL" if lse.present else f"({lse.ctype}*)nullptr"
     lse_t = lse.ctype
     lines = ["const int warp_ = threadIdx.x >> 5, nwarps_ = LATCH_THREADS >> 5;",
@@ -60,6 +92,8 @@ def _backward(ctx: BodyContext) -> str:
     B, H, Hkv, Tq, Tk, D, Dv, acc, nc, rnd, causal, scale = _common(ctx, q, k, v)
     G = H // Hkv
     lt = lse.ctype
+    if tensor_cores(ctx):
+        return _backward_mma(ctx, B, H, Hkv, Tq, Tk, D, causal)
     tp = f"{q.ctype}, {lt}, {acc}, {nc}, {causal}, {rnd}"
     gl = f"{glse.ptr} + bh * {Tq}LL" if glse is not None else f"(const {lt}*)nullptr"
     gl_g = f"{glse.ptr} + bg * {Tq}LL" if glse is not None else f"(const {lt}*)nullptr"
@@ -88,16 +122,53 @@ def _backward(ctx: BodyContext) -> str:
     ])
 
 
+def _backward_mma(ctx: BodyContext, B, H, Hkv, Tq, Tk, D, causal) -> str:
+    go, glse, q, k, v, o, lse = ctx.inputs
+    dq, dk, dv = ctx.outputs
+    G = H // Hkv
+    sc = f"{float(ctx.attr('scale'))!r}f"
+    gl = f"{glse.ptr} + bh * {Tq}LL" if glse is not None else "(const float*)nullptr"
+    gl_g = f"{glse.ptr} + bg * {Tq}LL" if glse is not None else "(const float*)nullptr"
+    return "\n".join([
+        "const long long r0_ = c.t->lo[2], r1_ = c.t->hi[2];",
+        f"const long long k0_ = r0_ < {Tk}LL ? r0_ : {Tk}LL;",
+        f"const long long k1_ = r1_ >= {Tq}LL ? {Tk}LL : (r1_ < {Tk}LL ? r1_ : {Tk}LL);",
+        "for (long long b_ = c.t->lo[0]; b_ < c.t->hi[0]; ++b_) {",
+        "  for (long long h_ = c.t->lo[1]; h_ < c.t->hi[1]; ++h_)",
+        f"    for (long long r_ = r0_; r_ < r1_; r_ += {MMA_BLOCK}) {{",
+        f"      const long long bh = b_ * {H}LL + h_, bkv = b_ * {Hkv}LL + h_ / {G};",
+        f"      const long long re_ = r_ + {MMA_BLOCK} < r1_ ? r_ + {MMA_BLOCK} : r1_;",
+        f"      latch::amma::sdpa_dq<{D}, {causal}>({go.ptr} + bh * {Tq * D}LL, {gl}, {q.ptr} + bh * {Tq * D}LL, "
+        f"{k.ptr} + bkv * {Tk * D}LL, {v.ptr} + bkv * {Tk * D}LL, {o.ptr} + bh * {Tq * D}LL, "
+        f"{lse.ptr} + bh * {Tq}LL, {dq.ptr} + bh * {Tq * D}LL, r_, re_, {Tq}LL, {Tk}LL, {sc}, {ctx.smem});",
+        "    }",
+        f"  for (long long g_ = c.t->lo[1] / {G}; g_ < (c.t->hi[1] + {G - 1}) / {G}; ++g_) {{",
+        f"    const long long bkv = b_ * {Hkv}LL + g_, bg = b_ * {H}LL + g_ * {G};",
+        f"    latch::amma::sdpa_dkdv<{D}, {causal}>({go.ptr} + bg * {Tq * D}LL, {gl_g}, {q.ptr} + bg * {Tq * D}LL, "
+        f"{k.ptr} + bkv * {Tk * D}LL, {v.ptr} + bkv * {Tk * D}LL, {o.ptr} + bg * {Tq * D}LL, "
+        f"{lse.ptr} + bg * {Tq}LL, {dk.ptr} + bkv * {Tk * D}LL, {dv.ptr} + bkv * {Tk * D}LL, k0_, k1_, {G}, "
+        f"{Tq}LL, {Tk}LL, {sc}, {ctx.smem});",
+        "  }",
+        "}",
+    ])
+
+
 def _smem(ctx: BodyContext) -> int:
+    if tensor_cores(ctx):
+        D = ctx.inputs[2 if ctx.op.endswith("backward") else 0].shape[3]
+        if ctx.op.endswith("backward"):
+            return 4 * MMA_BLOCK * (D + 8) * 2 + 2 * MMA_BLOCK * 4
+        return 2 * MMA_BLOCK * (D + 8) * 2
     size = 8 if ctx.inputs[2 if ctx.op.endswith("backward") else 0].dtype == "f64" else 4
     return (ctx.threads // 32) * 64 * size
 
 
 def lowerings() -> list[Lowering]:
     return [
-        Lowering("latch::sdpa", body=_forward, headers=(HEADER,), smem=_smem,
-                 doc="warp per query row: online max/sum, then P V in registers"),
-        Lowering("latch::sdpa_backward", body=_backward, headers=(HEADER,), smem=_smem,
+        Lowering("latch::sdpa", body=_forward, headers=(HEADER, MMA_HEADER), smem=_smem,
+                 doc="bf16, head dim 64/128: flash forward on mma.sync (16 query rows per warp, 64-key blocks, online "
+                     "softmax, lse saved); else warp per query row"),
+        Lowering("latch::sdpa_backward", body=_backward, headers=(HEADER, MMA_HEADER), smem=_smem,
                  doc="per (batch, head group, block): dq of the query rows, dk/dv of the block's key rows summed "
-                     "over the group in order, P rebuilt from lse; warp per row"),
+                     "over the group in order, P rebuilt from lse; bf16 64/128 on mma.sync, else warp per row"),
     ]

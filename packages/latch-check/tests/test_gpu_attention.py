@@ -1,0 +1,57 @@
+"""latch::sdpa and latch::sdpa_backward on the GPU against the FP64 reference, at sequence lengths
+that are not a multiple of the tiles (77, 1000), head dims 64 and 128, causal and not, grouped-query
+attention, with and without a gradient of lse; the backward must give the same bits on a second
+run. BF16 storage runs the tensor-core bodies (gate: BENCH REL_GATE, the BF16 rounding of outputs
+and P); the same shapes with ``attention_body="simt"`` and in f64 run the SIMT bodies (f64: exact
+to rounding). All cases share ONE build (one document, many programs)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from latch_check import bench_attention as BA  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+CASES = [
+    BA.Case("c77d64", 2, 4, 2, 77, 64, True),
+    BA.Case("n77d128", 1, 2, 2, 77, 128, False),
+    BA.Case("c1000d128", 1, 4, 1, 1000, 128, True),
+    BA.Case("n1000d64", 1, 2, 2, 1000, 64, False),
+    BA.Case("c200d64g4", 1, 8, 2, 200, 64, True),
+]
+F64_GATE = 1e-10
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory):
+    from latch_codegen_h100 import Program, build
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    out = {}
+    for tag, dtype, glse, body in (("mma", "bf16", False, None), ("mma_glse", "bf16", True, None),
+                                   ("simt", "bf16", False, "simt"), ("f64", "f64", True, None)):
+        cases = [BA.Case(f"{tag}.{c.name}", *attrs_tuple(c)) for c in CASES]
+        d = tmp_path_factory.mktemp(tag)
+        build(BA.plan_document(BA.attention_document(cases, dtype=dtype, glse=glse, body=body), sms), d)
+        out[tag] = (Program.load(d), cases, dtype, glse)
+    return out
+
+
+def attrs_tuple(c):
+    return (c.batch, c.heads, c.kv_heads, c.seq, c.head_dim, c.causal)
+
+
+@pytest.mark.parametrize("tag", ["mma", "mma_glse", "simt", "f64"])
+@pytest.mark.parametrize("i", range(len(CASES)))
+def test_attention_matches_fp64_and_repeats_bitwise(programs, tag, i):
+    prog, cases, dtype, glse = programs[tag]
+    c = cases[i]
+    ins = BA.make_inputs(c, prog.device, seed=i, dtype=torch.float64 if dtype == "f64" else torch.bfloat16)
+    ref = BA.reference(c, ins, glse=glse)
+    errs, identical = BA.check_case(prog, c, ins, ref, glse=glse)
+    gate = F64_GATE if dtype == "f64" else BA.REL_GATE
+    assert identical, f"{c.name}: the backward's bits differ between two runs"
+    assert all(e <= gate for e in errs.values()), (c.name, errs)
