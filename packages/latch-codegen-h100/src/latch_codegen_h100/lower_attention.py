@@ -158,7 +158,7 @@ def _smem(ctx: BodyContext) -> int:
         D = ctx.inputs[2 if ctx.op.endswith("backward") else 0].shape[3]
         if ctx.op.endswith("backward"):
             return 4 * MMA_BLOCK * (D + 8) * 2 + 2 * MMA_BLOCK * 4
-        return 2 * MMA_BLOCK * (D + 8) * 2
+        return 4 * MMA_BLOCK * (D + 8) * 2  # two buffers of (K, V) blocks
     size = 8 if ctx.inputs[2 if ctx.op.endswith("backward") else 0].dtype == "f64" else 4
     return (ctx.threads // 32) * 64 * size
 

@@ -63,6 +63,15 @@ namespace amma {
 inline float bf_half(uint32_t reg, int hi) { return __bfloat162float(__nv_bfloat16{(uint16_t)(hi ? reg >> 16 : reg & 0xffffu)}); }
 
 // D = A B + C for one warp: every lane hands in its fragments, then computes its own C entries.
+// cp.async as a plain copy (the model has no asynchrony: the body's waits and barriers order it)
+inline void cp_async16(void* dst, const void* src, bool valid) {
+  if (valid) std::memcpy(dst, src, 16);
+  else std::memset(dst, 0, 16);
+}
+inline void cp_async_commit() {}
+template <int N>
+inline void cp_async_wait() {}
+
 inline void mma16816(float* c, const uint32_t* a, const uint32_t* b) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   uint32_t* A = emu::warp_abuf();

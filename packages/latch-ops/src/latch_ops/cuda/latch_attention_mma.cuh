@@ -32,6 +32,16 @@ __device__ __forceinline__ void mma16816(float* c, const uint32_t* a, const uint
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+
+// 16 bytes global -> shared without passing through registers (sm_80+ cp.async, L2 only); the
+// destination is zero-filled where ``valid`` is false (``src`` must still be a mapped address).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 #endif
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -85,6 +95,18 @@ __device__ __forceinline__ void load_tile(__nv_bfloat16* tile, const __nv_bfloat
   }
 }
 
+// The same rows issued as cp.async copies (complete after cp_async_wait and a block_sync).
+template <int D>
+__device__ __forceinline__ void load_tile_async(__nv_bfloat16* tile, const __nv_bfloat16* src, long long r,
+                                                long long T) {
+  constexpr int LD = D + 8, VEC = D / 8;
+  for (int i = threadIdx.x; i < BK * VEC; i += LATCH_THREADS) {
+    const int row = i / VEC, c = i % VEC;
+    const bool ok = r + row < T;
+    cp_async16(tile + row * LD + c * 8, ok ? src + (r + row) * D + c * 8 : src, ok);
+  }
+}
+
 // Per query row of a block: lse2[i] = lse_i log2(e) and dterm[i] = delta_i - glse_i, with
 // delta_i = dO_i . O_i in FP32 (4 lanes per row); rows past T give 0.
 template <int D>
@@ -113,8 +135,8 @@ __device__ void sdpa_forward(const __nv_bfloat16* q, const __nv_bfloat16* k, con
                              __nv_bfloat16* out, float* lse, long long r0, long long r1, long long Tq, long long Tk,
                              float scale, char* smem) {
   constexpr int LD = D + 8, KS = D / 16, NO = D / 8;
-  __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem);
-  __nv_bfloat16* Vs = Ks + BK * LD;
+  // two buffers of (K, V) blocks: block i + 1 streams in (cp.async) while block i is computed
+  __nv_bfloat16* buf = reinterpret_cast<__nv_bfloat16*>(smem);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const long long m0 = r0 + 16 * warp;
   const long long row_a = m0 + g, row_b = m0 + g + 8;
@@ -135,10 +157,22 @@ __device__ void sdpa_forward(const __nv_bfloat16* q, const __nv_bfloat16* k, con
   for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float m_a = -inf(), m_b = -inf(), l_a = 0.f, l_b = 0.f;
   const long long kend = CAUSAL ? (r1 < Tk ? r1 : Tk) : Tk;
-  for (long long kb = 0; kb < kend; kb += BK) {
-    block_sync();
-    load_tile<D>(Ks, k, kb, Tk);
-    load_tile<D>(Vs, v, kb, Tk);
+  block_sync();  // the scratch may still be read by the previous body
+  load_tile_async<D>(buf, k, 0, Tk);
+  load_tile_async<D>(buf + BK * LD, v, 0, Tk);
+  cp_async_commit();
+  for (long long kb = 0, it = 0; kb < kend; kb += BK, ++it) {
+    const __nv_bfloat16* Ks = buf + (it & 1) * 2 * BK * LD;
+    const __nv_bfloat16* Vs = Ks + BK * LD;
+    if (kb + BK < kend) {  // the next block into the other buffer (read two iterations ago: synced below)
+      __nv_bfloat16* nx = buf + ((it + 1) & 1) * 2 * BK * LD;
+      load_tile_async<D>(nx, k, kb + BK, Tk);
+      load_tile_async<D>(nx + BK * LD, v, kb + BK, Tk);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     block_sync();
     // two halves of 32 keys, each a full online-softmax step (keeps S at 16 registers)
 #pragma unroll 1
@@ -207,6 +241,7 @@ __device__ void sdpa_forward(const __nv_bfloat16* q, const __nv_bfloat16* k, con
       }
     }
     }
+    block_sync();  // every warp is done with this buffer before it is refilled
   }
 #pragma unroll
   for (int off = 1; off <= 2; off <<= 1) {
