@@ -157,7 +157,7 @@ def _smem(ctx: BodyContext) -> int:
     if tensor_cores(ctx):
         D = ctx.inputs[2 if ctx.op.endswith("backward") else 0].shape[3]
         if ctx.op.endswith("backward"):
-            return 4 * MMA_BLOCK * (D + 8) * 2 + 2 * MMA_BLOCK * 4
+            return 6 * MMA_BLOCK * (D + 8) * 2 + 4 * MMA_BLOCK * 4  # latch::amma::backward_smem
         return 4 * MMA_BLOCK * (D + 8) * 2  # two buffers of (K, V) blocks
     size = 8 if ctx.inputs[2 if ctx.op.endswith("backward") else 0].dtype == "f64" else 4
     return (ctx.threads // 32) * 64 * size

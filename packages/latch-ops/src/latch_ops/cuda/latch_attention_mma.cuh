@@ -263,11 +263,13 @@ __device__ void sdpa_forward(const __nv_bfloat16* q, const __nv_bfloat16* k, con
 }
 
 // ---- backward --------------------------------------------------------------------------------
-// Scratch: four [64][D + 8] BF16 tiles (T0 queries, T1 dO, T2 keys, T3 values), then lse2[64] and
-// dterm[64] floats; the partial sums reuse the tiles' bytes as FP32 [64][D] arrays.
+// Scratch: six [64][D + 8] BF16 tiles, then 4 x 64 floats of per-row terms. dq: queries and dO
+// fixed, two buffers of (keys, values); dk/dv: keys and values fixed, two buffers of (queries,
+// dO) with their lse2/dterm rows. The next block streams in (cp.async) while one is computed.
+// The partial sums reuse the tiles' bytes as FP32 [64][D] arrays.
 template <int D>
 constexpr int backward_smem() {
-  return 4 * BK * (D + 8) * 2 + 2 * BK * 4;
+  return 6 * BK * (D + 8) * 2 + 4 * BK * 4;
 }
 
 // Warp w of the 8: rows 16 (w % 4) .. of the block's M side, columns 32 (w / 4) .. of its N side.
@@ -322,16 +324,18 @@ __device__ void sdpa_dq(const __nv_bfloat16* go, const float* glse, const __nv_b
   constexpr int LD = D + 8, KS = D / 16, NO = D / 8;
   __nv_bfloat16* T0 = reinterpret_cast<__nv_bfloat16*>(smem);
   __nv_bfloat16* T1 = T0 + BK * LD;
-  __nv_bfloat16* T2 = T1 + BK * LD;
-  __nv_bfloat16* T3 = T2 + BK * LD;
-  float* lse2 = reinterpret_cast<float*>(T3 + BK * LD);
+  __nv_bfloat16* KV = T1 + BK * LD;  // (keys, values) x 2 buffers
+  float* lse2 = reinterpret_cast<float*>(KV + 4 * BK * LD);
   float* dterm = lse2 + BK;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int rg = warp & 3, ch = warp >> 2;
   const float c2 = scale * LOG2E;
   block_sync();
-  load_tile<D>(T0, q, r0, Tq);
-  load_tile<D>(T1, go, r0, Tq);
+  load_tile_async<D>(T0, q, r0, Tq);
+  load_tile_async<D>(T1, go, r0, Tq);
+  load_tile_async<D>(KV, k, 0, Tk);
+  load_tile_async<D>(KV + BK * LD, v, 0, Tk);
+  cp_async_commit();
   row_terms<D>(lse2, dterm, go, o, lse, glse, r0, Tq);
   float acc[NO][4];
 #pragma unroll
@@ -339,10 +343,18 @@ __device__ void sdpa_dq(const __nv_bfloat16* go, const float* glse, const __nv_b
   const int la = 16 * rg + g, lb = la + 8;  // the thread's two rows, local to the block
   const long long row_a = r0 + la, row_b = r0 + lb;
   const long long kend = CAUSAL ? (r1 < Tk ? r1 : Tk) : Tk;
-  for (long long kb = 0; kb < kend; kb += BK) {
-    block_sync();
-    load_tile<D>(T2, k, kb, Tk);
-    load_tile<D>(T3, v, kb, Tk);
+  for (long long kb = 0, it = 0; kb < kend; kb += BK, ++it) {
+    const __nv_bfloat16* T2 = KV + (it & 1) * 2 * BK * LD;
+    const __nv_bfloat16* T3 = T2 + BK * LD;
+    if (kb + BK < kend) {
+      __nv_bfloat16* nx = KV + ((it + 1) & 1) * 2 * BK * LD;
+      load_tile_async<D>(nx, k, kb + BK, Tk);
+      load_tile_async<D>(nx + BK * LD, v, kb + BK, Tk);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     block_sync();
     float s[4][4], dp[4][4];
 #pragma unroll
@@ -383,106 +395,149 @@ __device__ void sdpa_dq(const __nv_bfloat16* go, const float* glse, const __nv_b
         mma16816(acc[n], a, b);
       }
     }
+    block_sync();  // every warp is done with this buffer before it is refilled
   }
+  cp_async_wait<0>();
   combine_partials<NO>(acc, reinterpret_cast<float*>(smem), D);
   if (ch == 0) store_rows<NO>(dq, acc, scale, r0 + 16 * rg, r1 < Tq ? r1 : Tq, D);
 }
 
-// dk, dv rows [k0, k1) of one key/value head, in blocks of 64 keys, summed over the G query heads
-// of its group (head order) and their query blocks (ascending). Query-head pointers at the
-// group's first head; head h of the group is h * Tq * D elements on (h * Tq for lse, glse).
+// One block of 64 keys (kb ..) of one key/value head: dk and/or dv (DK, DV) summed over the G
+// query heads of its group (head order) and their query blocks (ascending). Query-head pointers at
+// the group's first head; head h of the group is h * Tq * D elements on (h * Tq for lse, glse).
+template <int D, bool CAUSAL, bool DK, bool DV>
+__device__ __forceinline__ void dkdv_block(const __nv_bfloat16* go, const float* glse, const __nv_bfloat16* q,
+                                           const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* o,
+                                           const float* lse, __nv_bfloat16* dk, __nv_bfloat16* dv, long long kb,
+                                           long long k1, int G, long long Tq, long long Tk, float scale, char* smem) {
+  constexpr int LD = D + 8, KS = D / 16, NO = D / 8;
+  __nv_bfloat16* T2 = reinterpret_cast<__nv_bfloat16*>(smem);  // keys
+  __nv_bfloat16* T3 = T2 + BK * LD;                              // values
+  __nv_bfloat16* QB = T3 + BK * LD;                              // (queries, dO) x 2 buffers
+  float* RT = reinterpret_cast<float*>(QB + 4 * BK * LD);        // (lse2, dterm) x 2 buffers
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int rg = warp & 3, ch = warp >> 2;
+  const float c2 = scale * LOG2E;
+  // block p of the (head, query block) sequence into buffer p & 1 (copies in flight; row terms done)
+  auto issue = [&](int p, long long qstart, long long nq) {
+    const int h = (int)(p / nq);
+    const long long qb = qstart + (p % nq) * BK;
+    __nv_bfloat16* dst = QB + (p & 1) * 2 * BK * LD;
+    load_tile_async<D>(dst, q + (long long)h * Tq * D, qb, Tq);
+    load_tile_async<D>(dst + BK * LD, go + (long long)h * Tq * D, qb, Tq);
+    cp_async_commit();
+    if (DK) {
+      float* rt = RT + (p & 1) * 2 * BK;
+      row_terms<D>(rt, rt + BK, go + (long long)h * Tq * D, o + (long long)h * Tq * D, lse + (long long)h * Tq,
+                   glse ? glse + (long long)h * Tq : glse, qb, Tq);
+    } else {  // dv needs only P: lse2
+      float* rt = RT + (p & 1) * 2 * BK;
+      for (int i = threadIdx.x; i < BK; i += LATCH_THREADS) rt[i] = qb + i < Tq ? lse[(long long)h * Tq + qb + i] * LOG2E : 0.f;
+    }
+  };
+  block_sync();
+  load_tile_async<D>(T2, k, kb, Tk);
+  if (DK) load_tile_async<D>(T3, v, kb, Tk);
+  float ak[NO][4], av[NO][4];
+#pragma unroll
+  for (int n = 0; n < NO; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) ak[n][e] = av[n][e] = 0.f;
+  const long long key_a = kb + 16 * rg + g, key_b = key_a + 8;
+  const long long qstart = CAUSAL ? kb / BK * BK : 0;
+  const long long nq = qstart < Tq ? (Tq - qstart + BK - 1) / BK : 0;
+  const int total = (int)(G * nq);
+  if (total > 0) issue(0, qstart, nq);
+  else cp_async_commit();
+  for (int pi = 0; pi < total; ++pi) {
+    const long long qb = qstart + (pi % nq) * BK;
+    const __nv_bfloat16* T0 = QB + (pi & 1) * 2 * BK * LD;  // queries
+    const __nv_bfloat16* T1 = T0 + BK * LD;                // dO
+    const float* lse2 = RT + (pi & 1) * 2 * BK;
+    const float* dterm = lse2 + BK;
+    if (pi + 1 < total) {
+      issue(pi + 1, qstart, nq);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    block_sync();
+    float s[4][4], dp[4][4];  // S^T, dP^T: 16 keys x 32 queries
+#pragma unroll
+    for (int n = 0; n < 4; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks) {
+      uint32_t akf[4], avf[4];
+      frag_a<LD>(akf, T2, 16 * rg, ks * 16);
+      if (DK) frag_a<LD>(avf, T3, 16 * rg, ks * 16);
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        uint32_t b[2];
+        frag_b_nk<LD>(b, T0, 32 * ch + n * 8, ks * 16);
+        mma16816(s[n], akf, b);
+        if (DK) {
+          frag_b_nk<LD>(b, T1, 32 * ch + n * 8, ks * 16);
+          mma16816(dp[n], avf, b);
+        }
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int lq = 32 * ch + n * 8 + 2 * t + (e & 1);
+        const long long qi = qb + lq;
+        const long long key = e < 2 ? key_a : key_b;
+        const bool ok = qi < Tq && key < Tk && (!CAUSAL || key <= qi);
+        const float p = ok ? exp2f(s[n][e] * c2 - lse2[lq]) : 0.f;
+        s[n][e] = p;
+        if (DK) dp[n][e] = p * (dp[n][e] - dterm[lq]);  // dS^T
+      }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      uint32_t ap[4] = {pack_bf16(s[2 * j][0], s[2 * j][1]), pack_bf16(s[2 * j][2], s[2 * j][3]),
+                        pack_bf16(s[2 * j + 1][0], s[2 * j + 1][1]), pack_bf16(s[2 * j + 1][2], s[2 * j + 1][3])};
+      uint32_t ad[4] = {pack_bf16(dp[2 * j][0], dp[2 * j][1]), pack_bf16(dp[2 * j][2], dp[2 * j][3]),
+                        pack_bf16(dp[2 * j + 1][0], dp[2 * j + 1][1]), pack_bf16(dp[2 * j + 1][2], dp[2 * j + 1][3])};
+#pragma unroll
+      for (int n = 0; n < NO; ++n) {
+        uint32_t b[2];
+        if (DV) {
+          frag_b_kn<LD>(b, T1, 32 * ch + 16 * j, n * 8);
+          mma16816(av[n], ap, b);
+        }
+        if (DK) {
+          frag_b_kn<LD>(b, T0, 32 * ch + 16 * j, n * 8);
+          mma16816(ak[n], ad, b);
+        }
+      }
+    }
+    block_sync();  // every warp is done with this buffer before it is refilled
+  }
+  cp_async_wait<0>();
+  const long long kend = k1 < Tk ? k1 : Tk;
+  if (DK) combine_partials<NO>(ak, reinterpret_cast<float*>(smem), D);
+  if (DV) combine_partials<NO>(av, reinterpret_cast<float*>(smem) + BK * D, D);
+  if (ch == 0) {
+    if (DK) store_rows<NO>(dk, ak, scale, kb + 16 * rg, kend, D);
+    if (DV) store_rows<NO>(dv, av, 1.f, kb + 16 * rg, kend, D);
+  }
+}
+
+// dk, dv rows [k0, k1) of one key/value head, in blocks of 64 keys (see dkdv_block). Head dim 128
+// runs dv and dk as two passes over the queries (S recomputed once more) so that each pass's
+// accumulators fit the registers (both at once spill); head dim 64 runs one pass.
 template <int D, bool CAUSAL>
 __device__ void sdpa_dkdv(const __nv_bfloat16* go, const float* glse, const __nv_bfloat16* q, const __nv_bfloat16* k,
                           const __nv_bfloat16* v, const __nv_bfloat16* o, const float* lse, __nv_bfloat16* dk,
                           __nv_bfloat16* dv, long long k0, long long k1, int G, long long Tq, long long Tk, float scale,
                           char* smem) {
-  constexpr int LD = D + 8, KS = D / 16, NO = D / 8;
-  __nv_bfloat16* T0 = reinterpret_cast<__nv_bfloat16*>(smem);
-  __nv_bfloat16* T1 = T0 + BK * LD;
-  __nv_bfloat16* T2 = T1 + BK * LD;
-  __nv_bfloat16* T3 = T2 + BK * LD;
-  float* lse2 = reinterpret_cast<float*>(T3 + BK * LD);
-  float* dterm = lse2 + BK;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int rg = warp & 3, ch = warp >> 2;
-  const float c2 = scale * LOG2E;
   for (long long kb = k0; kb < k1; kb += BK) {
-    block_sync();
-    load_tile<D>(T2, k, kb, Tk);
-    load_tile<D>(T3, v, kb, Tk);
-    float ak[NO][4], av[NO][4];
-#pragma unroll
-    for (int n = 0; n < NO; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) ak[n][e] = av[n][e] = 0.f;
-    const long long key_a = kb + 16 * rg + g, key_b = key_a + 8;
-    const long long qstart = CAUSAL ? kb / BK * BK : 0;
-    for (int h = 0; h < G; ++h) {
-      const __nv_bfloat16* qh = q + (long long)h * Tq * D;
-      const __nv_bfloat16* gh = go + (long long)h * Tq * D;
-      const __nv_bfloat16* oh = o + (long long)h * Tq * D;
-      const float* lh = lse + (long long)h * Tq;
-      const float* glh = glse ? glse + (long long)h * Tq : glse;
-      for (long long qb = qstart; qb < Tq; qb += BK) {
-        block_sync();
-        load_tile<D>(T0, qh, qb, Tq);
-        load_tile<D>(T1, gh, qb, Tq);
-        row_terms<D>(lse2, dterm, gh, oh, lh, glh, qb, Tq);
-        block_sync();
-        float s[4][4], dp[4][4];  // S^T, dP^T: 16 keys x 32 queries
-#pragma unroll
-        for (int n = 0; n < 4; ++n)
-          s[n][0] = s[n][1] = s[n][2] = s[n][3] = dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.f;
-#pragma unroll
-        for (int ks = 0; ks < KS; ++ks) {
-          uint32_t akf[4], avf[4];
-          frag_a<LD>(akf, T2, 16 * rg, ks * 16);
-          frag_a<LD>(avf, T3, 16 * rg, ks * 16);
-#pragma unroll
-          for (int n = 0; n < 4; ++n) {
-            uint32_t b[2];
-            frag_b_nk<LD>(b, T0, 32 * ch + n * 8, ks * 16);
-            mma16816(s[n], akf, b);
-            frag_b_nk<LD>(b, T1, 32 * ch + n * 8, ks * 16);
-            mma16816(dp[n], avf, b);
-          }
-        }
-#pragma unroll
-        for (int n = 0; n < 4; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int lq = 32 * ch + n * 8 + 2 * t + (e & 1);
-            const long long qi = qb + lq;
-            const long long key = e < 2 ? key_a : key_b;
-            const bool ok = qi < Tq && key < Tk && (!CAUSAL || key <= qi);
-            const float p = ok ? exp2f(s[n][e] * c2 - lse2[lq]) : 0.f;
-            s[n][e] = p;
-            dp[n][e] = p * (dp[n][e] - dterm[lq]);  // dS^T
-          }
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          uint32_t ap[4] = {pack_bf16(s[2 * j][0], s[2 * j][1]), pack_bf16(s[2 * j][2], s[2 * j][3]),
-                            pack_bf16(s[2 * j + 1][0], s[2 * j + 1][1]), pack_bf16(s[2 * j + 1][2], s[2 * j + 1][3])};
-          uint32_t ad[4] = {pack_bf16(dp[2 * j][0], dp[2 * j][1]), pack_bf16(dp[2 * j][2], dp[2 * j][3]),
-                            pack_bf16(dp[2 * j + 1][0], dp[2 * j + 1][1]),
-                            pack_bf16(dp[2 * j + 1][2], dp[2 * j + 1][3])};
-#pragma unroll
-          for (int n = 0; n < NO; ++n) {
-            uint32_t b[2];
-            frag_b_kn<LD>(b, T1, 32 * ch + 16 * j, n * 8);
-            mma16816(av[n], ap, b);
-            frag_b_kn<LD>(b, T0, 32 * ch + 16 * j, n * 8);
-            mma16816(ak[n], ad, b);
-          }
-        }
-      }
-    }
-    const long long kend = k1 < Tk ? k1 : Tk;
-    combine_partials<NO>(ak, reinterpret_cast<float*>(smem), D);
-    combine_partials<NO>(av, reinterpret_cast<float*>(smem) + BK * D, D);
-    if (ch == 0) {
-      store_rows<NO>(dk, ak, scale, kb + 16 * rg, kend, D);
-      store_rows<NO>(dv, av, 1.f, kb + 16 * rg, kend, D);
+    if constexpr (D >= 128) {
+      dkdv_block<D, CAUSAL, false, true>(go, glse, q, k, v, o, lse, dk, dv, kb, k1, G, Tq, Tk, scale, smem);
+      dkdv_block<D, CAUSAL, true, false>(go, glse, q, k, v, o, lse, dk, dv, kb, k1, G, Tq, Tk, scale, smem);
+    } else {
+      dkdv_block<D, CAUSAL, true, true>(go, glse, q, k, v, o, lse, dk, dv, kb, k1, G, Tq, Tk, scale, smem);
     }
   }
 }
