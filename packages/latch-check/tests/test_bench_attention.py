@@ -66,32 +66,3 @@ def test_bench_document_compiles_for_sm90a(tmp_path, monkeypatch):
     doc = build(BA.plan_document(BA.attention_document(cases), 132), tmp_path / "b")
     assert dict(doc.build.stats)["cached"] == "no"
     assert (tmp_path / "b" / "program.so").exists()
-
-
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-def test_bf16_bodies_run_on_the_tensor_cores_without_spills_at_head_dim_64(tmp_path, monkeypatch):
-    """BF16 head dim 64 (forward and backward) compile to mma.sync (HMMA.16816.F32.BF16) with no
-    local memory in the attention bodies; the f64 build of the same shapes has no HMMA (SIMT)."""
-    import re
-
-    from latch_codegen_h100 import build
-    from latch_codegen_h100.sass import SassError, _run, find_cuobjdump
-
-    try:
-        tool = find_cuobjdump()
-    except SassError:
-        pytest.skip("cuobjdump not installed")
-    monkeypatch.setenv("LATCH_CACHE_DIR", str(tmp_path / "cache"))  # build.log comes from a real compile
-    cases = [BA.Case("a", 1, 4, 2, 77, 64), BA.Case("b", 1, 2, 2, 100, 64, causal=False)]
-    counts = {}
-    for dtype in ("bf16", "f64"):
-        out = tmp_path / dtype
-        build(BA.plan_document(BA.attention_document(cases, dtype=dtype), 132), out)
-        sass = _run([tool, "-sass", str(out / "program.so")])
-        counts[dtype] = len(re.findall(r"\bHMMA\.16816\.F32\.BF16\b", sass))
-        if dtype == "bf16":
-            log = (out / "build.log").read_text()
-            bodies = re.findall(r"Function properties for _Z\d+latch_body\w+\s*\n\s*(\d+) bytes stack frame, "
-                                r"(\d+) bytes spill stores", log)
-            assert bodies and all(s == "0" for _, s in bodies), log
-    assert counts["bf16"] >= 4 * (64 // 16) and counts["f64"] == 0, counts

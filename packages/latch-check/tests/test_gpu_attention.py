@@ -25,26 +25,31 @@ CASES = [
 F64_GATE = 1e-10
 
 
+VARIANTS = (("mma", "bf16", False, None), ("mma_glse", "bf16", True, None), ("simt", "bf16", False, "simt"),
+            ("f64", "f64", True, None))
+
+
 @pytest.fixture(scope="module")
 def programs(tmp_path_factory):
+    """Every variant's programs in ONE document and build (the units compile in parallel)."""
+    from latch_core.document import Document
+    from latch_core.ir import GraphSection
     from latch_codegen_h100 import Program, build
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    out = {}
-    for tag, dtype, glse, body in (("mma", "bf16", False, None), ("mma_glse", "bf16", True, None),
-                                   ("simt", "bf16", False, "simt"), ("f64", "f64", True, None)):
-        cases = [BA.Case(f"{tag}.{c.name}", *attrs_tuple(c)) for c in CASES]
-        d = tmp_path_factory.mktemp(tag)
-        build(BA.plan_document(BA.attention_document(cases, dtype=dtype, glse=glse, body=body), sms), d)
-        out[tag] = (Program.load(d), cases, dtype, glse)
-    return out
+    progs, variants = [], {}
+    for tag, dtype, glse, body in VARIANTS:
+        cases = [BA.Case(f"{tag}.{c.name}", c.batch, c.heads, c.kv_heads, c.seq, c.head_dim, c.causal) for c in CASES]
+        progs += [p for c in cases for p in BA._programs(c, dtype, glse, body)]
+        variants[tag] = (cases, dtype, glse)
+    d = tmp_path_factory.mktemp("attention")
+    doc = Document(graph=GraphSection(progs, (), {"example": "test_gpu_attention"}))
+    build(BA.plan_document(doc, sms), d)
+    prog = Program.load(d)
+    return {tag: (prog,) + v for tag, v in variants.items()}
 
 
-def attrs_tuple(c):
-    return (c.batch, c.heads, c.kv_heads, c.seq, c.head_dim, c.causal)
-
-
-@pytest.mark.parametrize("tag", ["mma", "mma_glse", "simt", "f64"])
+@pytest.mark.parametrize("tag", [v[0] for v in VARIANTS])
 @pytest.mark.parametrize("i", range(len(CASES)))
 def test_attention_matches_fp64_and_repeats_bitwise(programs, tag, i):
     prog, cases, dtype, glse = programs[tag]
