@@ -1,8 +1,8 @@
 """latch::sdpa and latch::sdpa_backward on the GPU against the FP64 reference, at sequence lengths
 that are not a multiple of the tiles (77, 1000), head dims 64 and 128, causal and not, grouped-query
 attention, with and without a gradient of lse; the backward must give the same bits on a second
-run. BF16 storage runs the tensor-core bodies (gate: BENCH REL_GATE, the BF16 rounding of outputs
-and P); the same shapes with ``attention_body="simt"`` and in f64 run the SIMT bodies (f64: exact
+run. BF16 storage (and FP32 storage under operand_dtype bf16) runs the tensor-core bodies (gate:
+bench_attention.REL_GATE, the BF16 rounding of operands, outputs and P); the same shapes with ``attention_body="simt"`` and in f64 run the SIMT bodies (f64: exact
 to rounding). All cases share ONE build (one document, many programs)."""
 
 from __future__ import annotations
@@ -25,8 +25,11 @@ CASES = [
 F64_GATE = 1e-10
 
 
-VARIANTS = (("mma", "bf16", False, None), ("mma_glse", "bf16", True, None), ("simt", "bf16", False, "simt"),
-            ("f64", "f64", True, None))
+# (tag, storage, grad_lse, forced body, operand_dtype): "mma_f32" is FP32 values under the BF16
+# policy (captured models), which the tensor-core bodies serve by rounding as they stage
+VARIANTS = (("mma", "bf16", False, None, None), ("mma_glse", "bf16", True, None, None),
+            ("mma_f32", "f32", True, None, "bf16"), ("simt", "bf16", False, "simt", None),
+            ("f64", "f64", True, None, None))
 
 
 @pytest.fixture(scope="module")
@@ -38,9 +41,9 @@ def programs(tmp_path_factory):
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     progs, variants = [], {}
-    for tag, dtype, glse, body in VARIANTS:
+    for tag, dtype, glse, body, operand in VARIANTS:
         cases = [BA.Case(f"{tag}.{c.name}", c.batch, c.heads, c.kv_heads, c.seq, c.head_dim, c.causal) for c in CASES]
-        progs += [p for c in cases for p in BA._programs(c, dtype, glse, body)]
+        progs += [p for c in cases for p in BA._programs(c, dtype, glse, body, operand)]
         variants[tag] = (cases, dtype, glse)
     d = tmp_path_factory.mktemp("attention")
     doc = Document(graph=GraphSection(progs, (), {"example": "test_gpu_attention"}))
@@ -54,7 +57,8 @@ def programs(tmp_path_factory):
 def test_attention_matches_fp64_and_repeats_bitwise(programs, tag, i):
     prog, cases, dtype, glse = programs[tag]
     c = cases[i]
-    ins = BA.make_inputs(c, prog.device, seed=i, dtype=torch.float64 if dtype == "f64" else torch.bfloat16)
+    tdt = {"f64": torch.float64, "f32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    ins = BA.make_inputs(c, prog.device, seed=i, dtype=tdt)
     ref = BA.reference(c, ins, glse=glse)
     errs, identical = BA.check_case(prog, c, ins, ref, glse=glse)
     gate = F64_GATE if dtype == "f64" else BA.REL_GATE

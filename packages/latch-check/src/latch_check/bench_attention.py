@@ -79,13 +79,16 @@ CASES = (
 )
 
 
-def _programs(c: Case, dtype: str = "bf16", glse: bool = False, body: str | None = None) -> list[Graph]:
+def _programs(c: Case, dtype: str = "bf16", glse: bool = False, body: str | None = None,
+              operand: str | None = None) -> list[Graph]:
     q, k, v, go, gl = (f"{c.name}.{n}" for n in ("q", "k", "v", "go", "glse"))
     attrs_ = {"causal": c.causal, "scale": c.scale}
     if body:
         attrs_["attention_body"] = body
     if dtype in ("bf16", "f16"):
         attrs_["operand_dtype"] = dtype
+    elif operand:  # e.g. FP32 values under the BF16 policy, as in a captured model
+        attrs_["operand_dtype"] = operand
     stat = "f32" if dtype in ("bf16", "f16") else dtype
     ins = [Value(q, c.q_shape, dtype, BATCH), Value(k, c.kv_shape, dtype, BATCH), Value(v, c.kv_shape, dtype, BATCH)]
     progs = []

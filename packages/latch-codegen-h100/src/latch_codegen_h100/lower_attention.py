@@ -1,7 +1,7 @@
 """Lowerings of ``latch::sdpa`` and ``latch::sdpa_backward`` (latch_ops/attention.py).
 
-Bodies at (batch, head, block) granularity (latch_ops.attention's tilings). BF16 storage with
-head dims 64/128 runs the tensor-core bodies of latch_attention_mma.cuh (mma.sync m16n8k16, FP32
+Bodies at (batch, head, block) granularity (latch_ops.attention's tilings). BF16 operands (BF16
+storage, or FP32 under the BF16 policy) with head dims 64/128 run the tensor-core bodies of latch_attention_mma.cuh (mma.sync m16n8k16, FP32
 accumulation: a flash forward with online softmax, and a backward that rebuilds P from lse; see
 :func:`tensor_cores`); everything else runs the SIMT bodies of latch_attention.cuh. The SIMT forward walks
 the task's box of query rows (dims B, H, Tq of ``out``), one warp per row; a backward task (a box of
@@ -26,15 +26,17 @@ MMA_ROWS = 128  # query rows one forward call covers (8 warps x 16)
 
 
 def tensor_cores(ctx: BodyContext) -> bool:
-    """The tensor-core (mma.sync) bodies serve BF16 storage with BF16 operands and equal head
-    dims 64 or 128; everything else (f32/f64 storage, other head dims) runs the SIMT bodies, which
-    compute in the storage's precision (the FP64 tests' exact path). ``attention_body="simt"`` on
-    the node forces the SIMT bodies (tests compare the two)."""
+    """The tensor-core (mma.sync) bodies serve BF16 operands with equal head dims 64 or 128: BF16
+    storage, or FP32 storage under ``operand_dtype="bf16"`` (the numerical policy's BF16
+    attention; the body rounds as it stages). Everything else (FP32 without the policy, f64, other
+    head dims) runs the SIMT bodies, which compute in the storage's precision (the FP64 tests'
+    exact path). ``attention_body="simt"`` on the node forces the SIMT bodies (tests compare them)."""
     q, k, v = ctx.inputs[2:5] if ctx.op.endswith("backward") else ctx.inputs[:3]
     if ctx.attr("attention_body") == "simt":
         return False
-    return (q.dtype == k.dtype == v.dtype == "bf16" and ctx.attr("operand_dtype") in (None, "bf16")
-            and q.shape[3] == v.shape[3] and q.shape[3] in MMA_HEADS)
+    op = ctx.attr("operand_dtype")
+    dtype_ok = (q.dtype == "bf16" and op in (None, "bf16")) or (q.dtype == "f32" and op == "bf16")
+    return dtype_ok and q.dtype == k.dtype == v.dtype and q.shape[3] == v.shape[3] and q.shape[3] in MMA_HEADS
 
 
 def _common(ctx: BodyContext, q, k, v):

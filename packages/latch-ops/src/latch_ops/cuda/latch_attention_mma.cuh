@@ -1,6 +1,6 @@
 // Attention bodies on the tensor cores (mma.sync m16n8k16, BF16 operands, FP32 accumulation):
 // latch::sdpa forward (flash: online softmax, lse saved) and latch::sdpa_backward (P rebuilt
-// from lse), for BF16 storage and head dims D = Dv in {64, 128}; the same semantics as
+// from lse), for BF16 storage (or FP32 storage with BF16 operands) and head dims D = Dv in {64, 128}; the same semantics as
 // latch_ops/attention.py (causal = top-left aligned: key j > query i is masked).
 //
 // Tiles: blocks of 64 keys (and, in the backward, 64 queries) staged in the body's scratch shared
@@ -53,6 +53,31 @@ __device__ __forceinline__ uint32_t pack_raw(unsigned short lo, unsigned short h
   return (uint32_t)lo | ((uint32_t)hi << 16);
 }
 
+// Global operands are BF16 or FP32 (``operand_dtype="bf16"`` on FP32 values: rounded to BF16 as
+// they are staged, so the products see what the policy says); the staged tiles are always BF16.
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ uint32_t ld_pair(const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ uint32_t ld_pair(const float* p) {
+  const float2 f = *reinterpret_cast<const float2*>(p);
+  return pack_bf16(f.x, f.y);
+}
+__device__ __forceinline__ void st_pair(__nv_bfloat16* p, float a, float b) {
+  *reinterpret_cast<uint32_t*>(p) = pack_bf16(a, b);
+}
+__device__ __forceinline__ void st_pair(float* p, float a, float b) { *reinterpret_cast<float2*>(p) = make_float2(a, b); }
+// 8 elements into a staged tile: BF16 by cp.async, FP32 converted through registers (synchronous)
+__device__ __forceinline__ void stage8(__nv_bfloat16* dst, const __nv_bfloat16* src, bool ok) { cp_async16(dst, src, ok); }
+__device__ __forceinline__ void stage8(__nv_bfloat16* dst, const float* src, bool ok) {
+  float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+  if (ok) {
+    a = reinterpret_cast<const float4*>(src)[0];
+    b = reinterpret_cast<const float4*>(src)[1];
+  }
+  *reinterpret_cast<uint4*>(dst) = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y),
+                                              pack_bf16(b.z, b.w));
+}
+
 // A fragment at (m0, k0) of a row-major [m][k] tile with leading dimension LD (elements).
 template <int LD>
 __device__ __forceinline__ void frag_a(uint32_t* a, const __nv_bfloat16* t, int m0, int k0) {
@@ -83,41 +108,29 @@ __device__ __forceinline__ void frag_b_kn(uint32_t* b, const __nv_bfloat16* t, i
   b[1] = pack_raw(p[8 * LD], p[9 * LD]);
 }
 
-// Rows [r, r + BK) of a row-major [T][D] BF16 matrix into a [BK][D + 8] tile, zeros past row T.
-template <int D>
-__device__ __forceinline__ void load_tile(__nv_bfloat16* tile, const __nv_bfloat16* src, long long r, long long T) {
-  constexpr int LD = D + 8, VEC = D / 8;  // 16-byte vectors per row
-  for (int i = threadIdx.x; i < BK * VEC; i += LATCH_THREADS) {
-    const int row = i / VEC, c = i % VEC;
-    uint4 val = make_uint4(0u, 0u, 0u, 0u);
-    if (r + row < T) val = *reinterpret_cast<const uint4*>(src + (r + row) * D + c * 8);
-    *reinterpret_cast<uint4*>(tile + row * LD + c * 8) = val;
-  }
-}
-
-// The same rows issued as cp.async copies (complete after cp_async_wait and a block_sync).
-template <int D>
-__device__ __forceinline__ void load_tile_async(__nv_bfloat16* tile, const __nv_bfloat16* src, long long r,
-                                                long long T) {
+// Rows [r, r + BK) of a row-major [T][D] matrix into a [BK][D + 8] BF16 tile, zeros past row T;
+// BF16 rows as cp.async copies (complete after cp_async_wait and a block_sync).
+template <int D, class S>
+__device__ __forceinline__ void load_tile_async(__nv_bfloat16* tile, const S* src, long long r, long long T) {
   constexpr int LD = D + 8, VEC = D / 8;
   for (int i = threadIdx.x; i < BK * VEC; i += LATCH_THREADS) {
     const int row = i / VEC, c = i % VEC;
     const bool ok = r + row < T;
-    cp_async16(tile + row * LD + c * 8, ok ? src + (r + row) * D + c * 8 : src, ok);
+    stage8(tile + row * LD + c * 8, ok ? src + (r + row) * D + c * 8 : src, ok);
   }
 }
 
 // Per query row of a block: lse2[i] = lse_i log2(e) and dterm[i] = delta_i - glse_i, with
 // delta_i = dO_i . O_i in FP32 (4 lanes per row); rows past T give 0.
-template <int D>
-__device__ __forceinline__ void row_terms(float* lse2, float* dterm, const __nv_bfloat16* go, const __nv_bfloat16* o,
+template <int D, class S>
+__device__ __forceinline__ void row_terms(float* lse2, float* dterm, const S* go, const S* o,
                                           const float* lse, const float* glse, long long r, long long T) {
   for (int i = threadIdx.x; i < BK * 4; i += LATCH_THREADS) {
     const int row = i >> 2, part = i & 3;
     const long long gr = r + row;
     float d = 0.f;
     if (gr < T)
-      for (int e = part; e < D; e += 4) d += __bfloat162float(go[gr * D + e]) * __bfloat162float(o[gr * D + e]);
+      for (int e = part; e < D; e += 4) d += to_f(go[gr * D + e]) * to_f(o[gr * D + e]);
     d += __shfl_xor_sync(0xffffffffu, d, 1);
     d += __shfl_xor_sync(0xffffffffu, d, 2);
     if (part == 0) {
@@ -130,9 +143,8 @@ __device__ __forceinline__ void row_terms(float* lse2, float* dterm, const __nv_
 // ---- forward ---------------------------------------------------------------------------------
 // Query rows [r0, r1) (at most 8 x 16 = 128) of one (b, h): each warp owns 16 rows and runs the
 // online softmax over blocks of 64 keys (causal: only blocks holding a visible key).
-template <int D, bool CAUSAL>
-__device__ void sdpa_forward(const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
-                             __nv_bfloat16* out, float* lse, long long r0, long long r1, long long Tq, long long Tk,
+template <int D, bool CAUSAL, class S>
+__device__ void sdpa_forward(const S* q, const S* k, const S* v, S* out, float* lse, long long r0, long long r1, long long Tq, long long Tk,
                              float scale, char* smem) {
   constexpr int LD = D + 8, KS = D / 16, NO = D / 8;
   // two buffers of (K, V) blocks: block i + 1 streams in (cp.async) while block i is computed
@@ -145,12 +157,10 @@ __device__ void sdpa_forward(const __nv_bfloat16* q, const __nv_bfloat16* k, con
 #pragma unroll
   for (int ks = 0; ks < KS; ++ks) {
     const int kk = ks * 16 + 2 * t;
-    const uint32_t* pa = reinterpret_cast<const uint32_t*>(q + row_a * D + kk);
-    const uint32_t* pb = reinterpret_cast<const uint32_t*>(q + row_b * D + kk);
-    qf[ks][0] = row_a < Tq ? pa[0] : 0u;
-    qf[ks][1] = row_b < Tq ? pb[0] : 0u;
-    qf[ks][2] = row_a < Tq ? pa[4] : 0u;
-    qf[ks][3] = row_b < Tq ? pb[4] : 0u;
+    qf[ks][0] = row_a < Tq ? ld_pair(q + row_a * D + kk) : 0u;
+    qf[ks][1] = row_b < Tq ? ld_pair(q + row_b * D + kk) : 0u;
+    qf[ks][2] = row_a < Tq ? ld_pair(q + row_a * D + kk + 8) : 0u;
+    qf[ks][3] = row_b < Tq ? ld_pair(q + row_b * D + kk + 8) : 0u;
   }
   float o[NO][4];
 #pragma unroll
@@ -253,8 +263,8 @@ __device__ void sdpa_forward(const __nv_bfloat16* q, const __nv_bfloat16* k, con
 #pragma unroll
   for (int n = 0; n < NO; ++n) {
     const int col = n * 8 + 2 * t;
-    if (st_a) *reinterpret_cast<uint32_t*>(out + row_a * D + col) = pack_bf16(o[n][0] * inv_a, o[n][1] * inv_a);
-    if (st_b) *reinterpret_cast<uint32_t*>(out + row_b * D + col) = pack_bf16(o[n][2] * inv_b, o[n][3] * inv_b);
+    if (st_a) st_pair(out + row_a * D + col, o[n][0] * inv_a, o[n][1] * inv_a);
+    if (st_b) st_pair(out + row_b * D + col, o[n][2] * inv_b, o[n][3] * inv_b);
   }
   if (lse && t == 0) {
     if (st_a) lse[row_a] = (m_a + log2f(l_a)) * LN2;
@@ -302,24 +312,24 @@ __device__ __forceinline__ void combine_partials(float (*acc)[4], float* part, i
   }
 }
 
-template <int NO>
-__device__ __forceinline__ void store_rows(__nv_bfloat16* dst, float (*acc)[4], float mul, long long row0,
+template <int NO, class S>
+__device__ __forceinline__ void store_rows(S* dst, float (*acc)[4], float mul, long long row0,
                                            long long rend, int D) {
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const long long ra = row0 + g, rb = row0 + g + 8;
 #pragma unroll
   for (int n = 0; n < NO; ++n) {
     const int col = n * 8 + 2 * t;
-    if (ra < rend) *reinterpret_cast<uint32_t*>(dst + ra * D + col) = pack_bf16(acc[n][0] * mul, acc[n][1] * mul);
-    if (rb < rend) *reinterpret_cast<uint32_t*>(dst + rb * D + col) = pack_bf16(acc[n][2] * mul, acc[n][3] * mul);
+    if (ra < rend) st_pair(dst + ra * D + col, acc[n][0] * mul, acc[n][1] * mul);
+    if (rb < rend) st_pair(dst + rb * D + col, acc[n][2] * mul, acc[n][3] * mul);
   }
 }
 
 // dq rows [r0, r1) (at most 64) of one (b, h): dq_i = scale sum_j dS_ij k_j over the key blocks
 // row block r0.. sees. Pointers at the head (k, v at its key/value head).
-template <int D, bool CAUSAL>
-__device__ void sdpa_dq(const __nv_bfloat16* go, const float* glse, const __nv_bfloat16* q, const __nv_bfloat16* k,
-                        const __nv_bfloat16* v, const __nv_bfloat16* o, const float* lse, __nv_bfloat16* dq,
+template <int D, bool CAUSAL, class S>
+__device__ void sdpa_dq(const S* go, const float* glse, const S* q, const S* k, const S* v, const S* o,
+                        const float* lse, S* dq,
                         long long r0, long long r1, long long Tq, long long Tk, float scale, char* smem) {
   constexpr int LD = D + 8, KS = D / 16, NO = D / 8;
   __nv_bfloat16* T0 = reinterpret_cast<__nv_bfloat16*>(smem);
@@ -405,10 +415,9 @@ __device__ void sdpa_dq(const __nv_bfloat16* go, const float* glse, const __nv_b
 // One block of 64 keys (kb ..) of one key/value head: dk and/or dv (DK, DV) summed over the G
 // query heads of its group (head order) and their query blocks (ascending). Query-head pointers at
 // the group's first head; head h of the group is h * Tq * D elements on (h * Tq for lse, glse).
-template <int D, bool CAUSAL, bool DK, bool DV>
-__device__ __forceinline__ void dkdv_block(const __nv_bfloat16* go, const float* glse, const __nv_bfloat16* q,
-                                           const __nv_bfloat16* k, const __nv_bfloat16* v, const __nv_bfloat16* o,
-                                           const float* lse, __nv_bfloat16* dk, __nv_bfloat16* dv, long long kb,
+template <int D, bool CAUSAL, bool DK, bool DV, class S>
+__device__ __forceinline__ void dkdv_block(const S* go, const float* glse, const S* q, const S* k, const S* v,
+                                           const S* o, const float* lse, S* dk, S* dv, long long kb,
                                            long long k1, int G, long long Tq, long long Tk, float scale, char* smem) {
   constexpr int LD = D + 8, KS = D / 16, NO = D / 8;
   __nv_bfloat16* T2 = reinterpret_cast<__nv_bfloat16*>(smem);  // keys
@@ -527,17 +536,16 @@ __device__ __forceinline__ void dkdv_block(const __nv_bfloat16* go, const float*
 // dk, dv rows [k0, k1) of one key/value head, in blocks of 64 keys (see dkdv_block). Head dim 128
 // runs dv and dk as two passes over the queries (S recomputed once more) so that each pass's
 // accumulators fit the registers (both at once spill); head dim 64 runs one pass.
-template <int D, bool CAUSAL>
-__device__ void sdpa_dkdv(const __nv_bfloat16* go, const float* glse, const __nv_bfloat16* q, const __nv_bfloat16* k,
-                          const __nv_bfloat16* v, const __nv_bfloat16* o, const float* lse, __nv_bfloat16* dk,
-                          __nv_bfloat16* dv, long long k0, long long k1, int G, long long Tq, long long Tk, float scale,
+template <int D, bool CAUSAL, class S>
+__device__ void sdpa_dkdv(const S* go, const float* glse, const S* q, const S* k, const S* v, const S* o,
+                          const float* lse, S* dk, S* dv, long long k0, long long k1, int G, long long Tq, long long Tk, float scale,
                           char* smem) {
   for (long long kb = k0; kb < k1; kb += BK) {
     if constexpr (D >= 128) {
-      dkdv_block<D, CAUSAL, false, true>(go, glse, q, k, v, o, lse, dk, dv, kb, k1, G, Tq, Tk, scale, smem);
-      dkdv_block<D, CAUSAL, true, false>(go, glse, q, k, v, o, lse, dk, dv, kb, k1, G, Tq, Tk, scale, smem);
+      dkdv_block<D, CAUSAL, false, true, S>(go, glse, q, k, v, o, lse, dk, dv, kb, k1, G, Tq, Tk, scale, smem);
+      dkdv_block<D, CAUSAL, true, false, S>(go, glse, q, k, v, o, lse, dk, dv, kb, k1, G, Tq, Tk, scale, smem);
     } else {
-      dkdv_block<D, CAUSAL, true, true>(go, glse, q, k, v, o, lse, dk, dv, kb, k1, G, Tq, Tk, scale, smem);
+      dkdv_block<D, CAUSAL, true, true, S>(go, glse, q, k, v, o, lse, dk, dv, kb, k1, G, Tq, Tk, scale, smem);
     }
   }
 }
