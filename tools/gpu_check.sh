@@ -36,7 +36,7 @@ export PYTHONUNBUFFERED=1
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 say() { echo "== [gpu_check ${SECONDS}s] $*"; }
-# LATCH_GPU_ONLY=matmul,examples,readme,pytest,sanitizer,dense,moe,profile,full,lmhead,bench runs only the steps named (default: all).
+# LATCH_GPU_ONLY=matmul,attention,examples,readme,pytest,sanitizer,dense,moe,profile,full,lmhead,bench runs only the steps named (default: all).
 want() { [ -z "${LATCH_GPU_ONLY:-}" ] || [[ ",${LATCH_GPU_ONLY}," == *",$1,"* ]]; }
 row() { echo "$*" >> "$SUMMARY"; }
 
@@ -105,6 +105,28 @@ if want lmhead; then
     tail -14 "$WORK/lmhead.log"
     { echo "  BENCH-LMHEAD (exit $rc):"; sed -n '/^bench-lmhead /,$p' "$WORK/lmhead.log" | sed 's/^/    /'; } >> "$SUMMARY"
 fi
+# ---- issue 10: attention alone inside the persistent kernel (latch_check/bench_attention.py):
+# the GPU tests of the attention bodies (FP64 gates at odd lengths, both head dims, causal and not,
+# grouped-query, bit-identical backward), then forward and forward + backward times against torch's
+# flash SDPA replayed from a CUDA graph (LATCH_GPU_ONLY=attention runs it alone; the pytest step
+# below deselects test_gpu_attention.py, which runs here).
+if want attention; then
+    say "attention: pytest test_gpu_attention.py"
+    LATCH_SPIN_TIMEOUT_S=30 timeout "${LATCH_GPU_ATTN_TEST_S:-180}" "$PY" -m pytest -m gpu -q -p no:cacheprovider \
+        packages/latch-check/tests/test_gpu_attention.py > "$WORK/attention_pytest.log" 2>&1
+    rc=$?
+    { echo "===== test_gpu_attention.py (exit $rc)"; cat "$WORK/attention_pytest.log"; } >> "$OUT/examples.log"
+    grep -E "^(FAILED|ERROR)|passed|failed" "$WORK/attention_pytest.log" | tail -12
+    row "  attention GPU tests (exit $rc): $(grep -E '(passed|failed|error)' "$WORK/attention_pytest.log" | tail -1)"
+    say "bench-attention"
+    LATCH_SPIN_TIMEOUT_S=30 timeout "${LATCH_GPU_ATTN_S:-150}" "$PY" -m latch_core.cli bench-attention \
+        --dir "$WORK/build/bench-attention" --json "$OUT/attention.json" ${LATCH_GPU_ATTN_ARGS:-} > "$WORK/attention.log" 2>&1
+    rc=$?
+    { echo "===== bench-attention (exit $rc)"; cat "$WORK/attention.log"; } >> "$OUT/examples.log"
+    tail -30 "$WORK/attention.log"
+    { echo "  ATTENTION (exit $rc):"; sed -n '/^case /,$p' "$WORK/attention.log" | sed 's/^/    /'; } >> "$SUMMARY"
+fi
+# ---- end issue 10
 
 if want examples; then
 run_example 60 two_weight barrier 1 --no-policy
@@ -154,6 +176,7 @@ say "pytest -m gpu"
 timeout 150 "$PY" -m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors packages tests \
     --deselect "packages/latch-check/tests/test_gpu_compare.py::test_gates_over_ten_updates" \
     --deselect "packages/latch-check/tests/test_routing_gpu.py::test_tinymoe_bf16_with_routing_passes_its_gates_on_the_gpu" \
+    --deselect "packages/latch-check/tests/test_gpu_attention.py" \
     > "$OUT/pytest_gpu.log" 2>&1
 echo "pytest exit $?"
 grep -E "passed|failed|error" "$OUT/pytest_gpu.log" | tail -3

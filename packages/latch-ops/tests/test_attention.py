@@ -226,20 +226,106 @@ def test_sdpa_tiles_read_only_their_footprint(causal):
         assert outs == [box, box[:3]]
 
 
-def test_sdpa_backward_tiles_by_batch_and_head():
+def _all_boxes(tiling, shape):
+    return pytest.importorskip("latch_schedule.tiling").split(shape, tiling, 10**6)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("tq, tk, h, hkv", [(77, 77, 2, 2), (150, 150, 4, 2), (70, 150, 2, 1), (150, 70, 3, 3)])
+def test_sdpa_backward_tiles_by_head_group_and_block(causal, tq, tk, h, hkv):
+    """Every backward task, fed only its read footprint (the rest NaN), gives the reference's dq
+    over its box and dk/dv over its key block; the tasks' write boxes tile every output exactly
+    once (no element written twice: nothing to accumulate across tasks); no task covers a head."""
     pytest.importorskip("latch_schedule.tiling")
-    q, k, v = _qkv(B=2, H=3, Tq=4, Tk=4, D=4, Dv=4)
-    out, lse = A.sdpa_forward_math(q, k, v, True, 0.5)
-    go = torch.randn_like(out)
-    args = [go, None, q, k, v, out, lse]
-    types = [None if t is None else A.latch_type(t) for t in args]
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, h, tq, 4, generator=g, dtype=torch.float64)
+    k = torch.randn(1, hkv, tk, 4, generator=g, dtype=torch.float64)
+    v = torch.randn(1, hkv, tk, 3, generator=g, dtype=torch.float64)
+    out, lse = A.sdpa_forward_math(q, k, v, causal, 0.5)
+    go, gl = torch.randn_like(out), torch.randn_like(lse)
+    args = [go, gl, q, k, v, out, lse]
+    types = [A.latch_type(t) for t in args]
     spec = _spec(A.SDPA_BACKWARD)
-    tiling = spec.extra["tiling"](types, spec.check(types, {"causal": True, "scale": 0.5}), {})
-    assert tiling.split_dims == (0, 1)
-    want = A.sdpa_backward_math(*args, True, 0.5)
-    box = ((1, 2), (2, 3), (0, 4), (0, 4))
-    ins, outs = tiling.footprint(box)
-    assert ins[1] is None and outs == [box, box, box]
-    got = A.sdpa_backward_math(*[None if t is None else _poisoned(t, b) for t, b in zip(args, ins)], True, 0.5)
-    for g, w in zip(got, want):
-        assert torch.equal(g[1, 2], w[1, 2])
+    attrs = {"causal": causal, "scale": 0.5}
+    out_types = spec.check(types, attrs)
+    tiling = spec.extra["tiling"](types, out_types, attrs)
+    assert tiling.split_dims == (0, 1, 2) and tiling.granule == (1, h // hkv, A.BLOCK)
+    want = A.sdpa_backward_math(*args, causal, 0.5)
+    written = [torch.zeros(t.shape, dtype=torch.int64) for t in out_types]
+    boxes = _all_boxes(tiling, out_types[0].shape)
+    assert len(boxes) == h // (h // hkv) * math.ceil(tq / A.BLOCK)
+    for box in boxes:
+        ins, outs = tiling.footprint(box)
+        assert outs[0] == box and box[2][1] - box[2][0] <= A.BLOCK
+        got = A.sdpa_backward_math(*[_poisoned(t, b) for t, b in zip(args, ins)], causal, 0.5)
+        for gt, w, ob, cnt in zip(got, want, outs, written):
+            idx = tuple(slice(lo, hi) for lo, hi in ob)
+            assert torch.equal(gt[idx], w[idx]), (box, ob)
+            cnt[idx] += 1
+    for cnt in written:
+        assert bool((cnt == 1).all())
+
+
+def test_sdpa_forward_tiles_by_query_block_with_grouped_heads():
+    pytest.importorskip("latch_schedule.tiling")
+    q, _, _ = _qkv(B=1, H=4, Tq=200, Tk=200, D=4, Dv=4)
+    k, v = _qkv(B=1, H=2, Tq=200, Tk=200, D=4, Dv=4, seed=1)[1:]
+    attrs = {"causal": True, "scale": 0.5}
+    types = [A.latch_type(t) for t in (q, k, v)]
+    spec = _spec(A.SDPA)
+    tiling = spec.extra["tiling"](types, spec.check(types, attrs), attrs)
+    out, lse = A.sdpa_forward_math(q, k, v, True, 0.5)
+    boxes = _all_boxes(tiling, out.shape)
+    assert len(boxes) == 4 * math.ceil(200 / A.QUERY_TILE)
+    for box in boxes:
+        ins, outs = tiling.footprint(box)
+        assert ins[1][1] == A.kv_heads(*box[1], 2)
+        o, l = A.sdpa_forward_math(*[_poisoned(t, b) for t, b in zip((q, k, v), ins)], True, 0.5)
+        idx = tuple(slice(lo, hi) for lo, hi in box)
+        assert torch.equal(o[idx], out[idx]) and torch.equal(l[idx[:3]], lse[idx[:3]])
+
+
+@pytest.mark.parametrize("tq, tk", [(100, 100), (64, 200), (200, 64), (64, 64)])
+def test_key_blocks_partition_the_keys(tq, tk):
+    blocks = [A.key_block(r0, min(tq, r0 + A.BLOCK), tq, tk) for r0 in range(0, tq, A.BLOCK)]
+    covered = [j for k0, k1 in blocks for j in range(k0, k1)]
+    assert covered == list(range(tk))
+
+
+# --------------------------------------------------------------------------------------------
+# Grouped-query attention: fewer key/value heads than query heads
+
+def test_shape_rule_grouped_query():
+    spec = _spec(A.SDPA)
+    out, lse = spec.check([T((2, 8, 5, 16)), T((2, 2, 7, 16)), T((2, 2, 7, 4))], {"causal": True, "scale": 0.5})
+    assert out == T((2, 8, 5, 4)) and lse == T((2, 8, 5))
+    with pytest.raises(ShapeError, match="divides q's") as e:
+        spec.check([T((2, 8, 5, 16)), T((2, 3, 7, 16)), T((2, 3, 7, 4))], {"causal": True, "scale": 0.5})
+    assert "latch::sdpa" in str(e.value)
+    with pytest.raises(ShapeError, match="batch and head"):  # k and v must agree with each other
+        spec.check([T((2, 8, 5, 16)), T((2, 2, 7, 16)), T((2, 4, 7, 4))], {"causal": True, "scale": 0.5})
+    q, k, v = T((2, 8, 5, 16)), T((2, 2, 7, 16)), T((2, 2, 7, 4))
+    o, l = T((2, 8, 5, 4)), T((2, 8, 5))
+    assert _spec(A.SDPA_BACKWARD).check([o, None, q, k, v, o, l], {"causal": True, "scale": 1.0}) == [q, k, v]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_grouped_query_math_matches_torch(causal):
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 6, 9, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 2, 9, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 2, 9, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.4, enable_gqa=True)
+    out, lse = A.sdpa_forward_math(q.detach(), k.detach(), v.detach(), causal, 0.4)
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+    go = torch.randn_like(want)
+    grads = torch.autograd.grad(want, (q, k, v), go)
+    got = A.sdpa_backward_math(go, None, q.detach(), k.detach(), v.detach(), out, lse, causal, 0.4)
+    assert got[1].shape == k.shape and got[2].shape == v.shape
+    for a, b in zip(got, grads):
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-12)
+    ops = A.torch_ops()
+    assert torch.autograd.gradcheck(lambda q, k, v: ops.sdpa(q, k, v, causal, 0.7),
+                                    (q[:1, :4, :4, :3].detach().clone().requires_grad_(),
+                                     k[:1, :2, :4, :3].detach().clone().requires_grad_(),
+                                     v[:1, :2, :4, :2].detach().clone().requires_grad_()))

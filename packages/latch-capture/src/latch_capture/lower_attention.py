@@ -14,9 +14,9 @@ softmax ops, which lower one by one.)
   exactly the top-left causal pattern on every (batch, head) give ``causal=True`` and no mask; an
   all-allowed mask gives no mask. Any other mask (padding from a batch's attention_mask, sliding
   windows, biases) is refused, naming the attention call.
-- **Grouped-query attention** (k/v with fewer heads than q, ``enable_gqa``): k and v are repeated
-  per query group (head h reads kv head h // (H / Hkv), torch's semantics) in the graph; their
-  gradients are summed back over each group.
+- **Grouped-query attention** (k/v with fewer heads than q, ``enable_gqa``): k and v go to the op
+  as they are; ``latch::sdpa`` reads kv head h // (H / Hkv) for query head h (torch's semantics)
+  and its backward sums dk, dv over each group.
 - **Statistics.** Torch's logsumexp output is Latch's ``lse`` (natural-log, per query row); a
   kernel that pads it (efficient attention to a multiple of 32 rows) gets it padded with zeros,
   and its backward reads the unpadded rows.
@@ -78,23 +78,13 @@ def _mask_error(lw: Lowerer, what: str):
 
 
 def _heads(lw: Lowerer, x: str, heads: int) -> str:
-    """k or v [B, Hkv, T, D] repeated to [B, heads, T, D]: kv head j serves query heads j*G .. j*G+G-1."""
-    B, Hkv, T, D = lw.type(x).shape
-    if Hkv == heads:
-        return x
+    """k or v [B, Hkv, T, D] as latch::sdpa takes it: unchanged (the op reads kv head h // G for
+    query head h, G = heads / Hkv); refused when Hkv does not divide the query heads."""
+    Hkv = lw.type(x).shape[1]
     if heads % Hkv:
         raise lw.fail(f"grouped-query attention with {heads} query heads and {Hkv} key/value heads",
                       "the number of query heads must be a multiple of the key/value heads")
-    g = heads // Hkv
-    return lw.reshape(lw.expand(lw.reshape(x, (B, Hkv, 1, T, D)), (B, Hkv, g, T, D)), (B, heads, T, D))
-
-
-def _group_sum(lw: Lowerer, dx: str, kv_heads: int) -> str:
-    B, H, T, D = lw.type(dx).shape
-    if H == kv_heads:
-        return dx
-    g = H // kv_heads
-    return lw.emit1("latch::sum", [lw.reshape(dx, (B, kv_heads, g, T, D))], {"dims": (2,), "keepdim": False})
+    return x
 
 
 def _attrs(lw: Lowerer, q: str, k: str, a: dict, mask_key: str | None) -> dict:
@@ -169,11 +159,11 @@ def backward(mask_key: str | None, n_results: int = 3):
         go = a.get("grad_out") if a.get("grad_out") is not None else a.get("grad_out_")
         q, k, v = a["query"], a["key"], a["value"]
         attrs = _attrs(lw, q, k, a, mask_key)
-        H, Hkv = lw.type(q).shape[1], lw.type(k).shape[1]
+        H = lw.type(q).shape[1]
         lse = _lse_as_latch(lw, a["logsumexp"], q)
-        dq, dk, dv = lw.emit("latch::sdpa_backward",
-                             [go, None, q, _heads(lw, k, H), _heads(lw, v, H), a["out"], lse], attrs)
-        res = [dq, _group_sum(lw, dk, Hkv), _group_sum(lw, dv, Hkv)]
+        # dk, dv come back with k's heads: the op sums them over each group (latch_ops.attention)
+        res = list(lw.emit("latch::sdpa_backward",
+                           [go, None, q, _heads(lw, k, H), _heads(lw, v, H), a["out"], lse], attrs))
         return tuple(res + [None] * (n_results - 3))
 
     return low

@@ -13,6 +13,7 @@ from latch_core.hookspecs import hookimpl
 @hookimpl
 def latch_register_commands(register):
     from .bench_lmhead import bench_lmhead_command
+    from .bench_attention import bench_attention_command
     from .bench_matmul import bench_matmul_command
     from .bench_moe import bench_moe_command
     from .commands import check_command, compile_command, simulate_command
@@ -20,6 +21,7 @@ def latch_register_commands(register):
     register(bench_lmhead_command)
     from .bench import bench_command
     register(bench_command)
+    register(bench_attention_command)
     register(bench_matmul_command)
     register(bench_moe_command)
     register(check_command)

@@ -1,8 +1,15 @@
 """Lowerings of ``latch::sdpa`` and ``latch::sdpa_backward`` (latch_ops/attention.py).
 
-The forward walks the task's box of query rows (dims B, H, Tq of ``out``), one warp per row; the
-backward computes dq, dk and dv whole for every (batch, head) in the task's box of dims B, H of
-``dq`` (the op's tiling splits only those). Head dims up to 256 (8 chunks of 32 per lane). ``operand_dtype="bf16"`` rounds q, k, v (and P) to bf16.
+Bodies at (batch, head, block) granularity (latch_ops.attention's tilings). BF16 operands (BF16
+storage, or FP32 under the BF16 policy) with head dims 64/128 run the tensor-core bodies of latch_attention_mma.cuh (mma.sync m16n8k16, FP32
+accumulation: a flash forward with online softmax, and a backward that rebuilds P from lse; see
+:func:`tensor_cores`); everything else runs the SIMT bodies of latch_attention.cuh. The SIMT forward walks
+the task's box of query rows (dims B, H, Tq of ``out``), one warp per row; a backward task (a box of
+dq: batch, a group of query heads, a block of rows) computes dq for its query rows and dk, dv for
+the key rows of the same block (``latch_ops.attention.key_block``), one warp per row, dk/dv summed
+over each key/value head's query heads in head order. Grouped-query attention: query head h reads
+key/value head h / G. Head dims up to 256 (8 chunks of 32 per lane). ``operand_dtype="bf16"``
+rounds q, k, v (and P) to bf16.
 """
 
 from __future__ import annotations
@@ -11,12 +18,30 @@ from . import cgen
 from .lowering import BodyContext, Lowering, LoweringError
 
 HEADER = "latch_attention.cuh"
+MMA_HEADER = "latch_attention_mma.cuh"
 MAX_HEAD = 256
+MMA_HEADS = (64, 128)
+MMA_BLOCK = 64  # keys (and backward query rows) per staged block of the mma bodies
+MMA_ROWS = 128  # query rows one forward call covers (8 warps x 16)
+
+
+def tensor_cores(ctx: BodyContext) -> bool:
+    """The tensor-core (mma.sync) bodies serve BF16 operands with equal head dims 64 or 128: BF16
+    storage, or FP32 storage under ``operand_dtype="bf16"`` (the numerical policy's BF16
+    attention; the body rounds as it stages). Everything else (FP32 without the policy, f64, other
+    head dims) runs the SIMT bodies, which compute in the storage's precision (the FP64 tests'
+    exact path). ``attention_body="simt"`` on the node forces the SIMT bodies (tests compare them)."""
+    q, k, v = ctx.inputs[2:5] if ctx.op.endswith("backward") else ctx.inputs[:3]
+    if ctx.attr("attention_body") == "simt":
+        return False
+    op = ctx.attr("operand_dtype")
+    dtype_ok = (q.dtype == "bf16" and op in (None, "bf16")) or (q.dtype == "f32" and op == "bf16")
+    return dtype_ok and q.dtype == k.dtype == v.dtype and q.shape[3] == v.shape[3] and q.shape[3] in MMA_HEADS
 
 
 def _common(ctx: BodyContext, q, k, v):
     B, H, Tq, D = q.shape
-    Tk, Dv = k.shape[2], v.shape[3]
+    Tk, Dv, Hkv = k.shape[2], v.shape[3], k.shape[1]
     if max(D, Dv) > MAX_HEAD:
         raise LoweringError(f"{ctx.op}: head dims {D}/{Dv} exceed {MAX_HEAD}, the most this body handles")
     acc = "double" if q.dtype == "f64" else "float"
@@ -24,13 +49,27 @@ def _common(ctx: BodyContext, q, k, v):
     rnd = 1 if ctx.attr("operand_dtype") == "bf16" else (2 if ctx.attr("operand_dtype") == "f16" else 0)
     causal = "true" if ctx.attr("causal") else "false"
     scale = f"({acc}){float(ctx.attr('scale'))!r}"
-    return B, H, Tq, Tk, D, Dv, acc, nc, rnd, causal, scale
+    return B, H, Hkv, Tq, Tk, D, Dv, acc, nc, rnd, causal, scale
 
 
 def _forward(ctx: BodyContext) -> str:
     q, k, v = ctx.inputs
     out, lse = ctx.outputs
-    B, H, Tq, Tk, D, Dv, acc, nc, rnd, causal, scale = _common(ctx, q, k, v)
+    B, H, Hkv, Tq, Tk, D, Dv, acc, nc, rnd, causal, scale = _common(ctx, q, k, v)
+    G = H // Hkv
+    if tensor_cores(ctx):
+        lse_arg = f"{lse.ptr} + bh * {Tq}LL" if lse.present else "(float*)nullptr"
+        return "\n".join([
+            "for (long long b_ = c.t->lo[0]; b_ < c.t->hi[0]; ++b_)",
+            "for (long long h_ = c.t->lo[1]; h_ < c.t->hi[1]; ++h_)",
+            f"for (long long r_ = c.t->lo[2]; r_ < c.t->hi[2]; r_ += {MMA_ROWS}) {{",
+            f"  const long long bh = b_ * {H}LL + h_, bkv = b_ * {Hkv}LL + h_ / {G};",
+            f"  const long long re_ = r_ + {MMA_ROWS} < c.t->hi[2] ? r_ + {MMA_ROWS} : c.t->hi[2];",
+            f"  latch::amma::sdpa_forward<{D}, {causal}>({q.ptr} + bh * {Tq * D}LL, {k.ptr} + bkv * {Tk * D}LL, "
+            f"{v.ptr} + bkv * {Tk * D}LL, {out.ptr} + bh * {Tq * D}LL, {lse_arg}, r_, re_, {Tq}LL, {Tk}LL, "
+            f"{float(ctx.attr('scale'))!r}f, {ctx.smem});",
+            "}",
+        ])
     lse_arg = f"{lse.ptr} + bh * {Tq}LL" if lse.present else f"({lse.ctype}*)nullptr"
     lse_t = lse.ctype
     lines = ["const int warp_ = threadIdx.x >> 5, nwarps_ = LATCH_THREADS >> 5;",
@@ -38,9 +77,9 @@ def _forward(ctx: BodyContext) -> str:
              f"const long long n_rows = {cgen.tile_count(3)};",
              "for (long long r = warp_; r < n_rows; r += nwarps_) {"]
     lines += cgen.tile_decode("r", 3, "y", "  ")
-    lines += [f"  const long long bh = y0 * {H}LL + y1;",
+    lines += [f"  const long long bh = y0 * {H}LL + y1, bkv = y0 * {Hkv}LL + y1 / {G};",
               f"  latch::sdpa_forward_row<{q.ctype}, {lse_t}, {acc}, {nc}, {causal}, {rnd}>("
-              f"{q.ptr} + bh * {Tq * D}LL, {k.ptr} + bh * {Tk * D}LL, {v.ptr} + bh * {Tk * Dv}LL, "
+              f"{q.ptr} + bh * {Tq * D}LL, {k.ptr} + bkv * {Tk * D}LL, {v.ptr} + bkv * {Tk * Dv}LL, "
               f"{out.ptr} + bh * {Tq * Dv}LL, {lse_arg}, y2, {Tk}LL, {D}, {Dv}, "
               f"{scale}, wsm);",
               "}"]
@@ -52,31 +91,86 @@ def _backward(ctx: BodyContext) -> str:
     dq, dk, dv = ctx.outputs
     if not (dq.present and dk.present and dv.present):
         raise LoweringError(f"{ctx.op}: every output (dq, dk, dv) must reach memory")
-    B, H, Tq, Tk, D, Dv, acc, nc, rnd, causal, scale = _common(ctx, q, k, v)
-    gl = f"{glse.ptr} + bh * {Tq}LL" if glse is not None else f"(const {lse.ctype}*)nullptr"
+    B, H, Hkv, Tq, Tk, D, Dv, acc, nc, rnd, causal, scale = _common(ctx, q, k, v)
+    G = H // Hkv
     lt = lse.ctype
+    if tensor_cores(ctx):
+        return _backward_mma(ctx, B, H, Hkv, Tq, Tk, D, causal)
+    tp = f"{q.ctype}, {lt}, {acc}, {nc}, {causal}, {rnd}"
+    gl = f"{glse.ptr} + bh * {Tq}LL" if glse is not None else f"(const {lt}*)nullptr"
+    gl_g = f"{glse.ptr} + bg * {Tq}LL" if glse is not None else f"(const {lt}*)nullptr"
     return "\n".join([
-        "for (long long b_ = c.t->lo[0]; b_ < c.t->hi[0]; ++b_)",
-        "for (long long h_ = c.t->lo[1]; h_ < c.t->hi[1]; ++h_) {",
-        f"  const long long bh = b_ * {H}LL + h_;",
-        f"  latch::sdpa_backward_bh<{q.ctype}, {lt}, {acc}, {nc}, {causal}, {rnd}>("
-        f"{go.ptr} + bh * {Tq * Dv}LL, {gl}, {q.ptr} + bh * {Tq * D}LL, {k.ptr} + bh * {Tk * D}LL, "
-        f"{v.ptr} + bh * {Tk * Dv}LL, {o.ptr} + bh * {Tq * Dv}LL, {lse.ptr} + bh * {Tq}LL, "
-        f"{dq.ptr} + bh * {Tq * D}LL, {dk.ptr} + bh * {Tk * D}LL, {dv.ptr} + bh * {Tk * Dv}LL, "
-        f"{Tq}LL, {Tk}LL, {D}, {Dv}, {scale}, ({acc}*){ctx.smem});",
+        "const long long r0_ = c.t->lo[2], r1_ = c.t->hi[2];",
+        # key rows of this task: latch_ops.attention.key_block
+        f"const long long k0_ = r0_ < {Tk}LL ? r0_ : {Tk}LL;",
+        f"const long long k1_ = r1_ >= {Tq}LL ? {Tk}LL : (r1_ < {Tk}LL ? r1_ : {Tk}LL);",
+        "for (long long b_ = c.t->lo[0]; b_ < c.t->hi[0]; ++b_) {",
+        "  for (long long h_ = c.t->lo[1]; h_ < c.t->hi[1]; ++h_) {",
+        f"    const long long bh = b_ * {H}LL + h_, bkv = b_ * {Hkv}LL + h_ / {G};",
+        f"    latch::sdpa_dq_rows<{tp}>("
+        f"{go.ptr} + bh * {Tq * Dv}LL, {gl}, {q.ptr} + bh * {Tq * D}LL, {k.ptr} + bkv * {Tk * D}LL, "
+        f"{v.ptr} + bkv * {Tk * Dv}LL, {o.ptr} + bh * {Tq * Dv}LL, {lse.ptr} + bh * {Tq}LL, "
+        f"{dq.ptr} + bh * {Tq * D}LL, r0_, r1_, {Tk}LL, {D}, {Dv}, {scale}, ({acc}*){ctx.smem});",
+        "  }",
+        f"  for (long long g_ = c.t->lo[1] / {G}; g_ < (c.t->hi[1] + {G - 1}) / {G}; ++g_) {{",
+        f"    const long long bkv = b_ * {Hkv}LL + g_, bg = b_ * {H}LL + g_ * {G};",
+        f"    latch::sdpa_dkdv_rows<{tp}>("
+        f"{go.ptr} + bg * {Tq * Dv}LL, {gl_g}, {q.ptr} + bg * {Tq * D}LL, {k.ptr} + bkv * {Tk * D}LL, "
+        f"{v.ptr} + bkv * {Tk * Dv}LL, {o.ptr} + bg * {Tq * Dv}LL, {lse.ptr} + bg * {Tq}LL, "
+        f"{dk.ptr} + bkv * {Tk * D}LL, {dv.ptr} + bkv * {Tk * Dv}LL, k0_, k1_, {G}, {Tq}LL, {D}, {Dv}, {scale}, "
+        f"({acc}*){ctx.smem});",
+        "  }",
+        "}",
+    ])
+
+
+def _backward_mma(ctx: BodyContext, B, H, Hkv, Tq, Tk, D, causal) -> str:
+    go, glse, q, k, v, o, lse = ctx.inputs
+    dq, dk, dv = ctx.outputs
+    G = H // Hkv
+    sc = f"{float(ctx.attr('scale'))!r}f"
+    gl = f"{glse.ptr} + bh * {Tq}LL" if glse is not None else "(const float*)nullptr"
+    gl_g = f"{glse.ptr} + bg * {Tq}LL" if glse is not None else "(const float*)nullptr"
+    return "\n".join([
+        "const long long r0_ = c.t->lo[2], r1_ = c.t->hi[2];",
+        f"const long long k0_ = r0_ < {Tk}LL ? r0_ : {Tk}LL;",
+        f"const long long k1_ = r1_ >= {Tq}LL ? {Tk}LL : (r1_ < {Tk}LL ? r1_ : {Tk}LL);",
+        "for (long long b_ = c.t->lo[0]; b_ < c.t->hi[0]; ++b_) {",
+        "  for (long long h_ = c.t->lo[1]; h_ < c.t->hi[1]; ++h_)",
+        f"    for (long long r_ = r0_; r_ < r1_; r_ += {MMA_BLOCK}) {{",
+        f"      const long long bh = b_ * {H}LL + h_, bkv = b_ * {Hkv}LL + h_ / {G};",
+        f"      const long long re_ = r_ + {MMA_BLOCK} < r1_ ? r_ + {MMA_BLOCK} : r1_;",
+        f"      latch::amma::sdpa_dq<{D}, {causal}>({go.ptr} + bh * {Tq * D}LL, {gl}, {q.ptr} + bh * {Tq * D}LL, "
+        f"{k.ptr} + bkv * {Tk * D}LL, {v.ptr} + bkv * {Tk * D}LL, {o.ptr} + bh * {Tq * D}LL, "
+        f"{lse.ptr} + bh * {Tq}LL, {dq.ptr} + bh * {Tq * D}LL, r_, re_, {Tq}LL, {Tk}LL, {sc}, {ctx.smem});",
+        "    }",
+        f"  for (long long g_ = c.t->lo[1] / {G}; g_ < (c.t->hi[1] + {G - 1}) / {G}; ++g_) {{",
+        f"    const long long bkv = b_ * {Hkv}LL + g_, bg = b_ * {H}LL + g_ * {G};",
+        f"    latch::amma::sdpa_dkdv<{D}, {causal}>({go.ptr} + bg * {Tq * D}LL, {gl_g}, {q.ptr} + bg * {Tq * D}LL, "
+        f"{k.ptr} + bkv * {Tk * D}LL, {v.ptr} + bkv * {Tk * D}LL, {o.ptr} + bg * {Tq * D}LL, "
+        f"{lse.ptr} + bg * {Tq}LL, {dk.ptr} + bkv * {Tk * D}LL, {dv.ptr} + bkv * {Tk * D}LL, k0_, k1_, {G}, "
+        f"{Tq}LL, {Tk}LL, {sc}, {ctx.smem});",
+        "  }",
         "}",
     ])
 
 
 def _smem(ctx: BodyContext) -> int:
+    if tensor_cores(ctx):
+        D = ctx.inputs[2 if ctx.op.endswith("backward") else 0].shape[3]
+        if ctx.op.endswith("backward"):
+            return 6 * MMA_BLOCK * (D + 8) * 2 + 4 * MMA_BLOCK * 4  # latch::amma::backward_smem
+        return 4 * MMA_BLOCK * (D + 8) * 2  # two buffers of (K, V) blocks
     size = 8 if ctx.inputs[2 if ctx.op.endswith("backward") else 0].dtype == "f64" else 4
     return (ctx.threads // 32) * 64 * size
 
 
 def lowerings() -> list[Lowering]:
     return [
-        Lowering("latch::sdpa", body=_forward, headers=(HEADER,), smem=_smem,
-                 doc="warp per query row: online max/sum, then P V in registers"),
-        Lowering("latch::sdpa_backward", body=_backward, headers=(HEADER,), smem=_smem,
-                 doc="per (batch, head) of the tile: dq by query rows, dk/dv by key rows, P rebuilt from lse"),
+        Lowering("latch::sdpa", body=_forward, headers=(HEADER, MMA_HEADER), smem=_smem,
+                 doc="bf16, head dim 64/128: flash forward on mma.sync (16 query rows per warp, 64-key blocks, online "
+                     "softmax, lse saved); else warp per query row"),
+        Lowering("latch::sdpa_backward", body=_backward, headers=(HEADER, MMA_HEADER), smem=_smem,
+                 doc="per (batch, head group, block): dq of the query rows, dk/dv of the block's key rows summed "
+                     "over the group in order, P rebuilt from lse; bf16 64/128 on mma.sync, else warp per row"),
     ]

@@ -10,6 +10,10 @@ Semantics (the FP64 reference is the ground truth; a GPU body must match it):
 
     sdpa_backward(grad_out, grad_lse?, q, k, v, out, lse; causal, scale) -> (dq, dk, dv)
 
+Grouped-query attention: k and v may have fewer heads than q (``Hkv`` dividing ``H``); query head
+h reads key/value head ``h // (H / Hkv)`` (torch's ``enable_gqa``), and dk/dv of a key/value head
+are the sums over the ``H / Hkv`` query heads of its group.
+
 ``lse`` is what the backward needs (it rebuilds the probabilities from it, as flash attention
 does) and it is differentiable: ``grad_lse`` is an optional operand, absent (None) when nothing
 used ``lse``, which is the normal case. Both ops appear as ONE node each in a captured graph.
@@ -70,8 +74,10 @@ def _qkv(op: str, q: TensorType | None, k: TensorType | None, v: TensorType | No
     if not (q.dtype == k.dtype == v.dtype):
         raise ShapeError(f"{op}: q, k, v must share one dtype, got q {q}, k {k}, v {v}; cast them first")
     B, H, Tq, D = q.shape
-    if k.shape[:2] != (B, H) or v.shape[:2] != (B, H):
-        raise ShapeError(f"{op}: batch and head dims must agree: q {q}, k {k}, v {v}")
+    Hkv = k.shape[1]
+    if k.shape[0] != B or v.shape[:2] != (B, Hkv) or Hkv < 1 or H % Hkv:
+        raise ShapeError(f"{op}: batch and head dims must agree: q {q}, k {k}, v {v}; k and v need q's batch and "
+                         "one head count that divides q's (grouped-query attention)")
     if k.shape[3] != D:
         raise ShapeError(f"{op}: q and k head dims differ: q {q}, k {k}")
     if k.shape[2] != v.shape[2]:
@@ -141,6 +147,12 @@ def cost_sdpa_backward(inputs, outputs, attrs) -> tuple[int, int]:
 # latch-ops needs no scheduler. (batch, head) pairs are independent in both ops.
 
 QUERY_TILE = 128  # query rows per forward task
+BLOCK = 64  # query rows (dq) and key rows (dk, dv) per backward task
+
+
+def group(q: TensorType, k: TensorType) -> int:
+    """Query heads per key/value head (1 without grouped-query attention)."""
+    return q.shape[1] // k.shape[1]
 
 
 def _tiling(split_dims, footprint, granule, kind):
@@ -149,34 +161,61 @@ def _tiling(split_dims, footprint, granule, kind):
     return Tiling(split_dims, footprint, granule=granule, kind=kind)
 
 
+def kv_heads(h0: int, h1: int, g: int) -> tuple[int, int]:
+    """Key/value heads read (and, in the backward, written) by query heads [h0, h1)."""
+    return h0 // g, -(-h1 // g)
+
+
+def key_block(r0: int, r1: int, tq: int, tk: int) -> tuple[int, int]:
+    """Key rows whose dk/dv the backward task of query rows [r0, r1) computes: the same block
+    index, keys past the last query block going to the last task (Tk > Tq), none past the last
+    key (Tq > Tk). Every key row belongs to exactly one task of the tiling."""
+    k0 = min(r0, tk)
+    k1 = tk if r1 >= tq else min(r1, tk)
+    return k0, k1
+
+
 def tiling_sdpa(in_types, out_types, attrs):
-    """Forward tiles: one (batch, head) and a block of query rows; a tile reads its q rows and
-    every key and value of its (batch, head). Under ``causal`` a body needs keys 0..r1-1 only,
-    but the reference computes P @ V over all keys (0 * v at masked ones), so the footprint stays
-    whole along keys: a footprint must cover what the reference, too, reads."""
+    """Forward tiles: (batch, head, block of query rows); a tile reads its q rows and every key and
+    value of its heads' key/value heads. Under ``causal`` a body reads keys 0..r1-1 only, but the
+    reference computes P @ V over all keys (0 * v at masked ones), so the footprint stays whole
+    along keys: a footprint must cover what the reference, too, reads."""
     q, k, v = in_types
-    Tk = k.shape[2]
+    Tk, g = k.shape[2], group(q, k)
 
     def footprint(box):
-        b, h, (r0, r1), _ = box
+        b, (h0, h1), (r0, r1), _ = box
+        kh = kv_heads(h0, h1, g)
         keys = (0, Tk)
-        ins = [(b, h, (r0, r1), (0, q.shape[3])), (b, h, keys, (0, k.shape[3])), (b, h, keys, (0, v.shape[3]))]
-        return ins, [box, (b, h, (r0, r1))]
+        ins = [(b, (h0, h1), (r0, r1), (0, q.shape[3])), (b, kh, keys, (0, k.shape[3])), (b, kh, keys, (0, v.shape[3]))]
+        return ins, [box, (b, (h0, h1), (r0, r1))]
 
     return _tiling((0, 1, 2), footprint, (1, 1, QUERY_TILE), "sdpa")
 
 
 def tiling_sdpa_backward(in_types, out_types, attrs):
-    """Backward tiles: one (batch, head) each, computing its dq, dk and dv whole (dq rows need every
-    key and dk/dv rows every query, so the sequence dims do not split)."""
+    """Backward tiles: (batch, group of query heads, block of ``BLOCK`` rows), over dq's dims. A
+    task computes dq for its query rows and dk, dv for the key rows of the same block index
+    (:func:`key_block`) of its key/value heads, summed over the group's query heads in order, so
+    no two tasks write one element and nothing is accumulated across tasks (no atomics). Under
+    ``causal`` the two halves cost (n + 1) and (N - n) blocks of scores for block n of N: every
+    task does about the same work. A task reads its heads' operands whole along the sequence
+    (dq rows need every key, dk/dv rows every query)."""
+    _go, _gl, q, k, v, _o, _l = in_types
+    Tq, Tk, g = q.shape[2], k.shape[2], group(q, k)
 
     def footprint(box):
-        b, h = box[0], box[1]
-        ins = [None if t is None else (b, h) + tuple((0, d) for d in t.shape[2:]) for t in in_types]
-        outs = [(b, h) + tuple((0, d) for d in t.shape[2:]) for t in out_types]
+        b, (h0, h1), (r0, r1) = box[0], box[1], box[2]
+        kh = kv_heads(h0, h1, g)
+        # The dk/dv half of a task sums over its kv heads' whole groups: read all of them.
+        qh = (kh[0] * g, kh[1] * g)
+        ins = [None if t is None else (b, kh if i in (3, 4) else qh) + tuple((0, d) for d in t.shape[2:])
+               for i, t in enumerate(in_types)]
+        kb = key_block(r0, r1, Tq, Tk)
+        outs = [box, (b, kh, kb, (0, k.shape[3])), (b, kh, kb, (0, v.shape[3]))]
         return ins, outs
 
-    return _tiling((0, 1), footprint, (1, 1), "sdpa_backward")
+    return _tiling((0, 1, 2), footprint, (1, g, BLOCK), "sdpa_backward")
 
 
 # --------------------------------------------------------------------------------------------
@@ -202,11 +241,23 @@ def _scores(q, k, causal: bool, scale: float):
     return s
 
 
+def _repeat_heads(x, heads: int):
+    """k or v [B, Hkv, T, D] as [B, heads, T, D]: kv head j serves query heads j*G .. j*G+G-1."""
+    return x if x.shape[1] == heads else x.repeat_interleave(heads // x.shape[1], dim=1)
+
+
+def _group_sum(dx, kv_heads: int):
+    """[B, H, T, D] gradients of repeated heads summed back to [B, kv_heads, T, D]."""
+    B, H, T, D = dx.shape
+    return dx if H == kv_heads else dx.reshape(B, kv_heads, H // kv_heads, T, D).sum(dim=2)
+
+
 def sdpa_forward_math(q, k, v, causal: bool, scale: float):
     """(out, lse) of scaled dot-product attention; see the module docstring."""
     import torch
 
     cd = _compute_dtype(q)
+    k, v = _repeat_heads(k, q.shape[1]), _repeat_heads(v, q.shape[1])
     s = _scores(q, k, causal, scale)
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse.unsqueeze(-1))
@@ -223,6 +274,8 @@ def sdpa_backward_math(grad_out, grad_lse, q, k, v, out, lse, causal: bool, scal
     import torch
 
     cd = _compute_dtype(q)
+    hkv = k.shape[1]
+    k, v = _repeat_heads(k, q.shape[1]), _repeat_heads(v, q.shape[1])
     s = _scores(q, k, causal, scale)
     p = torch.exp(s - lse.to(cd).unsqueeze(-1))
     go = grad_out.to(cd)
@@ -235,6 +288,7 @@ def sdpa_backward_math(grad_out, grad_lse, q, k, v, out, lse, causal: bool, scal
     ds = p * ds
     dq = torch.matmul(ds, k.to(cd)) * scale
     dk = torch.matmul(ds.transpose(-2, -1), q.to(cd)) * scale
+    dk, dv = _group_sum(dk, hkv), _group_sum(dv, hkv)
     return dq.to(q.dtype).contiguous(), dk.to(k.dtype).contiguous(), dv.to(v.dtype).contiguous()
 
 
@@ -250,7 +304,7 @@ def _ref_sdpa_backward(inputs, attrs):
 SPECS = [
     OpSpec(
         name=SDPA,
-        signature="sdpa(q[B,H,Tq,D], k[B,H,Tk,D], v[B,H,Tk,Dv]) {causal: bool, scale: float} "
+        signature="sdpa(q[B,H,Tq,D], k[B,Hkv,Tk,D], v[B,Hkv,Tk,Dv]) {causal: bool, scale: float} "
                   "-> (out[B,H,Tq,Dv], lse[B,H,Tq])",
         infer=infer_sdpa,
         tags={ATTENTION},

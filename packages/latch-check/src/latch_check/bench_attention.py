@@ -1,0 +1,348 @@
+"""Attention as Latch tasks inside the persistent kernel, against torch's flash SDPA in a CUDA graph.
+
+    latch-pipeline bench-attention                 # the four cases of issue 10
+    latch-pipeline bench-attention --only gqa --iters 5
+
+Each case (batch, query heads, key/value heads, sequence, head dim; causal) becomes two programs
+of ONE build: ``<case>.fwd`` (``latch::sdpa``: out and lse) and ``<case>.fwdbwd`` (``latch::sdpa``
+then ``latch::sdpa_backward`` with ``grad_out`` a batch input: dq, dk, dv). Operands and outputs
+are BF16 (lse FP32), ``operand_dtype`` bf16, as the numerical policy gives a model's attention.
+
+- **Gate**: every output against the FP64 reference (latch_ops.attention's math) of the same BF16
+  operands, relative L2 <= ``REL_GATE``; torch's flash result against the same reference is
+  printed beside it for scale (its error is the BF16 rounding of the outputs and of P).
+- **Determinism**: ``<case>.fwdbwd`` runs twice on the same inputs; dq, dk, dv must be bitwise
+  equal (no float atomics anywhere in the backward).
+- **Time**: medians of CUDA-event timings of one launch of each program; the control is
+  ``F.scaled_dot_product_attention`` (flash backend; forward, and forward + backward through
+  autograd) captured in one CUDA graph and replayed, on the same tensors.
+
+The document is built without torch (``attention_document``), so CI schedules, plans, validates
+and compiles it (tests/test_bench_attention.py); the timing needs the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Iterable
+
+import attrs
+import click
+
+from latch_core.document import Document
+from latch_core.ir import BATCH, Graph, GraphSection, Group, Node, Value
+
+# BF16 outputs carry ~2^-9 relative rounding per element (~1.1e-3 in relative L2) and P is rounded
+# to BF16 before P @ V as flash attention does: torch's flash SDPA measures 2-4e-3 against FP64 on
+# these cases. A wrong tile, mask or group gives O(1e-1..1).
+REL_GATE = 1e-2
+
+
+@attrs.frozen
+class Case:
+    name: str
+    batch: int
+    heads: int
+    kv_heads: int
+    seq: int
+    head_dim: int
+    causal: bool = True
+
+    @property
+    def scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def q_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.heads, self.seq, self.head_dim)
+
+    @property
+    def kv_shape(self) -> tuple[int, int, int, int]:
+        return (self.batch, self.kv_heads, self.seq, self.head_dim)
+
+    def flops(self, backward: bool = False) -> float:
+        """Matrix-product flops as flash attention counts them: 4 B H T^2 D forward (half under
+        causal), 2.5x that for the backward."""
+        f = 4.0 * self.batch * self.heads * self.seq * self.seq * self.head_dim
+        if self.causal:
+            f /= 2
+        return f * (3.5 if backward else 1.0)
+
+
+CASES = (
+    Case("b2h12s1024d64", 2, 12, 12, 1024, 64),
+    Case("b32h12s1024d64", 32, 12, 12, 1024, 64),
+    Case("b2h16s4096d128", 2, 16, 16, 4096, 128),
+    Case("gqa.b2h32kv8s2048d128", 2, 32, 8, 2048, 128),
+)
+
+
+def _programs(c: Case, dtype: str = "bf16", glse: bool = False, body: str | None = None,
+              operand: str | None = None) -> list[Graph]:
+    q, k, v, go, gl = (f"{c.name}.{n}" for n in ("q", "k", "v", "go", "glse"))
+    attrs_ = {"causal": c.causal, "scale": c.scale}
+    if body:
+        attrs_["attention_body"] = body
+    if dtype in ("bf16", "f16"):
+        attrs_["operand_dtype"] = dtype
+    elif operand:  # e.g. FP32 values under the BF16 policy, as in a captured model
+        attrs_["operand_dtype"] = operand
+    stat = "f32" if dtype in ("bf16", "f16") else dtype
+    ins = [Value(q, c.q_shape, dtype, BATCH), Value(k, c.kv_shape, dtype, BATCH), Value(v, c.kv_shape, dtype, BATCH)]
+    progs = []
+    for kind in ("fwd", "fwdbwd"):
+        p = f"{c.name}.{kind}"
+        out, lse = f"{p}.out", f"{p}.lse"
+        values = list(ins) + [Value(out, c.q_shape, dtype), Value(lse, c.q_shape[:3], stat)]
+        nodes = [Node(f"{p}.sdpa", "latch::sdpa", (q, k, v), (out, lse), attrs_, source=f"bench_attention {c.name}")]
+        outs: tuple = (out, lse)
+        batch = (q, k, v)
+        if kind == "fwdbwd":
+            dq, dk, dv = f"{p}.dq", f"{p}.dk", f"{p}.dv"
+            values += [Value(go, c.q_shape, dtype, BATCH), Value(dq, c.q_shape, dtype), Value(dk, c.kv_shape, dtype),
+                       Value(dv, c.kv_shape, dtype)]
+            if glse:
+                values.append(Value(gl, c.q_shape[:3], stat, BATCH))
+            nodes.append(Node(f"{p}.sdpa_backward", "latch::sdpa_backward", (go, gl if glse else None, q, k, v, out, lse),
+                              (dq, dk, dv), attrs_, source=f"bench_attention {c.name}"))
+            outs = (out, dq, dk, dv)
+            batch = (q, k, v, go) + ((gl,) if glse else ())
+        progs.append(Graph(p, values, nodes, (Group("batch", batch),), (Group("metrics", outs),)))
+    return progs
+
+
+def attention_document(case_list: Iterable[Case], dtype: str = "bf16", glse: bool = False,
+                       body: str | None = None) -> Document:
+    """Per case ``<case>.fwd`` and ``<case>.fwdbwd`` (see the module docstring); ``glse``: the
+    backward also takes a gradient of lse (a batch input ``<case>.glse``); ``body="simt"`` forces
+    the SIMT bodies (attribute ``attention_body``)."""
+    progs = [p for c in case_list for p in _programs(c, dtype, glse, body)]
+    return Document(graph=GraphSection(progs, (), {"example": "bench_attention"}))
+
+
+def plan_document(doc: Document, num_sms: int) -> Document:
+    """Schedule (barrier strategy), plan memory and validate (the pipeline's passes)."""
+    from latch_core.passes import run_pass
+    from latch_core.plugins import registries
+
+    passes = registries().passes
+    doc = run_pass(passes.get("schedule"), doc, scheduler="barrier", num_sms=num_sms)
+    doc = run_pass(passes.get("memory.plan"), doc)
+    return run_pass(passes.get("schedule.validate"), doc)
+
+
+def task_counts(doc: Document, program: str) -> dict[str, tuple[int, float]]:
+    """Per op in ``program``'s schedule: (tasks, the longest task's estimated microseconds)."""
+    sched = next(p for p in doc.schedule.programs if p.program == program)
+    g = doc.graph.program(program)
+    op_of = {n.name: n.op for n in g.nodes}
+    group_op = {grp.id: op_of[grp.nodes[0]] for grp in sched.groups}
+    counts: dict[str, tuple[int, float]] = {}
+    for t in sched.tasks:
+        op = group_op[t.group]
+        n, worst = counts.get(op, (0, 0.0))
+        counts[op] = (n + 1, max(worst, 1e6 * t.cost))
+    return counts
+
+
+# --------------------------------------------------------------------------------------------
+# On the GPU
+
+def make_inputs(c: Case, device, seed: int, dtype=None) -> dict:
+    import torch
+
+    dtype = dtype or torch.bfloat16
+    g = torch.Generator(device=device).manual_seed(seed)
+    mk = lambda s: torch.randn(s, device=device, generator=g, dtype=torch.float32).to(dtype)  # noqa: E731
+    return {f"{c.name}.q": mk(c.q_shape), f"{c.name}.k": mk(c.kv_shape), f"{c.name}.v": mk(c.kv_shape),
+            f"{c.name}.go": mk(c.q_shape),
+            f"{c.name}.glse": torch.randn(c.q_shape[:3], device=device, generator=g, dtype=torch.float32).to(
+                torch.float64 if dtype == torch.float64 else torch.float32)}
+
+
+def reference(c: Case, ins: dict, glse: bool = False) -> dict:
+    """FP64 out, dq, dk, dv of the same operands (latch_ops.attention's math, chunked by batch)."""
+    import torch
+
+    from latch_ops.attention import sdpa_backward_math, sdpa_forward_math
+
+    res: dict = {"out": [], "dq": [], "dk": [], "dv": []}
+    for b in range(c.batch):
+        q, k, v, go, gl = (ins[f"{c.name}.{n}"][b:b + 1].double() for n in ("q", "k", "v", "go", "glse"))
+        out, lse = sdpa_forward_math(q, k, v, c.causal, c.scale)
+        dq, dk, dv = sdpa_backward_math(go, gl if glse else None, q, k, v, out, lse, c.causal, c.scale)
+        for key, t in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
+            res[key].append(t)
+        del q, k, v, go, out, lse, dq, dk, dv
+    return {key: torch.cat(ts) for key, ts in res.items()}
+
+
+def rel_l2(got, ref) -> float:
+    return (got.double() - ref).norm().item() / max(ref.norm().item(), 1e-30)
+
+
+def _torch_flash(c: Case, ins: dict):
+    """(forward fn, forward+backward fn, a note) of torch's flash SDPA on the case's tensors."""
+    import torch
+    import torch.nn.functional as F
+
+    q = ins[f"{c.name}.q"].detach().requires_grad_()
+    k = ins[f"{c.name}.k"].detach().requires_grad_()
+    v = ins[f"{c.name}.v"].detach().requires_grad_()
+    go = ins[f"{c.name}.go"]
+    gqa = c.kv_heads != c.heads
+    flash = [torch.nn.attention.SDPBackend.FLASH_ATTENTION]
+    repeat = False
+
+    def fwd():
+        with torch.nn.attention.sdpa_kernel(flash):
+            if repeat:  # this torch's flash kernel takes no grouped k/v: repeat them (autograd sums back)
+                kk, vv = k.repeat_interleave(c.heads // c.kv_heads, 1), v.repeat_interleave(c.heads // c.kv_heads, 1)
+                return F.scaled_dot_product_attention(q, kk, vv, is_causal=c.causal, scale=c.scale)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=c.causal, scale=c.scale, enable_gqa=gqa)
+
+    def fwdbwd():
+        out = fwd()
+        return torch.autograd.grad(out, (q, k, v), go)
+
+    if gqa:
+        try:
+            fwdbwd()
+        except RuntimeError:
+            repeat = True
+    return fwd, fwdbwd, ("flash, k/v repeated" if repeat else "flash")
+
+
+def _graphed(fn):
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def check_case(prog, c: Case, ins: dict, ref: dict, glse: bool = False) -> tuple[dict, bool]:
+    """(relative L2 of out, dq, dk, dv against ``ref``, whether a second run of ``<case>.fwdbwd``
+    gave the same bits)."""
+    import torch
+
+    fb = f"{c.name}.fwdbwd"
+    batch = {k: v for k, v in ins.items() if glse or not k.endswith(".glse")}
+    names = {"out": f"{fb}.out", "dq": f"{fb}.dq", "dk": f"{fb}.dk", "dv": f"{fb}.dv"}
+    prog.launch(fb, batch=batch)
+    prog.check()
+    got = prog.outputs(fb, batch=batch)
+    first = {key: got[n].clone() for key, n in names.items()}
+    prog.launch(fb, batch=batch)
+    prog.check()
+    again = prog.outputs(fb, batch=batch)
+    identical = all(torch.equal(first[key], again[n]) for key, n in names.items())
+    return {key: rel_l2(first[key], ref[key]) for key in names}, identical
+
+
+def run_case(prog, c: Case, iters: int, seed: int) -> dict:
+    import torch
+
+    from .bench_matmul import _median_ms
+
+    dev = prog.device
+    ins = make_inputs(c, dev, seed)
+    ref = reference(c, ins)
+    fb = f"{c.name}.fwdbwd"
+    errs, identical = check_case(prog, c, ins, ref)
+    fwd, fwdbwd, control = _torch_flash(c, ins)
+    t_out = fwd()
+    t_grads = fwdbwd()
+    torch_errs = {"out": rel_l2(t_out, ref["out"]), "dq": rel_l2(t_grads[0], ref["dq"]),
+                  "dk": rel_l2(t_grads[1], ref["dk"]), "dv": rel_l2(t_grads[2], ref["dv"])}
+    del ref, t_out, t_grads
+    torch.cuda.empty_cache()
+    fwd_ins = {k: v for k, v in ins.items() if k.split(".")[-1] in ("q", "k", "v")}
+    bwd_ins = {k: v for k, v in ins.items() if not k.endswith(".glse")}
+    lf = _median_ms(lambda: prog.launch(f"{c.name}.fwd", batch=fwd_ins), iters, warmup=1)
+    lb = _median_ms(lambda: prog.launch(fb, batch=bwd_ins), iters, warmup=1)
+    prog.check()
+    gf, gb = _graphed(fwd), _graphed(fwdbwd)
+    tf = _median_ms(gf.replay, iters)
+    tb = _median_ms(gb.replay, iters)
+    ok = identical and all(e <= REL_GATE for e in errs.values())
+    return {"case": c.name, "batch": c.batch, "heads": c.heads, "kv_heads": c.kv_heads, "seq": c.seq,
+            "head_dim": c.head_dim, "causal": c.causal, "control": control, "rel_l2": errs, "torch_rel_l2": torch_errs,
+            "bitwise_repeat": identical, "latch_fwd_ms": lf, "latch_fwdbwd_ms": lb, "torch_fwd_ms": tf,
+            "torch_fwdbwd_ms": tb, "fwd_ratio": tf / lf, "fwdbwd_ratio": tb / lb,
+            "latch_fwd_tflops": c.flops() / lf / 1e9, "latch_fwdbwd_tflops": c.flops(True) / lb / 1e9, "ok": ok}
+
+
+def format_table(rows: list[dict]) -> str:
+    head = (f"{'case':<24} {'worst rel L2':>12} {'torch':>9} {'bits':>5} {'fwd ms':>9} {'torch':>8} {'ratio':>7} "
+            f"{'f+b ms':>9} {'torch':>8} {'ratio':>7} {'f+b TF':>7}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        w = max(r["rel_l2"].values())
+        tw = max(r["torch_rel_l2"].values())
+        lines.append(f"{r['case']:<24} {w:12.2e} {tw:9.2e} {'same' if r['bitwise_repeat'] else 'DIFF':>5} "
+                     f"{r['latch_fwd_ms']:9.3f} {r['torch_fwd_ms']:8.3f} {100 * r['fwd_ratio']:6.1f}% "
+                     f"{r['latch_fwdbwd_ms']:9.3f} {r['torch_fwdbwd_ms']:8.3f} {100 * r['fwdbwd_ratio']:6.1f}% "
+                     f"{r['latch_fwdbwd_tflops']:7.1f}{'' if r['ok'] else '  WRONG'}")
+    for r in rows:
+        if r.get("control", "flash") != "flash":
+            lines.append(f"  {r['case']}: control is torch {r['control']}")
+    return "\n".join(lines)
+
+
+@click.command("bench-attention")
+@click.option("--only", default=None, help="keep cases whose name contains this (e.g. gqa, d128)")
+@click.option("--dir", "build_dir", default="build/bench-attention", show_default=True, type=click.Path(file_okay=False))
+@click.option("--iters", default=5, show_default=True)
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="also write the rows here")
+def bench_attention_command(only, build_dir, iters, json_path):
+    """Time latch::sdpa (forward, forward + backward) as Latch tasks against torch's flash SDPA."""
+    import json
+
+    import torch
+
+    from latch_codegen_h100 import Program, build
+
+    if not torch.cuda.is_available():
+        raise click.ClickException("bench-attention runs on the GPU; torch sees no CUDA device")
+    case_list = [c for c in CASES if only is None or only in c.name]
+    if not case_list:
+        raise click.ClickException(f"no case matches --only {only!r}; cases: {[c.name for c in CASES]}")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    t0 = time.perf_counter()
+    doc = plan_document(attention_document(case_list), sms)
+    t1 = time.perf_counter()
+    doc = build(doc, build_dir)
+    t2 = time.perf_counter()
+    click.echo(f"bench-attention: {len(case_list)} cases, plan {t1 - t0:.1f} s, build {t2 - t1:.1f} s "
+               f"({dict(doc.build.stats).get('cached')})")
+    for c in case_list:
+        click.echo(f"  {c.name}: tasks {task_counts(doc, c.name + '.fwdbwd')}")
+    prog = Program.load(build_dir)
+    rows, failed = [], []
+    for i, c in enumerate(case_list):
+        try:
+            rows.append(run_case(prog, c, iters, seed=i))
+            click.echo(f"  {c.name}: done")
+        except Exception as e:  # one failing case must not hide the others' numbers
+            failed.append(c.name)
+            click.echo(f"{c.name}: FAILED: {type(e).__name__}: {e}")
+        torch.cuda.empty_cache()
+    if json_path:
+        Path(json_path).write_text(json.dumps(rows, indent=1))
+    click.echo(format_table(rows))
+    bad = [r["case"] for r in rows if not r["ok"]] + failed
+    if bad:
+        raise click.ClickException(f"wrong or failed: {bad}")
+
+
+__all__ = ["Case", "CASES", "attention_document", "plan_document", "bench_attention_command"]

@@ -1,0 +1,68 @@
+"""bench-attention's document on the CPU: it schedules into (batch, head, block) tasks, validates,
+runs on the arena simulator at odd lengths against the FP64 reference, and compiles for sm_90a."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from latch_check import bench_attention as BA
+from latch_ops import attention as A
+
+torch = pytest.importorskip("torch")
+
+
+def _tasks(doc, program, op):
+    sched = next(p for p in doc.schedule.programs if p.program == program)
+    g = doc.graph.program(program)
+    op_of = {n.name: n.op for n in g.nodes}
+    groups = {grp.id for grp in sched.groups if op_of[grp.nodes[0]] == op}
+    return [t for t in sched.tasks if t.group in groups]
+
+
+def test_issue_cases_split_every_head_into_blocks():
+    doc = BA.plan_document(BA.attention_document(BA.CASES), 132)
+    for c in BA.CASES:
+        g = c.heads // c.kv_heads
+        blocks_f = -(-c.seq // A.QUERY_TILE)
+        blocks_b = -(-c.seq // A.BLOCK)
+        fwd = _tasks(doc, f"{c.name}.fwd", "latch::sdpa")
+        bwd = _tasks(doc, f"{c.name}.fwdbwd", "latch::sdpa_backward")
+        assert len(fwd) == c.batch * c.heads * blocks_f
+        assert len(bwd) == c.batch * c.kv_heads * blocks_b
+        for t in bwd:
+            (b0, b1), (h0, h1), (r0, r1), _ = t.tile
+            assert b1 - b0 == 1 and h1 - h0 == g and r1 - r0 <= A.BLOCK < c.seq
+        # causal: the tasks of one head cost about the same (dq of block n + dk/dv of block n)
+        costs = [t.cost for t in bwd[: blocks_b]]
+        assert max(costs) < 1.5 * min(costs)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("heads, kv_heads, seq, dim, glse", [(2, 2, 77, 16, False), (4, 2, 130, 8, True),
+                                                             (3, 1, 65, 4, False)])
+def test_simulator_matches_the_reference_at_odd_lengths(causal, heads, kv_heads, seq, dim, glse):
+    from latch_check.simulator import simulate
+
+    c = BA.Case("t", 2, heads, kv_heads, seq, dim, causal)
+    doc = BA.plan_document(BA.attention_document([c], dtype="f64", glse=glse), 8)
+    ins = BA.make_inputs(c, "cpu", seed=1, dtype=torch.float64)
+    ref = BA.reference(c, ins, glse=glse)
+    fb = f"{c.name}.fwdbwd"
+    got = simulate(doc, fb, {k: v for k, v in ins.items() if glse or not k.endswith(".glse")}, seed=3)
+    for key in ("out", "dq", "dk", "dv"):
+        assert BA.rel_l2(got[f"{fb}.{key}"], ref[key]) < 1e-12, key
+    got = simulate(doc, f"{c.name}.fwd", {k: v for k, v in ins.items() if k[-2:] in (".q", ".k", ".v")}, seed=4)
+    assert BA.rel_l2(got[f"{c.name}.fwd.out"], ref["out"]) < 1e-12
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_bench_document_compiles_for_sm90a(tmp_path, monkeypatch):
+    from latch_codegen_h100 import build
+
+    monkeypatch.setenv("LATCH_CACHE_DIR", str(tmp_path / "cache"))  # a real compile, not a cache hit
+    cases = [BA.Case("a", 1, 4, 2, 77, 64), BA.Case("b", 1, 2, 2, 100, 128, causal=False)]
+    doc = build(BA.plan_document(BA.attention_document(cases), 132), tmp_path / "b")
+    assert dict(doc.build.stats)["cached"] == "no"
+    assert (tmp_path / "b" / "program.so").exists()

@@ -1,0 +1,66 @@
+"""latch::sdpa and latch::sdpa_backward on the GPU against the FP64 reference, at sequence lengths
+that are not a multiple of the tiles (77, 1000), head dims 64 and 128, causal and not, grouped-query
+attention, with and without a gradient of lse; the backward must give the same bits on a second
+run. BF16 storage (and FP32 storage under operand_dtype bf16) runs the tensor-core bodies (gate:
+bench_attention.REL_GATE, the BF16 rounding of operands, outputs and P); the same shapes with ``attention_body="simt"`` and in f64 run the SIMT bodies (f64: exact
+to rounding). All cases share ONE build (one document, many programs)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from latch_check import bench_attention as BA  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+CASES = [
+    BA.Case("c77d64", 2, 4, 2, 77, 64, True),
+    BA.Case("n77d128", 1, 2, 2, 77, 128, False),
+    BA.Case("c1000d128", 1, 4, 1, 1000, 128, True),
+    BA.Case("n1000d64", 1, 2, 2, 1000, 64, False),
+    BA.Case("c200d64g4", 1, 8, 2, 200, 64, True),
+]
+F64_GATE = 1e-10
+
+
+# (tag, storage, grad_lse, forced body, operand_dtype): "mma_f32" is FP32 values under the BF16
+# policy (captured models), which the tensor-core bodies serve by rounding as they stage
+VARIANTS = (("mma", "bf16", False, None, None), ("mma_glse", "bf16", True, None, None),
+            ("mma_f32", "f32", True, None, "bf16"), ("simt", "bf16", False, "simt", None),
+            ("f64", "f64", True, None, None))
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory):
+    """Every variant's programs in ONE document and build (the units compile in parallel)."""
+    from latch_core.document import Document
+    from latch_core.ir import GraphSection
+    from latch_codegen_h100 import Program, build
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    progs, variants = [], {}
+    for tag, dtype, glse, body, operand in VARIANTS:
+        cases = [BA.Case(f"{tag}.{c.name}", c.batch, c.heads, c.kv_heads, c.seq, c.head_dim, c.causal) for c in CASES]
+        progs += [p for c in cases for p in BA._programs(c, dtype, glse, body, operand)]
+        variants[tag] = (cases, dtype, glse)
+    d = tmp_path_factory.mktemp("attention")
+    doc = Document(graph=GraphSection(progs, (), {"example": "test_gpu_attention"}))
+    build(BA.plan_document(doc, sms), d)
+    prog = Program.load(d)
+    return {tag: (prog,) + v for tag, v in variants.items()}
+
+
+@pytest.mark.parametrize("tag", [v[0] for v in VARIANTS])
+@pytest.mark.parametrize("i", range(len(CASES)))
+def test_attention_matches_fp64_and_repeats_bitwise(programs, tag, i):
+    prog, cases, dtype, glse = programs[tag]
+    c = cases[i]
+    tdt = {"f64": torch.float64, "f32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    ins = BA.make_inputs(c, prog.device, seed=i, dtype=tdt)
+    ref = BA.reference(c, ins, glse=glse)
+    errs, identical = BA.check_case(prog, c, ins, ref, glse=glse)
+    gate = F64_GATE if dtype == "f64" else BA.REL_GATE
+    assert identical, f"{c.name}: the backward's bits differ between two runs"
+    assert all(e <= gate for e in errs.values()), (c.name, errs)
