@@ -8,6 +8,12 @@ one of
   materialises);
 - elementwise -> injective view (reshape, permute, slice, select; not expand, which would
   recompute the producer for every copy).
+- elementwise -> a reduction (sum, mean, amax, amin, prod; ``PROLOGUE_REDUCTIONS``) of that value
+  alone, when the reduction is its group's sink: the prologue is computed as the reduction reads
+  it (``sum(g * g)`` of the global-norm clip, RMSNorm's ``mean(x ** 2)``), so the squares never
+  reach memory; each input element feeds exactly one output element, so nothing is recomputed.
+  Producers of the prologue join it by the rules above (a view too: the body then decodes the
+  flat index into coordinates). The prologue's values are never group outputs.
 A value that is also a program output (an optimizer's new moment, used again to update the
 weight) may still join: it stays a group output, written at the tile's index, so it must have the
 shape of the group's primary output. Groups thus have one sink (the last node, whose first output
@@ -44,6 +50,9 @@ POINTWISE_TAGS = frozenset({ELEMENTWISE, COPY})
 # Views fusion may fold into their consumer (each has an exact index map, latch_schedule.tiling_ops).
 FUSABLE_VIEWS = frozenset({"latch::reshape", "latch::permute", "latch::expand", "latch::slice", "latch::select"})
 INJECTIVE_VIEWS = FUSABLE_VIEWS - {"latch::expand"}
+# Reductions that take a fused elementwise prologue (the code generator's ``load(i)`` computes it:
+# latch-codegen-h100 ``flat.reduce_body``; its PROLOGUE_REDUCTIONS must list the same ops).
+PROLOGUE_REDUCTIONS = frozenset({"latch::sum", "latch::mean", "latch::amax", "latch::amin", "latch::prod"})
 
 
 @attrs.frozen
@@ -194,12 +203,17 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True) -> list[Group
                 continue
             shape = graph.value(o).shape
             ok = True
+            prologue = False
             for c in cs:
                 cn = nodes[c]
                 if len(cn.outputs) != 1:
                     ok = False
                 elif pointwise[i] and pointwise[c]:
                     ok = graph.value(cn.outputs[0]).shape == shape
+                elif pointwise[i] and cn.op in PROLOGUE_REDUCTIONS:
+                    # the reduction's prologue: its input computed as it is read (module docstring)
+                    ok = find(c) == c and len([v for v in cn.inputs if v is not None]) == 1
+                    prologue = True
                 elif pointwise[i]:
                     ok = view[c] and cn.op in INJECTIVE_VIEWS
                 else:
@@ -208,10 +222,13 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True) -> list[Group
                     break
             if not ok:
                 continue
+            if prologue and o in program_outputs:
+                continue  # a reduction's body writes only the reduction's result
             if o in program_outputs:
                 # it stays a group output: the body writes it at the tile's index, so it must
                 # have the shape of the group's primary output
-                if not pointwise[i] or graph.value(nodes[root].outputs[0]).shape != shape:
+                if (not pointwise[i] or graph.value(nodes[root].outputs[0]).shape != shape
+                        or nodes[root].op in PROLOGUE_REDUCTIONS):
                     continue
             else:
                 internal.add(o)
