@@ -12,9 +12,11 @@ from latch_core.hookspecs import hookimpl
 @hookimpl
 def latch_register_commands(register):
     from .bench_matmul import bench_matmul_command
+    from .bench_memory import bench_memory_command
     from .commands import check_command, compile_command, simulate_command
 
     register(bench_matmul_command)
+    register(bench_memory_command)
     register(check_command)
     register(compile_command)
     register(simulate_command)
