@@ -17,8 +17,9 @@ so CI schedules, plans, validates and compiles it):
   (sibling fusion; 30 bytes per parameter).
 - ``grad_norm``: the clip's norm alone (4 bytes per parameter).
 - row and elementwise bodies of the transformer update at 32 x 1024 tokens (d 768, SwiGLU hidden
-  2048): residual add, cast to BF16, SwiGLU forward and backward, GELU forward and backward,
-  RMSNorm forward and backward (weight gradient included), each as ``<body>.x1`` and
+  2048): residual add (also at an odd row length, which exercises the unaligned paths), cast to
+  BF16, SwiGLU forward and backward, GELU forward and backward, RMSNorm forward and backward
+  (weight gradient included), each as ``<body>.x1`` and
   ``<body>.x<R>`` (R independent copies on their own tensors, so nothing stays in the 60 MiB L2);
   time per body ``(t(xR) - t(x1)) / (R - 1)``. Floor: every input read once, every output written
   once, at 4.27 TB/s.
@@ -195,6 +196,10 @@ def bodies(T: int = TOKENS, d: int = D_MODEL, h: int = HIDDEN) -> list[Body]:
              lambda b, v: {"o": b.op("gelu", (v["x"],), (T, 4 * d), {"approximate": "tanh"})}),
         Body("gelu.bwd", (("dy", (T, 4 * d), f32), ("x", (T, 4 * d), f32)),
              lambda b, v: {"dx": b.op("gelu_backward", (v["dy"], v["x"]), (T, 4 * d), {"approximate": "tanh"})}),
+        # an odd row length: tiles start at unaligned elements, so the vector path, its tail and the
+        # element-wise fallback all run (a correctness case more than a speed one)
+        Body("residual_add.odd", (("x", (T // 8 + 3, d - 1), f32), ("y", (T // 8 + 3, d - 1), f32)),
+             lambda b, v: {"o": b.op("add", (v["x"], v["y"]), (T // 8 + 3, d - 1))}),
         Body("rmsnorm.fwd", (("x", (T, d), f32), ("w", (d,), f32)), lambda b, v: _rmsnorm_fwd(b, v["x"], v["w"], T, d)),
         Body("rmsnorm.bwd", (("x", (T, d), f32), ("w", (d,), f32), ("dy", (T, d), f32)),
              lambda b, v: _rmsnorm_bwd(b, v["x"], v["w"], v["dy"], T, d)),

@@ -201,9 +201,11 @@ def reduce_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> list[str]:
     acc = lower_reduce.acc_type(red.op, x.dtype)
     flat = flat_spec(spec, lowerings, shape=tuple(x.shape), skip_last=True)
     load = [f"auto load = [&](long long i) -> {acc} {{"]
+    load4, vec_cond, pre = None, "false", []
     if flat is not None:
         p = _Puller(flat, lowerings, names, "  ")
         v = p.pull(xi, ["i"])
+        load4, vec_cond, pre = _load4(flat, lowerings, names, xi, acc)
     else:
         p = _Puller(spec, lowerings, names, "  ")
         coords = []
@@ -213,5 +215,27 @@ def reduce_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> list[str]:
             coords.append(f"x{d}")
         v = p.pull(xi, broadcast_coords(x.shape, x.shape, coords))
     load += p.lines + [f"  return ({acc})({v});", "};"]
-    stmts = lower_reduce.reduce_statements(red.op.split("::")[-1], ctx, load)
-    return decl + ["  {"] + ["    " + s if s else s for s in stmts.splitlines()] + ["  }"]
+    stmts = lower_reduce.reduce_statements(red.op.split("::")[-1], ctx, load, load4, vec_cond)
+    return decl + pre + ["  {"] + ["    " + s if s else s for s in stmts.splitlines()] + ["  }"]
+
+
+def _load4(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int, str], xi: int, acc: str):
+    """(statements defining ``load4``, its run-time condition, statements before it): the prologue at
+    four consecutive flat indices, the full-shape inputs loaded with ``ld4``, the single-element ones
+    once per task."""
+    full, scalar, _ = _regs(flat)
+    vals = flat.values
+    pre = [f"  const {compute_type(vals[i].dtype)} s{i}_ = latch::ld<{storage_type(vals[i].dtype)}>({names[i]}, 0);"
+           for i in scalar]
+    regs = {i: f"s{i}_" for i in scalar}
+    for i in full:
+        regs[i] = f"r{i}_[j_]"
+    lines = [f"auto load4 = [&](long long i, {acc} (&v4)[4]) {{"]
+    for i in full:
+        lines += [f"  {compute_type(vals[i].dtype)} r{i}_[4];", f"  latch::ld4({names[i]}, i, r{i}_);"]
+    lines += ["  #pragma unroll", "  for (int j_ = 0; j_ < 4; ++j_) {"]
+    p = _VecPuller(flat, lowerings, names, "    ", regs)
+    v = p.pull(xi, ["j_"])
+    lines += p.lines + [f"    v4[j_] = ({acc})({v});", "  }", "};"]
+    cond = " && ".join(f"latch::aligned4({names[i]}, 0)" for i in full) or "true"
+    return lines, cond, pre

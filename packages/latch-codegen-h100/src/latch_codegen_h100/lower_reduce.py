@@ -36,10 +36,18 @@ def _reduce_body(name: str):
     return body
 
 
-def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None) -> str:
+def row_reduction(dims, rank: int) -> bool:
+    """Do ``dims`` reduce contiguous rows (the trailing dims: each output element one run of memory)?"""
+    return bool(dims) and sorted(d % rank for d in dims) == list(range(rank - len(dims), rank))
+
+
+def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None,
+                      load4: list[str] | None = None, vec_cond: str = "false") -> str:
     """The body's statements. ``load``: statements defining the lambda ``load(long long i)`` (element
     ``i`` of the input in its row-major order, as the accumulator type ``acc_type``), replacing the
-    load from ``ctx.inputs[0].ptr``."""
+    load from ``ctx.inputs[0].ptr``. ``load4``: statements defining ``load4(long long i, acc (&v)[4])``
+    (elements i..i+3): a row reduction whose row length is a multiple of 4 then runs the vector
+    path (``latch::reduce_rows_vec4_*``) when ``vec_cond`` holds at run time (the operands aligned)."""
     x, out = ctx.inputs[0], ctx.outputs[0]
     dims = tuple(ctx.attr("dims"))
     keepdim = bool(ctx.attr("keepdim"))
@@ -83,10 +91,17 @@ def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None
                  f"({compute_type(out.dtype)})({val}));")
     lines.append("};")
     if R >= BLOCK_THRESHOLD:
-        lines.append(f"latch::reduce_block_per_output<{acc}, {op}>(n_out, {R}LL, base, off, load, store, "
-                     f"({acc}*){ctx.smem});")
+        generic = (f"latch::reduce_block_per_output<{acc}, {op}>(n_out, {R}LL, base, off, load, store, "
+                   f"({acc}*){ctx.smem});")
+        vector = f"latch::reduce_rows_vec4_block<{acc}, {op}>(n_out, {R}LL, base, load4, store, ({acc}*){ctx.smem});"
     else:
-        lines.append(f"latch::reduce_warp_per_output<{acc}, {op}>(n_out, {R}LL, base, off, load, store);")
+        generic = f"latch::reduce_warp_per_output<{acc}, {op}>(n_out, {R}LL, base, off, load, store);"
+        vector = f"latch::reduce_rows_vec4_warp<{acc}, {op}>(n_out, {R}LL, base, load4, store);"
+    if load4 is not None and R % 4 == 0 and row_reduction(dims, x.rank):
+        lines += load4
+        lines += [f"if ({vec_cond}) {{", "  " + vector, "} else {", "  " + generic, "}"]
+    else:
+        lines.append(generic)
     return "\n".join(lines)
 
 
