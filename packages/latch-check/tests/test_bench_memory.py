@@ -132,28 +132,3 @@ def test_generated_bodies_use_vector_accesses_and_no_atomics(small_doc):
     assert any("latch::reduce_rows_vec4_" in b for b in red)
     assert not re.search(r"\batomic", "\n".join(red + adam))
 
-
-def _have_nvcc() -> bool:
-    from latch_codegen_h100 import BuildError
-    from latch_codegen_h100.builder import find_nvcc
-
-    try:
-        find_nvcc()
-        return True
-    except BuildError:
-        return False
-
-
-@pytest.mark.skipif(not _have_nvcc(), reason="nvcc not installed")
-def test_the_document_compiles_for_sm90a_with_128_bit_accesses(small_doc, tmp_path, monkeypatch):
-    """nvcc builds every program; the machine code holds 128-bit global loads and stores (the
-    vector path of the fused bodies: LD.E.128 / ST.E.128, generic addressing since the operand
-    pointers come from the task table)."""
-    from latch_codegen_h100 import build
-    from latch_codegen_h100.sass import _run, find_cuobjdump
-
-    monkeypatch.setenv("LATCH_CACHE_DIR", str(tmp_path / "cache"))
-    doc = build(small_doc, tmp_path / "b")
-    sass = _run([find_cuobjdump(), "-sass", str(tmp_path / "b" / "program.so")])
-    assert re.search(r"\bLDG?\.E\.128", sass) and re.search(r"\bSTG?\.E\.128", sass)
-    assert doc.build is not None

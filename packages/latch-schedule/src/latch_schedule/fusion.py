@@ -159,8 +159,10 @@ def _siblings(graph: Graph, nodes, pointwise, view, find, parent, consumers, int
     return joined
 
 
-def fuse(graph: Graph, ops: Registry | None, enabled: bool = True) -> list[GroupPlan]:
-    """Groups of ``graph``'s nodes, in an order that is topological for the groups."""
+def fuse(graph: Graph, ops: Registry | None, enabled: bool = True,
+         prologue_ops: frozenset[str] = PROLOGUE_REDUCTIONS) -> list[GroupPlan]:
+    """Groups of ``graph``'s nodes, in an order that is topological for the groups. ``prologue_ops``:
+    the reductions that take an elementwise prologue (empty: none do)."""
     nodes = graph.nodes
     index = {n.name: i for i, n in enumerate(nodes)}
     consumers: dict[str, list[int]] = {}
@@ -210,7 +212,7 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True) -> list[Group
                     ok = False
                 elif pointwise[i] and pointwise[c]:
                     ok = graph.value(cn.outputs[0]).shape == shape
-                elif pointwise[i] and cn.op in PROLOGUE_REDUCTIONS:
+                elif pointwise[i] and cn.op in prologue_ops:
                     # the reduction's prologue: its input computed as it is read (module docstring)
                     ok = find(c) == c and len([v for v in cn.inputs if v is not None]) == 1
                     prologue = True
@@ -228,7 +230,7 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True) -> list[Group
                 # it stays a group output: the body writes it at the tile's index, so it must
                 # have the shape of the group's primary output
                 if (not pointwise[i] or graph.value(nodes[root].outputs[0]).shape != shape
-                        or nodes[root].op in PROLOGUE_REDUCTIONS):
+                        or nodes[root].op in prologue_ops):
                     continue
             else:
                 internal.add(o)
