@@ -32,6 +32,17 @@ nothing of G depends on it, so G stays convex and runs where its sink ran; it be
 last node (its output the primary, of the same shape), and every output still has the primary's
 shape, as the fused generator requires.
 
+Horizontal fusion: two pointwise groups (every node pointwise, every value of one shape) that read
+a common input of that shape merge into one, so the input is read once (SwiGLU's backward computes
+both input gradients from ``do`` and ``a``): the earlier group joins the later, and the merged
+group runs where the later one's sink ran. That is legal when no group outside the two reads an
+output of the earlier one before that position (groups run in the order of their sinks): then
+nothing between the two positions needs the moved values, no path leaves the merged group and
+comes back (such a path would pass through a group in between), and every input of the earlier
+group exists earlier still. Its outputs stay outputs (the later sink is the primary; the moved
+sink's output is written at the tile's index like a sibling's, having the primary's shape). A
+merged group is bounded to ``HORIZONTAL_MAX_NODES`` nodes.
+
 Every group gets a body signature key: a hash of its nodes' ops, attributes, operand/result types
 and internal wiring (group inputs numbered by first use). Groups with equal keys share one body.
 """
@@ -159,6 +170,64 @@ def _siblings(graph: Graph, nodes, pointwise, view, find, parent, consumers, int
     return joined
 
 
+HORIZONTAL_MAX_NODES = 64  # a merged body's size bound (code size, registers)
+
+
+def _horizontal(graph: Graph, nodes, pointwise, find, parent, consumers) -> int:
+    """Horizontal fusion (module docstring): pointwise groups of one shape that read a common input
+    of that shape merge, the earlier into the later, when nothing outside both reads the earlier
+    one's outputs before the later one runs. Returns how many groups merged."""
+    members: dict[int, list[int]] = {}
+    for i in range(len(nodes)):
+        members.setdefault(find(i), []).append(i)
+    info: dict[int, tuple] = {}  # root -> (shape, full-shape inputs)
+    for r, m in members.items():
+        if not all(pointwise[i] and len(nodes[i].outputs) == 1 for i in m):
+            continue
+        shape = graph.value(nodes[r].outputs[0]).shape
+        if not shape or any(graph.value(nodes[i].outputs[0]).shape != shape for i in m):
+            continue
+        made = {nodes[i].outputs[0] for i in m}
+        ins = {v for i in m for v in nodes[i].inputs if v is not None and v not in made
+               and graph.value(v).shape == shape}
+        if ins:
+            info[r] = (shape, ins)
+    readers: dict[str, list[int]] = {}
+    for r in sorted(info):
+        for v in info[r][1]:
+            readers.setdefault(v, []).append(r)
+    merged = 0
+    for v in sorted(readers):
+        roots = readers[v]
+        for a, b in zip(roots, roots[1:]):
+            ra, rb = find(a), find(b)
+            if ra == rb or ra not in info or rb not in info or info[ra][0] != info[rb][0]:
+                continue
+            early, late = min(ra, rb), max(ra, rb)
+            ma, mb = members[early], members[late]
+            if len(ma) + len(mb) > HORIZONTAL_MAX_NODES:
+                continue
+            # the merged group runs at the later sink: every reader of the earlier group's values
+            # outside both groups must come after it (groups run in the order of their sinks)
+            ok = True
+            for i in ma:
+                for c in consumers.get(nodes[i].outputs[0], []):
+                    rc = find(c)
+                    if rc != early and rc != late and rc < late:
+                        ok = False
+                        break
+                if not ok:
+                    break
+            if not ok:
+                continue
+            parent[early] = late
+            members[late] = mb + ma
+            del members[early]
+            info[late] = (info[late][0], info[late][1] | info.pop(early)[1])
+            merged += 1
+    return merged
+
+
 def fuse(graph: Graph, ops: Registry | None, enabled: bool = True,
          prologue_ops: frozenset[str] = PROLOGUE_REDUCTIONS) -> list[GroupPlan]:
     """Groups of ``graph``'s nodes, in an order that is topological for the groups. ``prologue_ops``:
@@ -238,6 +307,7 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True,
 
     if enabled:
         _siblings(graph, nodes, pointwise, view, find, parent, consumers, internal)
+        _horizontal(graph, nodes, pointwise, find, parent, consumers)
     members: dict[int, list[int]] = {}
     for i in range(len(nodes)):
         members.setdefault(find(i), []).append(i)
