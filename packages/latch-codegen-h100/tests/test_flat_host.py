@@ -172,3 +172,11 @@ def test_every_element_of_the_tile_once_and_nothing_else(lib, shape, lo, hi, shi
         assert vec > 0  # aligned: the vector path ran
     if shift or start % 4 or not flat_tile:
         assert vec == 0
+
+
+def test_the_unroll_keeps_about_128_bytes_of_loads_per_thread_in_flight():
+    from latch_codegen_h100.flat import flat_spec, unroll_for
+
+    g, grp = _group((64, 48))
+    flat = flat_spec(group_spec(g, grp), _lowerings())
+    assert unroll_for(flat) == 4  # two FP32 full-shape inputs: 2 x 16 B per step, 4 steps

@@ -9,10 +9,11 @@ out, the scalars once), a residual add, a cast, SwiGLU's gate. Its body:
 
 - loads each single-element input once per task, before the loop;
 - when every full-shape operand's address at the tile's first element is aligned to four elements
-  (16 bytes for FP32, 8 for BF16), runs the vector loop: each thread takes two groups of four
+  (16 bytes for FP32, 8 for BF16), runs the vector loop: each thread takes U groups of four
   consecutive elements per iteration (``ld4``/``st4``: one 16-byte access per FP32 operand), all
-  loads before any store, so 2 x 4 x (inputs) elements per thread are in flight; intermediates stay
-  in registers;
+  loads before any store, U chosen so that ~128 bytes of loads per thread are in flight (2 for
+  AdamW's four FP32 inputs, 4 for a residual add, 8 for a cast: :func:`unroll_for`);
+  intermediates stay in registers;
 - finishes the tail (and an unaligned tile) one element per thread.
 
 Every input byte is read once and every output byte written once per task. The tile must span
@@ -33,7 +34,19 @@ from .bodies import IN, OUT, TMP, BodyContext, BodySpec, Operand, _ptr_decl
 from .cgen import strides
 from .lowering import Lowering, LoweringError, compute_type, storage_type
 
-VEC, UNROLL = 4, 2  # elements per access, accesses per operand per thread and iteration
+VEC = 4  # elements per access
+# Accesses per operand per thread and iteration: enough that each thread has ~IN_FLIGHT bytes of
+# loads outstanding (256 threads x 128 B = 32 KiB per SM: what one SM needs in flight to draw its
+# share of 4.27 TB/s at ~1 us of latency), between 2 and 8 (registers).
+IN_FLIGHT, MIN_UNROLL, MAX_UNROLL = 128, 2, 8
+_SIZE = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1, "u8": 1, "bool": 1}
+
+
+def unroll_for(flat: BodySpec) -> int:
+    """Accesses per operand and iteration of the vector loop (module docstring)."""
+    full, _, _ = _regs(flat)
+    per_step = sum(VEC * _SIZE.get(flat.values[i].dtype, 4) for i in full) or VEC * 4
+    return max(MIN_UNROLL, min(MAX_UNROLL, -(-IN_FLIGHT // per_step)))
 
 
 def _numel(shape) -> int:
@@ -111,6 +124,7 @@ def vector_lines(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int
 
     full, scalar, outs = _regs(flat)
     vals = flat.values
+    UNROLL = unroll_for(flat)
     L = [f"{ind}const long long lo_ = (long long)c.t->lo[0] * {inner}LL, hi_ = (long long)c.t->hi[0] * {inner}LL;"]
     regs: dict[int, str] = {}
     for i in scalar:
