@@ -62,3 +62,21 @@ def test_merged_groups_stay_in_topological_order(ops):
     for k, p in enumerate(plans):
         for v in p.inputs:
             assert produced_by.get(v, -1) < k, (v, k)
+
+
+def test_the_residual_pattern_merges_and_the_shared_value_stays_in_registers(ops):
+    """h = relu(x + y) read by z = h + x and by its BF16 copy (sibling fusion): z's group reads x
+    too, so it merges, and h, read only inside the merged group now, never reaches memory."""
+    b = Builder(ops)
+    x = b.input("batch", "x", (64, 32), role="batch")
+    y = b.input("batch", "y", (64, 32), role="batch")
+    w = b.input("params", "w", (32, 32), dtype="bf16")
+    (a,) = b.node("add", [x, y], name="a")
+    (h,) = b.node("relu", [a], name="h")
+    (z,) = b.node("add", [h, x], name="z")
+    (hb,) = b.node("cast", [h], {"dtype": "bf16"}, name="h_bf16")
+    (m,) = b.node("matmul", [hb, w], name="mm")
+    plans = fuse(b.graph({"loss": [m, z]}), ops)
+    assert _names(plans) == [["a", "h", "h_bf16", "z"], ["mm"]]
+    p = plans[0]
+    assert set(p.outputs) == {"z", "h_bf16"} and p.internal == {"a", "h"} and p.primary == "h_bf16"

@@ -40,8 +40,9 @@ output of the earlier one before that position (groups run in the order of their
 nothing between the two positions needs the moved values, no path leaves the merged group and
 comes back (such a path would pass through a group in between), and every input of the earlier
 group exists earlier still. Its outputs stay outputs (the later sink is the primary; the moved
-sink's output is written at the tile's index like a sibling's, having the primary's shape). A
-merged group is bounded to ``HORIZONTAL_MAX_NODES`` nodes.
+sink's output is written at the tile's index like a sibling's, having the primary's shape), except
+a value all of whose readers are now in the group, which becomes internal. A merged group is
+bounded to ``HORIZONTAL_MAX_NODES`` nodes.
 
 Every group gets a body signature key: a hash of its nodes' ops, attributes, operand/result types
 and internal wiring (group inputs numbered by first use). Groups with equal keys share one body.
@@ -173,7 +174,7 @@ def _siblings(graph: Graph, nodes, pointwise, view, find, parent, consumers, int
 HORIZONTAL_MAX_NODES = 64  # a merged body's size bound (code size, registers)
 
 
-def _horizontal(graph: Graph, nodes, pointwise, find, parent, consumers) -> int:
+def _horizontal(graph: Graph, nodes, pointwise, find, parent, consumers, internal: set[str]) -> int:
     """Horizontal fusion (module docstring): pointwise groups of one shape that read a common input
     of that shape merge, the earlier into the later, when nothing outside both reads the earlier
     one's outputs before the later one runs. Returns how many groups merged."""
@@ -223,6 +224,12 @@ def _horizontal(graph: Graph, nodes, pointwise, find, parent, consumers) -> int:
             parent[early] = late
             members[late] = mb + ma
             del members[early]
+            # a value every reader of which is now in the group never reaches memory
+            outputs = set(graph.output_names())
+            for i in members[late]:
+                o = nodes[i].outputs[0]
+                if o not in outputs and all(find(c) == late for c in consumers.get(o, [])):
+                    internal.add(o)
             info[late] = (info[late][0], info[late][1] | info.pop(early)[1])
             merged += 1
     return merged
@@ -307,7 +314,7 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True,
 
     if enabled:
         _siblings(graph, nodes, pointwise, view, find, parent, consumers, internal)
-        _horizontal(graph, nodes, pointwise, find, parent, consumers)
+        _horizontal(graph, nodes, pointwise, find, parent, consumers, internal)
     members: dict[int, list[int]] = {}
     for i in range(len(nodes)):
         members.setdefault(find(i), []).append(i)
