@@ -37,3 +37,33 @@ def test_the_document_compiles_for_sm90a_with_128_bit_accesses(tmp_path, monkeyp
     sass = _run([find_cuobjdump(), "-sass", str(tmp_path / "b" / "program.so")])
     assert re.search(r"\bLDG?\.E\.128", sass) and re.search(r"\bSTG?\.E\.128", sass)
     assert doc.build is not None
+
+
+@pytest.mark.skipif(not _have_nvcc(), reason="nvcc not installed")
+def test_reduction_prologues_with_scalars_broadcasts_and_views_compile(tmp_path, monkeypatch):
+    """The three forms of a reduction's prologue (flat with a scalar operand: the four-wide row path;
+    a broadcast operand: coordinates decoded from the flat index; a permute view) build for sm_90a."""
+    from latch_codegen_h100 import build, generate
+    from latch_core.document import Document
+    from latch_core.ir import BATCH, Graph, GraphSection, Group, Node, Value
+
+    vals = [Value("x", (64, 32), "f32", BATCH), Value("s", (), "f32", BATCH), Value("w", (32,), "f32", BATCH)]
+    nodes = []
+
+    def n(name, op, ins, shape, attrs=None):
+        vals.append(Value(name, shape, "f32"))
+        nodes.append(Node(f"{name}.n", f"latch::{op}", ins, (name,), attrs or {}))
+        return name
+
+    a = n("a", "sum", (n("xs", "mul", ("x", "s"), (64, 32)),), (64,), {"dims": (1,), "keepdim": False})
+    b = n("b", "sum", (n("xw", "mul", ("x", "w"), (64, 32)),), (64,), {"dims": (1,), "keepdim": False})
+    t = n("t", "permute", ("x",), (32, 64), {"perm": (1, 0)})
+    c = n("c", "amax", (n("tr", "relu", (t,), (32, 64)),), (32,), {"dims": (1,), "keepdim": False})
+    g = Graph("p", vals, nodes, (Group("batch", ("x", "s", "w")),), (Group("metrics", (a, b, c)),))
+    doc = bm.plan_document(Document(graph=GraphSection([g], (), {})), num_sms=4)
+    groups = {tuple(grp.nodes) for grp in doc.schedule.programs[0].groups}
+    assert ("xs.n", "a.n") in groups and ("xw.n", "b.n") in groups and ("t.n", "tr.n", "c.n") in groups
+    src = "\n".join(u.source for u in generate(doc).units)
+    assert "reduce_rows_vec4" in src and "% 32LL" in src  # the row path and a decoded coordinate
+    monkeypatch.setenv("LATCH_CACHE_DIR", str(tmp_path / "cache"))
+    build(doc, tmp_path / "b")
