@@ -132,3 +132,21 @@ def test_generated_bodies_use_vector_accesses_and_no_atomics(small_doc):
     assert any("latch::reduce_rows_vec4_" in b for b in red)
     assert not re.search(r"\batomic", "\n".join(red + adam))
 
+
+
+def test_the_torch_controls_compute_the_bodies_formulas():
+    """Each body's eager-torch control computes what its graph computes (FP32 against the FP64
+    reference; the BF16 cast by its rounding, which the FP64 reference does not apply)."""
+    doc = bm.memory_document(shapes=SMALL, T=16)
+    gen = torch.Generator().manual_seed(1)
+    for body in bm.bodies(16):
+        g = doc.graph.program(f"{body.name}.x1")
+        v = {n: torch.randn(s, generator=gen) for n, s, _ in body.inputs}
+        ref = reference.run(doc, g.name, {f"{g.name}.{n}.r0": t for n, t in v.items()})
+        got = bm._torch_body(body.name)(v)
+        got = got if isinstance(got, tuple) else (got,)
+        assert len(got) == len(g.outputs[0].values)
+        gate = bm.CAST_GATE if body.name == "cast_bf16" else 1e-6
+        for t, o in zip(got, g.outputs[0].values):
+            r = ref[o].double()
+            assert float((t.double() - r).norm() / r.norm()) <= gate, (body.name, o)

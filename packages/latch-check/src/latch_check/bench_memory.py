@@ -26,7 +26,8 @@ so CI schedules, plans, validates and compiles it):
 
 The control for the optimizer is torch's own: ``clip_grad_norm_(foreach=True)`` then
 ``torch.optim.AdamW(fused=True, capturable=True)`` over the same tensors, replayed from one CUDA
-graph. The optimizer's result is checked against FP64 (torch in float64, the same formula) before
+graph; for the other bodies, the same formula in eager torch ops on the same inputs (one copy),
+replayed from a CUDA graph (its per-kernel overhead, ~1 us a kernel, is included). The optimizer's result is checked against FP64 (torch in float64, the same formula) before
 timing: relative L2 of the new weights, both moments and the norm.
 """
 
@@ -407,6 +408,51 @@ def torch_control(shapes, iters: int, seed: int = 0) -> dict:
     return {"torch_ms": ms, "torch_rel_l2": rel}
 
 
+def _torch_body(name: str):
+    """The body in eager torch ops (the same formula), for the control column; None when absent."""
+    import torch
+    import torch.nn.functional as F
+
+    def rms_bwd(v):
+        x, w, dy = v["x"], v["w"], v["dy"]
+        r = torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6)
+        gw = dy * w
+        s = (gw * x).mean(-1, keepdim=True)
+        return gw * r - x * (r * r * r * s), (dy * x * r).sum(0)
+
+    table = {
+        "residual_add": lambda v: v["x"] + v["y"],
+        "residual_add.odd": lambda v: v["x"] + v["y"],
+        "cast_bf16": lambda v: v["x"].to(torch.bfloat16),
+        "swiglu.fwd": lambda v: F.silu(v["a"]) * v["c"],
+        "swiglu.bwd": lambda v: (torch.ops.aten.silu_backward(v["do"] * v["c"], v["a"]), v["do"] * F.silu(v["a"])),
+        "gelu.fwd": lambda v: F.gelu(v["x"], approximate="tanh"),
+        "gelu.bwd": lambda v: torch.ops.aten.gelu_backward(v["dy"], v["x"], approximate="tanh"),
+        "rmsnorm.fwd": lambda v: v["x"] * torch.rsqrt((v["x"] * v["x"]).mean(-1, keepdim=True) + 1e-6) * v["w"],
+        "rmsnorm.bwd": rms_bwd,
+    }
+    return table.get(name)
+
+
+def _torch_body_ms(body: Body, batch: dict, prefix: str, iters: int) -> float | None:
+    """The eager torch body over the same inputs, replayed from a CUDA graph (one launch per op)."""
+    import torch
+
+    fn = _torch_body(body.name)
+    if fn is None:
+        return None
+    v = {n: batch[f"{prefix}.{n}.r0"] for n, _, _ in body.inputs}
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn(v)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(v)
+    return _median_ms(graph.replay, iters)
+
+
 def run_body(prog, body: Body, iters: int, seed: int, doc: Document) -> dict:
     import torch
 
@@ -436,7 +482,13 @@ def run_body(prog, body: Body, iters: int, seed: int, doc: Document) -> dict:
     g = doc.graph.program(f"{body.name}.x1")
     outs = {o: (g.value(o).shape, g.value(o).dtype) for o in g.outputs[0].values}
     bf16 = any(d == "bf16" for _, d in outs.values())
-    return {"case": body.name, "bytes": body.floor_bytes(outs), "latch_ms": (tr - t1) / (REPEATS - 1),
+    try:
+        torch_ms = _torch_body_ms(body, b1, f"{body.name}.x1", iters)
+    except Exception as e:  # the control must not hide our own figure
+        click.echo(f"{body.name}: torch control failed: {type(e).__name__}: {e}")
+        torch_ms = None
+    extra = {} if torch_ms is None else {"torch_ms": torch_ms}
+    return {**extra, "case": body.name, "bytes": body.floor_bytes(outs), "latch_ms": (tr - t1) / (REPEATS - 1),
             "latch_launch_ms": t1, "rel_l2": {"max": rel}, "gate": CAST_GATE if bf16 else BODY_GATE}
 
 
