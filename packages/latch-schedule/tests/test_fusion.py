@@ -93,7 +93,11 @@ def test_equal_groups_share_a_body_key(ops):
     y = b.input("batch", "y", (8, 4), role="batch")
     (a1,) = b.node("add", [x, y], name="a1")
     (r1,) = b.node("relu", [a1], name="r1")
-    (a2,) = b.node("add", [y, x], name="a2")
+    # its own inputs of the same types: a group reading x and y as well would merge with the first
+    # (horizontal fusion, test_fusion_horizontal.py)
+    x2 = b.input("batch", "x2", (8, 4), role="batch")
+    y2 = b.input("batch", "y2", (8, 4), role="batch")
+    (a2,) = b.node("add", [y2, x2], name="a2")
     (r2,) = b.node("relu", [a2], name="r2")
     (z,) = b.node("matmul", [r1, b.input("params", "w", (4, 4))], name="mm")
     (a3,) = b.node("add", [x, y], name="a3")

@@ -255,7 +255,19 @@ def render_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> Rendered:
                     raise LoweringError(f"{low.op}: tensor map of operand {m.operand}; the body has {nops} operands")
             producer = decl + ["  {"] + ["    " + s if s else s for s in prod_src.splitlines()] + ["  }"]
     else:
+        from .lower_reduce import PROLOGUE_REDUCTIONS
+
         missing = [n.op for n in spec.nodes if not lowerings[n.op].fusable]
+        if missing == [spec.nodes[-1].op] and missing[0] in PROLOGUE_REDUCTIONS:
+            # a reduction with its elementwise prologue (latch_schedule.fusion): flat.reduce_body
+            from .flat import reduce_body
+
+            lines = reduce_body(spec, lowerings)
+            low = lowerings[spec.nodes[-1].op]
+            smem = int(low.smem(None)) if low.smem is not None else 0
+            qual = "__device__ __noinline__"
+            out = [f"{qual} void {FUNC}(const latch::Ctx& c) {{"] + lines + ["}", ""]
+            return Rendered("\n".join(out), smem, (), 0, ())
         if missing:
             raise LoweringError(
                 f"{missing[0]} has neither an elementwise nor a view form and is fused with "

@@ -100,6 +100,15 @@ class _Puller:
             out.append(self.memo[key])
         return out
 
+    def load(self, vi: int, coords: list[str]) -> str:
+        """A group input's element at ``coords``: a load from memory (the vector path overrides it)."""
+        v = self.spec.values[vi]
+        name = self._fresh("a")
+        idx = dot(coords, strides(v.shape))
+        self.lines.append(f"{self.ind}const {compute_type(v.dtype)} {name} = "
+                          f"{load_expr(v.dtype, self.names[vi], idx)};")
+        return name
+
     def pull(self, vi: int, coords: list[str]) -> str:
         coords = self._coord_vars(list(coords))
         key = (vi, tuple(coords))
@@ -107,10 +116,7 @@ class _Puller:
             return self.memo[key]
         v = self.spec.values[vi]
         if v.kind == IN:
-            name = self._fresh("a")
-            idx = dot(coords, strides(v.shape))
-            self.lines.append(f"{self.ind}const {compute_type(v.dtype)} {name} = "
-                              f"{load_expr(v.dtype, self.names[vi], idx)};")
+            name = self.load(vi, coords)
             self.memo[key] = name
             return name
         n = self.producer.get(vi)
@@ -186,12 +192,24 @@ def fused_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> list[str]:
                               f"{dot(coords, strides(v.shape))}, {val});")
         return p.lines + stores
 
+    from .flat import flat_spec, vector_lines
+
+    flat = flat_spec(spec, lowerings)
+    inner = 1
+    for d in target[1:]:
+        inner *= d
+    if flat is not None and len(target) < 2:  # a 1-d tile is the flat range
+        return decl + vector_lines(flat, lowerings, names, inner)
     if len(target) < 2:
         loop, coords = tile_loop_open(len(target))
         return decl + loop + loop_body(coords) + ["  }"]
     full = " && ".join(f"c.t->lo[{d}] == 0 && c.t->hi[{d}] == {n}" for d, n in enumerate(target) if d > 0)
-    fast, fcoords = _const_loop(target, "    ")
     slow, scoords = tile_loop_open(len(target), "    ")
     ind = lambda lines: ["  " + x for x in lines]  # noqa: E731
+    if flat is not None:  # row tiles take the flat vector path (flat.py)
+        return (decl + [f"  if ({full}) {{  // the tile spans every dim but the first: one flat range"]
+                + vector_lines(flat, lowerings, names, inner, "    ")
+                + ["  } else {"] + slow + ind(loop_body(scoords)) + ["    }", "  }"])
+    fast, fcoords = _const_loop(target, "    ")
     return (decl + [f"  if ({full}) {{  // the tile spans every dim but the first"] + fast + ind(loop_body(fcoords))
             + ["    }", "  } else {"] + slow + ind(loop_body(scoords)) + ["    }", "  }"])

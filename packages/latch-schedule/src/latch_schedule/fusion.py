@@ -8,6 +8,12 @@ one of
   materialises);
 - elementwise -> injective view (reshape, permute, slice, select; not expand, which would
   recompute the producer for every copy).
+- elementwise -> a reduction (sum, mean, amax, amin, prod; ``PROLOGUE_REDUCTIONS``) of that value
+  alone, when the reduction is its group's sink: the prologue is computed as the reduction reads
+  it (``sum(g * g)`` of the global-norm clip, RMSNorm's ``mean(x ** 2)``), so the squares never
+  reach memory; each input element feeds exactly one output element, so nothing is recomputed.
+  Producers of the prologue join it by the rules above (a view too: the body then decodes the
+  flat index into coordinates). The prologue's values are never group outputs.
 A value that is also a program output (an optimizer's new moment, used again to update the
 weight) may still join: it stays a group output, written at the tile's index, so it must have the
 shape of the group's primary output. Groups thus have one sink (the last node, whose first output
@@ -25,6 +31,18 @@ second pass reading it back. The joined node reads only G's sink, which runs bef
 nothing of G depends on it, so G stays convex and runs where its sink ran; it becomes the group's
 last node (its output the primary, of the same shape), and every output still has the primary's
 shape, as the fused generator requires.
+
+Horizontal fusion: two pointwise groups (every node pointwise, every value of one shape) that read
+a common input of that shape merge into one, so the input is read once (SwiGLU's backward computes
+both input gradients from ``do`` and ``a``): the earlier group joins the later, and the merged
+group runs where the later one's sink ran. That is legal when no group outside the two reads an
+output of the earlier one before that position (groups run in the order of their sinks): then
+nothing between the two positions needs the moved values, no path leaves the merged group and
+comes back (such a path would pass through a group in between), and every input of the earlier
+group exists earlier still. Its outputs stay outputs (the later sink is the primary; the moved
+sink's output is written at the tile's index like a sibling's, having the primary's shape), except
+a value all of whose readers are now in the group, which becomes internal. A merged group is
+bounded to ``HORIZONTAL_MAX_NODES`` nodes.
 
 Every group gets a body signature key: a hash of its nodes' ops, attributes, operand/result types
 and internal wiring (group inputs numbered by first use). Groups with equal keys share one body.
@@ -44,6 +62,9 @@ POINTWISE_TAGS = frozenset({ELEMENTWISE, COPY})
 # Views fusion may fold into their consumer (each has an exact index map, latch_schedule.tiling_ops).
 FUSABLE_VIEWS = frozenset({"latch::reshape", "latch::permute", "latch::expand", "latch::slice", "latch::select"})
 INJECTIVE_VIEWS = FUSABLE_VIEWS - {"latch::expand"}
+# Reductions that take a fused elementwise prologue (the code generator's ``load(i)`` computes it:
+# latch-codegen-h100 ``flat.reduce_body``; its PROLOGUE_REDUCTIONS must list the same ops).
+PROLOGUE_REDUCTIONS = frozenset({"latch::sum", "latch::mean", "latch::amax", "latch::amin", "latch::prod"})
 
 
 @attrs.frozen
@@ -150,8 +171,74 @@ def _siblings(graph: Graph, nodes, pointwise, view, find, parent, consumers, int
     return joined
 
 
-def fuse(graph: Graph, ops: Registry | None, enabled: bool = True) -> list[GroupPlan]:
-    """Groups of ``graph``'s nodes, in an order that is topological for the groups."""
+HORIZONTAL_MAX_NODES = 64  # a merged body's size bound (code size, registers)
+
+
+def _horizontal(graph: Graph, nodes, pointwise, find, parent, consumers, internal: set[str]) -> int:
+    """Horizontal fusion (module docstring): pointwise groups of one shape that read a common input
+    of that shape merge, the earlier into the later, when nothing outside both reads the earlier
+    one's outputs before the later one runs. Returns how many groups merged."""
+    members: dict[int, list[int]] = {}
+    for i in range(len(nodes)):
+        members.setdefault(find(i), []).append(i)
+    info: dict[int, tuple] = {}  # root -> (shape, full-shape inputs)
+    for r, m in members.items():
+        if not all(pointwise[i] and len(nodes[i].outputs) == 1 for i in m):
+            continue
+        shape = graph.value(nodes[r].outputs[0]).shape
+        if not shape or any(graph.value(nodes[i].outputs[0]).shape != shape for i in m):
+            continue
+        made = {nodes[i].outputs[0] for i in m}
+        ins = {v for i in m for v in nodes[i].inputs if v is not None and v not in made
+               and graph.value(v).shape == shape}
+        if ins:
+            info[r] = (shape, ins)
+    readers: dict[str, list[int]] = {}
+    for r in sorted(info):
+        for v in info[r][1]:
+            readers.setdefault(v, []).append(r)
+    merged = 0
+    for v in sorted(readers):
+        roots = readers[v]
+        for a, b in zip(roots, roots[1:]):
+            ra, rb = find(a), find(b)
+            if ra == rb or ra not in info or rb not in info or info[ra][0] != info[rb][0]:
+                continue
+            early, late = min(ra, rb), max(ra, rb)
+            ma, mb = members[early], members[late]
+            if len(ma) + len(mb) > HORIZONTAL_MAX_NODES:
+                continue
+            # the merged group runs at the later sink: every reader of the earlier group's values
+            # outside both groups must come after it (groups run in the order of their sinks)
+            ok = True
+            for i in ma:
+                for c in consumers.get(nodes[i].outputs[0], []):
+                    rc = find(c)
+                    if rc != early and rc != late and rc < late:
+                        ok = False
+                        break
+                if not ok:
+                    break
+            if not ok:
+                continue
+            parent[early] = late
+            members[late] = mb + ma
+            del members[early]
+            # a value every reader of which is now in the group never reaches memory
+            outputs = set(graph.output_names())
+            for i in members[late]:
+                o = nodes[i].outputs[0]
+                if o not in outputs and all(find(c) == late for c in consumers.get(o, [])):
+                    internal.add(o)
+            info[late] = (info[late][0], info[late][1] | info.pop(early)[1])
+            merged += 1
+    return merged
+
+
+def fuse(graph: Graph, ops: Registry | None, enabled: bool = True,
+         prologue_ops: frozenset[str] = PROLOGUE_REDUCTIONS) -> list[GroupPlan]:
+    """Groups of ``graph``'s nodes, in an order that is topological for the groups. ``prologue_ops``:
+    the reductions that take an elementwise prologue (empty: none do)."""
     nodes = graph.nodes
     index = {n.name: i for i, n in enumerate(nodes)}
     consumers: dict[str, list[int]] = {}
@@ -194,12 +281,17 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True) -> list[Group
                 continue
             shape = graph.value(o).shape
             ok = True
+            prologue = False
             for c in cs:
                 cn = nodes[c]
                 if len(cn.outputs) != 1:
                     ok = False
                 elif pointwise[i] and pointwise[c]:
                     ok = graph.value(cn.outputs[0]).shape == shape
+                elif pointwise[i] and cn.op in prologue_ops:
+                    # the reduction's prologue: its input computed as it is read (module docstring)
+                    ok = find(c) == c and len([v for v in cn.inputs if v is not None]) == 1
+                    prologue = True
                 elif pointwise[i]:
                     ok = view[c] and cn.op in INJECTIVE_VIEWS
                 else:
@@ -208,10 +300,13 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True) -> list[Group
                     break
             if not ok:
                 continue
+            if prologue and o in program_outputs:
+                continue  # a reduction's body writes only the reduction's result
             if o in program_outputs:
                 # it stays a group output: the body writes it at the tile's index, so it must
                 # have the shape of the group's primary output
-                if not pointwise[i] or graph.value(nodes[root].outputs[0]).shape != shape:
+                if (not pointwise[i] or graph.value(nodes[root].outputs[0]).shape != shape
+                        or nodes[root].op in prologue_ops):
                     continue
             else:
                 internal.add(o)
@@ -219,6 +314,7 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True) -> list[Group
 
     if enabled:
         _siblings(graph, nodes, pointwise, view, find, parent, consumers, internal)
+        _horizontal(graph, nodes, pointwise, find, parent, consumers, internal)
     members: dict[int, list[int]] = {}
     for i in range(len(nodes)):
         members.setdefault(find(i), []).append(i)

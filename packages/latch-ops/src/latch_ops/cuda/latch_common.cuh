@@ -131,3 +131,60 @@ __device__ __forceinline__ void atomic_add(int* p, long long v) { atomicAdd(p, (
 constexpr int REDUCE_SCRATCH_BYTES = 33 * 8;
 
 }  // namespace latch
+
+// ---- four consecutive elements at once (the fused elementwise bodies' vector path) --------------
+// ``p + i`` must be aligned to 4 * sizeof(S) bytes: the generated body checks every operand before it
+// takes the vector path. 4-byte types move as one 16-byte access, 2-byte ones as one 8-byte access;
+// other types element by element. Plain (coherent) accesses: the persistent kernel writes what later
+// tasks read, so the read-only path (ld.global.nc) would be wrong.
+namespace latch {
+namespace detail {
+template <class S, int W = sizeof(S)> struct Vec4 {
+  __device__ __forceinline__ static void ld(const S* p, i64 i, typename Compute<S>::type (&r)[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) r[j] = latch::ld<S>(p, i + j);
+  }
+  template <class V> __device__ __forceinline__ static void st(S* p, i64 i, const V (&v)[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) latch::st<S>(p, i + j, v[j]);
+  }
+};
+template <> struct Vec4<float, 4> {
+  __device__ __forceinline__ static void ld(const float* p, i64 i, float (&r)[4]) {
+    const float4 q = *reinterpret_cast<const float4*>(p + i);
+    r[0] = q.x; r[1] = q.y; r[2] = q.z; r[3] = q.w;
+  }
+  template <class V> __device__ __forceinline__ static void st(float* p, i64 i, const V (&v)[4]) {
+    *reinterpret_cast<float4*>(p + i) = make_float4((float)v[0], (float)v[1], (float)v[2], (float)v[3]);
+  }
+};
+template <> struct Vec4<__nv_bfloat16, 2> {
+  __device__ __forceinline__ static void ld(const __nv_bfloat16* p, i64 i, float (&r)[4]) {
+    const uint2 q = *reinterpret_cast<const uint2*>(p + i);
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.x));
+    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.y));
+    r[0] = a.x; r[1] = a.y; r[2] = b.x; r[3] = b.y;
+  }
+  template <class V> __device__ __forceinline__ static void st(__nv_bfloat16* p, i64 i, const V (&v)[4]) {
+    const __nv_bfloat162 a = __floats2bfloat162_rn((float)v[0], (float)v[1]);
+    const __nv_bfloat162 b = __floats2bfloat162_rn((float)v[2], (float)v[3]);
+    uint2 q;
+    q.x = *reinterpret_cast<const unsigned*>(&a);
+    q.y = *reinterpret_cast<const unsigned*>(&b);
+    *reinterpret_cast<uint2*>(p + i) = q;
+  }
+};
+}  // namespace detail
+
+template <class S> __device__ __forceinline__ void ld4(const S* p, i64 i, typename Compute<S>::type (&r)[4]) {
+  detail::Vec4<S>::ld(p, i, r);
+}
+template <class S, class V> __device__ __forceinline__ void st4(S* p, i64 i, const V (&v)[4]) {
+  detail::Vec4<S>::st(p, i, v);
+}
+// Is ``p + i`` aligned for ld4/st4?
+template <class S> __device__ __forceinline__ bool aligned4(const S* p, i64 i) {
+  return ((reinterpret_cast<uintptr_t>(p + i)) & (4 * sizeof(S) - 1)) == 0;
+}
+
+}  // namespace latch

@@ -37,6 +37,50 @@ __device__ __forceinline__ void reduce_block_per_output(long long n_out, long lo
   }
 }
 
+// Row reductions over contiguous memory, four elements per access: ``load4(i, v)`` fills v[0..3]
+// with the input elements at offsets i..i+3 (i a multiple of 4 from an aligned row start: the caller
+// checks R % 4 == 0 and the operands' alignment). Each thread keeps four accumulators (one per
+// element of the access) combined in a fixed order, then the warp (or block) combines in a fixed
+// order: the same bits on every run, and four independent loads per iteration in flight.
+template <class Acc, class Op, class Base, class Load4, class Store>
+__device__ __forceinline__ void reduce_rows_vec4_warp(long long n_out, long long R, Base base, Load4 load4,
+                                                      Store store) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = LATCH_THREADS >> 5;
+  for (long long o = warp; o < n_out; o += nw) {
+    const long long b = base(o);
+    Acc a[4] = {Op::template init<Acc>(), Op::template init<Acc>(), Op::template init<Acc>(), Op::template init<Acc>()};
+#pragma unroll 4
+    for (long long r = 4 * lane; r < R; r += 128) {
+      Acc v[4];
+      load4(b + r, v);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) a[j] = Op::apply(a[j], v[j]);
+    }
+    Acc acc = Op::apply(Op::apply(a[0], a[1]), Op::apply(a[2], a[3]));
+    acc = warp_reduce<Op>(acc);
+    if (lane == 0) store(o, acc);
+  }
+}
+
+template <class Acc, class Op, class Base, class Load4, class Store>
+__device__ __forceinline__ void reduce_rows_vec4_block(long long n_out, long long R, Base base, Load4 load4,
+                                                       Store store, Acc* scratch) {
+  for (long long o = 0; o < n_out; ++o) {
+    const long long b = base(o);
+    Acc a[4] = {Op::template init<Acc>(), Op::template init<Acc>(), Op::template init<Acc>(), Op::template init<Acc>()};
+#pragma unroll 4
+    for (long long r = 4 * threadIdx.x; r < R; r += 4 * LATCH_THREADS) {
+      Acc v[4];
+      load4(b + r, v);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) a[j] = Op::apply(a[j], v[j]);
+    }
+    Acc acc = Op::apply(Op::apply(a[0], a[1]), Op::apply(a[2], a[3]));
+    acc = block_reduce<Op>(acc, scratch);
+    if (threadIdx.x == 0) store(o, acc);
+  }
+}
+
 struct ProdOp {
   template <class T> __device__ __forceinline__ static T init() { return T(1); }
   template <class T> __device__ __forceinline__ static T apply(T a, T b) { return a * b; }

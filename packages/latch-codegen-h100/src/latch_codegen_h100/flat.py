@@ -1,0 +1,255 @@
+"""Flat fused bodies: an elementwise group over one contiguous range, four elements per access.
+
+A fused elementwise group (``fuse.py``) whose every value has either the primary output's shape or
+a single element, and which holds no view and no op that reads its own coordinates (tril, arange),
+computes element ``i`` of every output from element ``i`` of every full-shape input and the
+single-element inputs: the shapes do not matter, only the flat index does. Such a group is the
+optimizer's (AdamW with weight decay, the clip scale and the BF16 copy: ``p, g, m, v`` in, ``p, m, v``
+out, the scalars once), a residual add, a cast, SwiGLU's gate. Its body:
+
+- loads each single-element input once per task, before the loop;
+- when every full-shape operand's address at the tile's first element is aligned to four elements
+  (16 bytes for FP32, 8 for BF16), runs the vector loop: each thread takes U groups of four
+  consecutive elements per iteration (``ld4``/``st4``: one 16-byte access per FP32 operand), all
+  loads before any store, U chosen so that ~128 bytes of loads per thread are in flight (2 for
+  AdamW's four FP32 inputs, 4 for a residual add, 8 for a cast: :func:`unroll_for`);
+  intermediates stay in registers;
+- finishes the tail (and an unaligned tile) one element per thread.
+
+Every input byte is read once and every output byte written once per task. The tile must span
+every dim but the first (row tiles, what the elementwise tiling gives): the caller checks that at
+run time and otherwise runs the general body.
+
+The same flattening serves reductions with a fused elementwise prologue (:func:`reduce_body`):
+the reduction's ``load(i)`` computes the prologue at flat index ``i`` of the reduced input.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from .bodies import IN, OUT, TMP, BodyContext, BodySpec, Operand, _ptr_decl
+from .cgen import strides
+from .lowering import Lowering, LoweringError, compute_type, storage_type
+
+VEC = 4  # elements per access
+# Accesses per operand per thread and iteration: enough that each thread has ~IN_FLIGHT bytes of
+# loads outstanding (256 threads x 128 B = 32 KiB per SM: what one SM needs in flight to draw its
+# share of 4.27 TB/s at ~1 us of latency), between 2 and 8 (registers).
+IN_FLIGHT, MIN_UNROLL, MAX_UNROLL = 128, 2, 8
+_SIZE = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1, "u8": 1, "bool": 1}
+
+
+def unroll_for(flat: BodySpec) -> int:
+    """Accesses per operand and iteration of the vector loop (module docstring)."""
+    full, _, _ = _regs(flat)
+    per_step = sum(VEC * _SIZE.get(flat.values[i].dtype, 4) for i in full) or VEC * 4
+    return max(MIN_UNROLL, min(MAX_UNROLL, -(-IN_FLIGHT // per_step)))
+
+
+def _numel(shape) -> int:
+    return math.prod(shape)
+
+
+def flat_spec(spec: BodySpec, lowerings: dict[str, Lowering], shape: tuple[int, ...] | None = None,
+              skip_last: bool = False) -> BodySpec | None:
+    """``spec`` with every value of ``shape`` (default: the primary's) flattened to ``(numel,)`` and
+    every single-element value to ``()``, or None when the group is not flat (a view, a value of
+    another shape, an op that reads its coordinates). ``skip_last``: the last node (a reduction
+    sink) is left out of the checks."""
+    target = tuple(spec.values[spec.primary].shape if shape is None else shape)
+    n = _numel(target)
+    if n <= 1:
+        return None
+    nodes = spec.nodes[:-1] if skip_last else spec.nodes
+    for node in nodes:
+        low = lowerings.get(node.op)
+        if low is None or low.expr is None or low.view_map is not None or len(node.outputs) != 1:
+            return None
+    used = {i for node in nodes for i in node.inputs if i is not None} | {o for node in nodes for o in node.outputs}
+    if skip_last:
+        used |= {i for i in spec.nodes[-1].inputs if i is not None}
+    values = []
+    for i, v in enumerate(spec.values):
+        if i not in used and not (skip_last and i == spec.primary):
+            values.append(v)
+            continue
+        if skip_last and i == spec.primary:
+            values.append(v)  # the reduction's output keeps its shape
+        elif tuple(v.shape) == target:
+            values.append(attrs.evolve(v, shape=(n,)))
+        elif _numel(v.shape) == 1:
+            values.append(attrs.evolve(v, shape=()))
+        else:
+            return None
+    flat = attrs.evolve(spec, values=tuple(values))
+    # ops that read their coordinates (tril/triu, arange) cannot be flattened: their expression
+    # indexes NodeInfo.coords, which the flat form leaves empty
+    from .fuse import node_info
+
+    for node in nodes:
+        try:
+            lowerings[node.op].expr(["x"] * len(node.inputs), node_info(flat, node, ()))
+        except (IndexError, KeyError):
+            return None
+    return flat
+
+
+class _VecPuller:
+    """The fused puller with group inputs taken from registers loaded four at a time."""
+
+    def __new__(cls, spec, lowerings, names, indent, regs: dict[int, str]):
+        from .fuse import _Puller
+
+        class P(_Puller):
+            def load(self, vi, coords):
+                return regs[vi]
+
+        return P(spec, lowerings, names, indent)
+
+
+def _regs(flat: BodySpec) -> tuple[list[int], list[int], list[int]]:
+    full = [i for i, v in enumerate(flat.values) if v.kind == IN and v.shape != ()]
+    scalar = [i for i, v in enumerate(flat.values) if v.kind == IN and v.shape == ()]
+    outs = [i for i, v in enumerate(flat.values) if v.kind == OUT]
+    return full, scalar, outs
+
+
+def vector_lines(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int, str], inner: int,
+                 ind: str = "  ") -> list[str]:
+    """Statements of the flat body over elements [lo[0] * inner, hi[0] * inner) of every operand."""
+    from .fuse import _Puller
+
+    full, scalar, outs = _regs(flat)
+    vals = flat.values
+    UNROLL = unroll_for(flat)
+    L = [f"{ind}const long long lo_ = (long long)c.t->lo[0] * {inner}LL, hi_ = (long long)c.t->hi[0] * {inner}LL;"]
+    regs: dict[int, str] = {}
+    for i in scalar:
+        regs[i] = f"s{i}_"
+        L.append(f"{ind}const {compute_type(vals[i].dtype)} s{i}_ = latch::ld<{storage_type(vals[i].dtype)}>({names[i]}, 0);")
+    aligned = " && ".join(f"latch::aligned4({names[i]}, lo_)" for i in full + outs)
+    L.append(f"{ind}const bool vec_ = {aligned};")
+    L.append(f"{ind}const long long vend_ = vec_ ? lo_ + ((hi_ - lo_) / {VEC}LL) * {VEC}LL : lo_;")
+    step = VEC * UNROLL
+    L.append(f"{ind}for (long long q_ = lo_ + {VEC}LL * threadIdx.x; q_ < vend_; q_ += {step}LL * LATCH_THREADS) {{")
+    i2 = ind + "  "
+    L.append(f"{i2}const long long qs_[{UNROLL}] = {{" + ", ".join(f"q_ + {VEC * u}LL * LATCH_THREADS" for u in range(UNROLL)) + "};")
+    for i in full:
+        L.append(f"{i2}{compute_type(vals[i].dtype)} r{i}_[{UNROLL}][{VEC}] = {{}};")
+    for i in outs:
+        L.append(f"{i2}{compute_type(vals[i].dtype)} o{i}_[{UNROLL}][{VEC}];")
+    L.append(f"{i2}#pragma unroll")
+    L.append(f"{i2}for (int u_ = 0; u_ < {UNROLL}; ++u_) {{")
+    L.append(f"{i2}  if (qs_[u_] < vend_) {{")
+    for i in full:
+        L.append(f"{i2}    latch::ld4({names[i]}, qs_[u_], r{i}_[u_]);")
+    L.append(f"{i2}  }}")
+    L.append(f"{i2}}}")
+    L.append(f"{i2}#pragma unroll")
+    L.append(f"{i2}for (int u_ = 0; u_ < {UNROLL}; ++u_) {{")
+    L.append(f"{i2}  #pragma unroll")
+    L.append(f"{i2}  for (int j_ = 0; j_ < {VEC}; ++j_) {{")
+    lane = dict(regs)
+    for i in full:
+        lane[i] = f"r{i}_[u_][j_]"
+    p = _VecPuller(flat, lowerings, names, i2 + "    ", lane)
+    stores = []
+    for i in outs:
+        v = p.pull(i, ["j_"])
+        stores.append(f"{i2}    o{i}_[u_][j_] = {v};")
+    L += p.lines + stores
+    L.append(f"{i2}  }}")
+    L.append(f"{i2}}}")
+    L.append(f"{i2}#pragma unroll")
+    L.append(f"{i2}for (int u_ = 0; u_ < {UNROLL}; ++u_) {{")
+    L.append(f"{i2}  if (qs_[u_] < vend_) {{")
+    for i in outs:
+        L.append(f"{i2}    latch::st4({names[i]}, qs_[u_], o{i}_[u_]);")
+    L.append(f"{i2}  }}")
+    L.append(f"{i2}}}")
+    L.append(f"{ind}}}")
+    # the tail (and a tile whose operands are not aligned): one element per thread
+    L.append(f"{ind}for (long long i = vend_ + threadIdx.x; i < hi_; i += LATCH_THREADS) {{")
+    # full-shape inputs load at i (the plain puller's load), scalars come from their registers
+    tail = _Puller(flat, lowerings, names, i2)
+    for i in scalar:
+        tail.memo[(i, ())] = regs[i]
+    stores = []
+    for i in outs:
+        v = tail.pull(i, ["i"])
+        stores.append(f"{i2}latch::st<{storage_type(vals[i].dtype)}>({names[i]}, i, {v});")
+    L += tail.lines + stores
+    L.append(f"{ind}}}")
+    return L
+
+
+def reduce_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> list[str]:
+    """A reduction (the group's last node) whose input is computed by the group's elementwise
+    prologue: the reduction's statements with ``load(i)`` pulling the prologue at flat index ``i``
+    of the reduced input (every prologue value of that shape or single-element: no index
+    arithmetic), or at the coordinates decoded from ``i`` (broadcasts and views)."""
+    from . import lower_reduce
+    from .fuse import _Puller, broadcast_coords
+
+    red = spec.nodes[-1]
+    if red.op not in lower_reduce.PROLOGUE_REDUCTIONS:
+        raise LoweringError(f"{red.op}: a fused prologue feeds only {sorted(lower_reduce.PROLOGUE_REDUCTIONS)}")
+    if len(red.outputs) != 1 or red.outputs[0] != spec.primary or len([i for i in red.inputs if i is not None]) != 1:
+        raise LoweringError(f"{red.op}: a reduction with a fused prologue must be the group's sink, one input, "
+                            "one output")
+    xi = next(i for i in red.inputs if i is not None)
+    x = spec.values[xi]
+    if x.kind != TMP:
+        raise LoweringError(f"{red.op}: its input is not computed in the group; nothing to fuse")
+    for v in spec.values:
+        if v.kind == OUT and v.index != spec.values[spec.primary].index:
+            raise LoweringError(f"{red.op}: a fused prologue's values other than the reduction's result "
+                                "must stay in the body")
+    decl, names = _ptr_decl(spec)
+    out = spec.values[spec.primary]
+    ctx = BodyContext(op=red.op, attrs=dict(red.attrs), inputs=(Operand("nullptr", x.shape, x.dtype),),
+                      outputs=(Operand(names[spec.primary], out.shape, out.dtype),), primary=0)
+    acc = lower_reduce.acc_type(red.op, x.dtype)
+    flat = flat_spec(spec, lowerings, shape=tuple(x.shape), skip_last=True)
+    load = [f"auto load = [&](long long i) -> {acc} {{"]
+    load4, vec_cond, pre = None, "false", []
+    if flat is not None:
+        p = _Puller(flat, lowerings, names, "  ")
+        v = p.pull(xi, ["i"])
+        load4, vec_cond, pre = _load4(flat, lowerings, names, xi, acc)
+    else:
+        p = _Puller(spec, lowerings, names, "  ")
+        coords = []
+        st = strides(x.shape)
+        for d in range(len(x.shape)):
+            p.lines.append(f"  const long long x{d} = (i / {st[d]}LL) % {x.shape[d]}LL;")
+            coords.append(f"x{d}")
+        v = p.pull(xi, broadcast_coords(x.shape, x.shape, coords))
+    load += p.lines + [f"  return ({acc})({v});", "};"]
+    stmts = lower_reduce.reduce_statements(red.op.split("::")[-1], ctx, load, load4, vec_cond)
+    return decl + pre + ["  {"] + ["    " + s if s else s for s in stmts.splitlines()] + ["  }"]
+
+
+def _load4(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int, str], xi: int, acc: str):
+    """(statements defining ``load4``, its run-time condition, statements before it): the prologue at
+    four consecutive flat indices, the full-shape inputs loaded with ``ld4``, the single-element ones
+    once per task."""
+    full, scalar, _ = _regs(flat)
+    vals = flat.values
+    pre = [f"  const {compute_type(vals[i].dtype)} s{i}_ = latch::ld<{storage_type(vals[i].dtype)}>({names[i]}, 0);"
+           for i in scalar]
+    regs = {i: f"s{i}_" for i in scalar}
+    for i in full:
+        regs[i] = f"r{i}_[j_]"
+    lines = [f"auto load4 = [&](long long i, {acc} (&v4)[4]) {{"]
+    for i in full:
+        lines += [f"  {compute_type(vals[i].dtype)} r{i}_[4];", f"  latch::ld4({names[i]}, i, r{i}_);"]
+    lines += ["  #pragma unroll", "  for (int j_ = 0; j_ < 4; ++j_) {"]
+    p = _VecPuller(flat, lowerings, names, "    ", regs)
+    v = p.pull(xi, ["j_"])
+    lines += p.lines + [f"    v4[j_] = ({acc})({v});", "  }", "};"]
+    cond = " && ".join(f"latch::aligned4({names[i]}, 0)" for i in full) or "true"
+    return lines, cond, pre

@@ -1,0 +1,182 @@
+"""The flat vector path of fused elementwise bodies (flat.py), compiled as HOST C++ and run thread
+by thread (the body has no inter-thread communication, so 256 sequential "threads" compute what
+256 concurrent ones do): every element of the tile is written exactly once with the right value,
+nothing outside it is touched, the vector accesses are aligned (the harness aborts otherwise) and
+taken when the operands are aligned, and unaligned tiles and tails fall back element by element.
+This checks the index arithmetic of the generated text without a GPU."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import shutil
+import subprocess
+
+import random
+import pytest
+
+from latch_codegen_h100.bodies import FUNC, group_spec, render_body
+from latch_codegen_h100.codegen import _lowerings
+from latch_core.ir import BATCH, Graph, Group, Node, Value
+from latch_core.sections import FusionGroup
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+
+HARNESS = r"""
+#include <cstdint>
+#include <cstdlib>
+#include <cmath>
+#define __device__
+#define __forceinline__ inline
+#define __noinline__
+#define LATCH_THREADS 256
+static struct { unsigned x; } threadIdx;
+namespace latch {
+typedef long long i64;
+struct Task { int32_t lo[8]; int32_t hi[8]; };
+struct Ctx { const Task* t; char* const* ops; };
+static long long vec_accesses = 0, stores = 0;
+template <class S> inline S ld(const S* p, i64 i) { return p[i]; }
+template <class S, class V> inline void st(S* p, i64 i, V v) { ++stores; p[i] = (S)v; }
+template <class S> inline bool aligned4(const S* p, i64 i) {
+  return ((reinterpret_cast<uintptr_t>(p + i)) & (4 * sizeof(S) - 1)) == 0;
+}
+template <class S> inline void ld4(const S* p, i64 i, S (&r)[4]) {
+  if (!aligned4(p, i)) abort();
+  ++vec_accesses;
+  for (int j = 0; j < 4; ++j) r[j] = p[i + j];
+}
+template <class S, class V> inline void st4(S* p, i64 i, const V (&v)[4]) {
+  if (!aligned4(p, i)) abort();
+  ++vec_accesses;
+  stores += 4;
+  for (int j = 0; j < 4; ++j) p[i + j] = (S)v[j];
+}
+namespace ew { inline float sqrt_(float x) { return std::sqrt(x); } }
+}  // namespace latch
+"""
+
+
+def _group(shape):
+    """out = sqrt((x * s + y)^2 + 1) and t = x * s: two outputs, a scalar, the AdamW shape of body."""
+    vals = [Value("x", shape, "f32", BATCH), Value("y", shape, "f32", BATCH), Value("s", (), "f32", BATCH)]
+    nodes, k = [], 0
+
+    def n(op, ins, attrs=None):
+        nonlocal k
+        k += 1
+        vals.append(Value(f"v{k}", shape, "f32"))
+        nodes.append(Node(f"n{k}", f"latch::{op}", ins, (f"v{k}",), attrs or {}))
+        return f"v{k}"
+
+    t = n("mul", ("x", "s"))
+    u = n("add", (t, "y"))
+    w = n("add", (n("mul", (u, u)),), {"scalar": 1.0})
+    out = n("sqrt", (w,))
+    g = Graph("p", vals, nodes, (Group("batch", ("x", "y", "s")),), (Group("metrics", (t, out)),))
+    grp = FusionGroup(0, [x.name for x in nodes], ("x", "s", "y"), (t, out), out, "k")
+    return g, grp
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    libs = {}
+
+    def get(shape):
+        if shape in libs:
+            return libs[shape]
+        g, grp = _group(shape)
+        spec = group_spec(g, grp)
+        src = render_body(spec, _lowerings()).source.replace(FUNC, "body")
+        assert "latch::ld4(" in src  # the flat path was chosen
+        code = HARNESS + src + r"""
+extern "C" long long run(char** ops, const int* lo, const int* hi) {
+  latch::Task t;
+  for (int d = 0; d < 8; ++d) { t.lo[d] = lo[d]; t.hi[d] = hi[d]; }
+  latch::Ctx c{&t, ops};
+  latch::vec_accesses = 0;
+  latch::stores = 0;
+  for (unsigned k = 0; k < LATCH_THREADS; ++k) { threadIdx.x = k; body(c); }
+  return latch::vec_accesses;
+}
+extern "C" long long stores() { return latch::stores; }
+"""
+        d = tmp_path_factory.mktemp("flat")
+        (d / "b.cpp").write_text(code)
+        subprocess.run(["g++", "-O1", "-std=c++17", "-w", "-shared", "-fPIC", str(d / "b.cpp"), "-o", str(d / "b.so")],
+                       check=True)
+        libs[shape] = ctypes.CDLL(str(d / "b.so"))
+        libs[shape].run.restype = ctypes.c_longlong
+        libs[shape].stores.restype = ctypes.c_longlong
+        return libs[shape]
+
+    return get
+
+
+def _run(lib, shape, lo, hi, shift: int = 0):
+    """Run one tile over fresh arrays (operands offset by ``shift`` elements from an aligned base);
+    returns (t, out, expected t, expected out, vector accesses) as lists."""
+    n = math.prod(shape)
+    rng = random.Random(0)
+    bufs = [(ctypes.c_float * (n + 8))() for _ in range(5)]
+    for b in bufs:  # ctypes arrays of floats are at least 16-byte aligned by the allocator
+        assert ctypes.addressof(b) % 16 == 0
+    x, s, y, t, out = bufs
+    for i in range(n):
+        x[shift + i] = rng.gauss(0, 1)
+        y[shift + i] = rng.gauss(0, 1)
+        t[shift + i] = out[shift + i] = float("nan")
+    s[0] = 0.75
+    addr = [ctypes.addressof(b) + 4 * (0 if b is s else shift) for b in (x, s, y, t, out)]
+    ptrs = (ctypes.c_void_p * 5)(*addr)
+    lo8 = (ctypes.c_int * 8)(*(list(lo) + [0] * (8 - len(lo))))
+    hi8 = (ctypes.c_int * 8)(*(list(hi) + [0] * (8 - len(hi))))
+    vec = lib(shape).run(ptrs, lo8, hi8)
+    _run.stores = lib(shape).stores()
+    xs = [x[shift + i] for i in range(n)]
+    ys = [y[shift + i] for i in range(n)]
+    et = [v * 0.75 for v in xs]
+    eo = [math.sqrt((a + b) * (a + b) + 1) for a, b in zip(et, ys)]
+    return [t[shift + i] for i in range(n)], [out[shift + i] for i in range(n)], et, eo, vec
+
+
+def _inside(shape, lo, hi):
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    return [all(lo[d] <= (i // strides[d]) % shape[d] < hi[d] for d in range(len(shape))) for i in range(math.prod(shape))]
+
+
+@pytest.mark.parametrize("shape,lo,hi,shift", [
+    ((1000,), (0,), (1000,), 0),          # one aligned 1-d tile: vector loop + no tail
+    ((1003,), (0,), (1003,), 0),          # a tail of 3
+    ((1003,), (5,), (998,), 0),           # a tile starting at an unaligned element: element by element
+    ((1003,), (4,), (1003,), 1),          # aligned index, unaligned base pointers
+    ((64, 48), (3, 0), (17, 48), 0),      # row tiles of a 2-d value (flat range rows * 48)
+    ((64, 47), (3, 0), (17, 47), 0),      # an odd row length
+    ((64, 48), (3, 5), (17, 40), 0),      # a column tile: the general (coordinate) path
+    ((9000,), (0,), (9000,), 0),          # more than 2 x 4 x 256 elements: the loop goes round
+])
+def test_every_element_of_the_tile_once_and_nothing_else(lib, shape, lo, hi, shift):
+    t, out, et, eo, vec = _run(lib, shape, lo, hi, shift)
+    inside = _inside(shape, lo, hi)
+    assert _run.stores == 2 * sum(inside)  # two outputs, each element stored exactly once
+    for i, ins in enumerate(inside):
+        if ins:
+            assert t[i] == pytest.approx(et[i], rel=1e-6, abs=1e-6), i
+            assert out[i] == pytest.approx(eo[i], rel=1e-6), i
+        else:  # nothing outside the tile written
+            assert math.isnan(t[i]) and math.isnan(out[i]), i
+    row = math.prod(shape[1:])
+    flat_tile = all(a == 0 and b == e for a, b, e in zip(lo[1:], hi[1:], shape[1:]))
+    start = lo[0] * row
+    if flat_tile and shift == 0 and start % 4 == 0 and (hi[0] - lo[0]) * row >= 4:
+        assert vec > 0  # aligned: the vector path ran
+    if shift or start % 4 or not flat_tile:
+        assert vec == 0
+
+
+def test_the_unroll_keeps_about_128_bytes_of_loads_per_thread_in_flight():
+    from latch_codegen_h100.flat import flat_spec, unroll_for
+
+    g, grp = _group((64, 48))
+    flat = flat_spec(group_spec(g, grp), _lowerings())
+    assert unroll_for(flat) == 4  # two FP32 full-shape inputs: 2 x 16 B per step, 4 steps
