@@ -30,6 +30,13 @@
 // - signals and barrier arrivals are the consumers': after the task(s) before them, after a named
 //   barrier of all consumers. The producer passes a grid barrier only once it completed (it spins
 //   on the same word without arriving).
+// - TMA stores (a body that sets Ctx::async_stores, latch_gemm.cuh GemmStoreTma) may still be in
+//   flight when the body returns, so that the next task's math overlaps them. ``done`` counts only
+//   tasks whose stores are complete: such a task is counted once a later wait covers its stores
+//   (the next TMA-store body's first epilogue waits for every earlier one; ``consumer_flush``, the
+//   wait of lane 0 of every consumer warp, before a signal, a barrier, the list's end, a task
+//   whose loads depend on the uncounted task (Task::dep), a task without tensor maps (it may read
+//   the output with ordinary loads), and after a body without TMA stores).
 // Counters and the barrier word are never reset between launches: launch number ``epoch`` of a
 // program waits for ``epoch * expected[c] + n`` signals on counter c, and for
 // ``(epoch * num_barriers + k + 1) * gridDim.x`` arrivals at barrier k (unsigned, wrap-safe).
@@ -120,7 +127,7 @@ struct WorkerShared {
   Slot slot[LATCH_QUEUE];
   uint64_t slot_full[LATCH_QUEUE], slot_empty[LATCH_QUEUE];
   uint64_t stage_full[LATCH_STAGES > 0 ? LATCH_STAGES : 1], stage_empty[LATCH_STAGES > 0 ? LATCH_STAGES : 1];
-  uint32_t done;  // tasks of this block's list the consumers have finished
+  uint32_t done;  // tasks of this block's list the consumers have finished, their stores complete
 };
 
 __device__ __forceinline__ Pipe make_pipe(WorkerShared& S, char* ring, const Args& a, uint32_t pos) {
@@ -274,6 +281,21 @@ __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* r
 }
 
 // ---- the consumers (threads 0..LATCH_THREADS-1) -------------------------------------------------------
+// Wait until the TMA stores the consumer warps' bulk groups hold are complete and visible to the
+// generic proxy, then count every finished task as done (``pending``: the last finished task may
+// have stores in flight; uniform over the consumers).
+__device__ __forceinline__ void consumer_flush(WorkerShared& S, bool& pending, uint32_t done, uint32_t& published) {
+  if (!pending) return;
+  if ((threadIdx.x & 31) == 0) {
+    sm90::bulk_wait<0>();
+    sm90::fence_proxy_async_global();
+  }
+  block_sync();
+  if (threadIdx.x == 0) sm90::st_release_shared(&S.done, done);
+  published = done;
+  pending = false;
+}
+
 __device__ __forceinline__ void consumers(const Args& a, WorkerShared& S, char* ring, char* scratch LATCH_PROF_PARAM) {
   const int tid = threadIdx.x;
   const int begin = a.sm_begin[blockIdx.x];
@@ -281,7 +303,8 @@ __device__ __forceinline__ void consumers(const Args& a, WorkerShared& S, char* 
   Pipe slots = make_pipe(S, ring, a, 0);
   slots.timeout_ns = ~0ull;  // the producer may legitimately spin on a counter for the whole timeout
   int q = 0;
-  uint32_t qphase = 0, done = 0;
+  uint32_t qphase = 0, done = 0, published = 0;
+  bool pending = false;  // the last finished task may have TMA stores in flight (then published = done - 1)
 #ifdef LATCH_PROFILE
   const unsigned long long entry = tid == 0 ? globaltimer() : 0ull;
 #endif
@@ -296,16 +319,28 @@ __device__ __forceinline__ void consumers(const Args& a, WorkerShared& S, char* 
 #ifdef LATCH_PROFILE
     const unsigned long long t_got = tid == 0 ? globaltimer() : 0ull;
 #endif
-    if (kind == 0) break;
+    if (kind == 0) {
+      consumer_flush(S, pending, done, published);
+      break;
+    }
     if (kind == I_TASK) {
+      if (pending && (s.task.tmap < 0 || s.task.dep >= (int)published)) consumer_flush(S, pending, done, published);
       if (tid == 0) latch_current_task[blockIdx.x % 1024] = s.task.task;
       const char* maps = s.task.tmap >= 0 ? tmaps + 128ll * s.task.tmap : nullptr;
       Ctx c{&s.task, s.ops, scratch, maps, make_pipe(S, ring, a, s.ring), latch_body_args + LATCH_MAX_ARGS * s.task.body};
       latch_dispatch(s.task.body, c);
       sm90::fence_proxy_async_global();  // a later TMA load may read what this task stored
       if (sm90::named_sync_or(1, LATCH_THREADS, ld_volatile(&a.error->abort) != 0)) return;
+      ++done;
+      if (c.async_stores) {  // it waited for every earlier store (its first TMA epilogue); its own are in flight
+        pending = true;
+        published = done - 1;
+      } else {
+        consumer_flush(S, pending, done, published);  // (an earlier task's stores; nothing when none)
+        published = done;
+      }
       if (tid == 0) {
-        sm90::st_release_shared(&S.done, ++done);
+        sm90::st_release_shared(&S.done, published);
         sm90::mbar_arrive(&S.slot_empty[q]);
         latch_current_task[blockIdx.x % 1024] = -1;
 #ifdef LATCH_PROFILE
@@ -314,6 +349,7 @@ __device__ __forceinline__ void consumers(const Args& a, WorkerShared& S, char* 
       }
     } else if (kind == I_SIGNAL) {
       const int counter = s.arg;
+      consumer_flush(S, pending, done, published);
       block_sync();  // every consumer has read the slot
       if (tid == 0) {
         sm90::mbar_arrive(&S.slot_empty[q]);
@@ -325,6 +361,7 @@ __device__ __forceinline__ void consumers(const Args& a, WorkerShared& S, char* 
       }
     } else if (kind == I_BARRIER) {
       const uint32_t k = (uint32_t)s.arg;
+      consumer_flush(S, pending, done, published);
       block_sync();
       if (tid == 0) sm90::mbar_arrive(&S.slot_empty[q]);
       if (!consumer_grid_barrier(a, k, pc - begin)) return;
