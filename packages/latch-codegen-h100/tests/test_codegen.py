@@ -166,3 +166,20 @@ def test_constant_bytes():
     assert T.const_bytes((1.0 + 3 * 2 ** -9,), "bf16", 1, "c") == struct.pack("<H", 0x3F81)
     with pytest.raises(ValueError, match="constant 'c': 3 data items for 2 elements"):
         T.const_bytes((1, 2, 3), "f32", 2, "c")
+
+
+def test_reductions_pick_one_thread_one_warp_or_the_block_per_output_by_length():
+    """A few reduced elements (split-K partials: R = S) are summed by one thread per output, in
+    index order; longer ones by a warp, very long ones by the whole block."""
+    values = [Value("p", (4, 64, 32), F, "batch"), Value("s", (64, 32), F), Value("t", (4, 64), F),
+              Value("u", (4,), F)]
+    nodes = [("split_sum", "latch::sum", ("p",), ("s",), {"dims": (0,), "keepdim": False}),
+             ("row_sum", "latch::sum", ("p",), ("t",), {"dims": (2,), "keepdim": False}),
+             ("all_sum", "latch::sum", ("p",), ("u",), {"dims": (1, 2), "keepdim": False})]
+    g = H.graph("update", values, nodes, [("batch", ["p"])], [("out", ["s", "t", "u"])])
+    gen = generate(H.planned([g]), jobs=1)
+    src = "\n".join(u.source for u in gen.units[1:])
+
+    assert src.count("latch::reduce_thread_per_output<double, latch::SumOp>(n_out, 4LL,") == 1  # R = 4
+    assert src.count("latch::reduce_warp_per_output<double, latch::SumOp>(n_out, 32LL,") == 1  # R = 32
+    assert src.count("latch::reduce_block_per_output<double, latch::SumOp>(n_out, 2048LL,") == 1  # R = 2048

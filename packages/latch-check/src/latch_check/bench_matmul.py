@@ -140,12 +140,58 @@ def chosen_config(doc: Document, program: str) -> str:
     return "?"
 
 
-def plan_document(doc: Document, num_sms: int) -> Document:
-    """The pipeline's passes from the configuration choice to the validator (latch_core.pipeline)."""
+SPLIT_CHOICES = (1, 2, 4, 8, 16)
+
+
+def split_name(case: str) -> str:
+    return f"{case}@split"
+
+
+def with_split_variants(doc: Document, num_sms: int) -> Document:
+    """Add ``<case>@split.x1`` / ``.xR`` where the cost model, with split-K allowed (S in
+    ``SPLIT_CHOICES``; the default schedule leaves it off), would split the product: the same
+    copies, rewritten into FP32 partials and their fixed-order sum (schedule.matmul_configs), so one
+    run times both choices side by side."""
+    from latch_core.passes import run_pass
+    from latch_core.plugins import registries
+
+    timed = [g for g in doc.graph.programs if "@" not in g.name and not g.name.endswith(".check")]
+    if not timed:
+        return doc
+    renamed = []
+    for g in timed:
+        case, _, rest = g.name.rpartition(".")
+        new = f"{split_name(case)}.{rest}"
+        renamed.append(_program_like(g, new))
+    sub = Document(graph=GraphSection(renamed, (), {}))
+    sub = run_pass(registries().passes.get("schedule.matmul_configs"), sub, num_sms=num_sms,
+                   cost_split_k_choices=SPLIT_CHOICES)
+    keep = [g for g in sub.graph.programs if any(n.attr("split_k") for n in g.nodes)]
+    if not keep:
+        return doc
+    return attrs.evolve(doc, graph=attrs.evolve(doc.graph, programs=tuple(doc.graph.programs) + tuple(keep)))
+
+
+def _program_like(g: Graph, name: str) -> Graph:
+    """``g`` with its name, nodes and outputs renamed from ``g.name`` to ``name`` (inputs shared)."""
+    old = g.name
+    ren = lambda v: name + v[len(old):] if v.startswith(old + ".") else v  # noqa: E731
+    values = [attrs.evolve(v, name=ren(v.name)) for v in g.values]
+    nodes = [attrs.evolve(n, name=ren(n.name), inputs=tuple(ren(i) for i in n.inputs),
+                          outputs=tuple(ren(o) for o in n.outputs)) for n in g.nodes]
+    outs = tuple(attrs.evolve(gr, values=tuple(ren(v) for v in gr.values)) for gr in g.outputs)
+    return attrs.evolve(g, name=name, values=values, nodes=nodes, outputs=outs)
+
+
+def plan_document(doc: Document, num_sms: int, split_k: bool = True) -> Document:
+    """The pipeline's passes from the configuration choice to the validator (latch_core.pipeline);
+    with ``split_k``, first the split-K variants (:func:`with_split_variants`)."""
     from latch_core.passes import run_pass
     from latch_core.plugins import registries
 
     passes = registries().passes
+    if split_k:
+        doc = with_split_variants(doc, num_sms)
     doc = run_pass(passes.get("schedule.matmul_configs"), doc, num_sms=num_sms)
     doc = run_pass(passes.get("schedule"), doc, scheduler="barrier", num_sms=num_sms)
     doc = run_pass(passes.get("memory.plan"), doc)
@@ -171,7 +217,7 @@ def _median_ms(fn, iters: int, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def run_case(prog, c: Case, iters: int, seed: int, configs: list[str] = ()) -> dict:
+def run_case(prog, c: Case, iters: int, seed: int, configs: list[str] = (), split: bool = False) -> dict:
     import torch
 
     dev = prog.device
@@ -211,6 +257,17 @@ def run_case(prog, c: Case, iters: int, seed: int, configs: list[str] = ()) -> d
         return t1, tr
 
     t1, tr = timed(c.name)
+    split_row = None
+    if split:  # the split-K variant: its BF16 output against the same reference, then its time
+        sname = split_name(c.name)
+        prog.launch(f"{sname}.x1", batch=batch)
+        prog.check()
+        got = prog.outputs(f"{sname}.x1", batch=batch)[f"{sname}.x1.out0"].double()
+        ref = torch.mm(A.double(), B.double())
+        split_rel = (got - ref).norm().item() / norm
+        del got, ref
+        s1, sr = timed(sname)
+        split_row = {"rel": split_rel, "ms": (sr - s1) / (R - 1), "launch_ms": sr / R}
     sweep = {}
     for cfg in configs:
         s1, sr = timed(f"{c.name}@{cfg}")
@@ -229,7 +286,13 @@ def run_case(prog, c: Case, iters: int, seed: int, configs: list[str] = ()) -> d
             torch.mm(A, B, out=o)
     tt = _median_ms(graph.replay, iters) / R
     latch_ms = (tr - t1) / (R - 1)
-    return {"case": c.name, "m": c.m, "n": c.n, "k": c.k, "layout": c.layout, "R": R, "rel_l2": rel,
+    if split_row:
+        split_row.update(case=f"{c.name}@split", m=c.m, n=c.n, k=c.k, layout=c.layout, R=R, rel_l2=float("nan"),
+                         max_err=float("nan"), bf16_rel_l2=split_row["rel"], latch_ms=split_row["ms"],
+                         latch_launch_ms=split_row["launch_ms"], torch_ms=tt, latch_tflops=c.flops / split_row["ms"] / 1e9,
+                         torch_tflops=c.flops / tt / 1e9, ratio=tt / split_row["ms"],
+                         ok=split_row["rel"] <= bf16_gate(torch_rel))
+    return {"split": split_row, "case": c.name, "m": c.m, "n": c.n, "k": c.k, "layout": c.layout, "R": R, "rel_l2": rel,
             "max_err": worst, "latch_ms": latch_ms, "latch_launch_ms": tr / R, "torch_ms": tt,
             "latch_tflops": c.flops / latch_ms / 1e9, "torch_tflops": c.flops / tt / 1e9,
             "ratio": tt / latch_ms, "torch_bf16_rel_l2": torch_rel, "bf16_rel_l2": bf16_rel, "sweep_tflops": sweep,
@@ -255,7 +318,9 @@ def format_table(rows: list[dict]) -> str:
 @click.option("--iters", default=20, show_default=True)
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="also write the rows here")
 @click.option("--sweep", is_flag=True, help="also time every wgmma configuration of each case (cost-model calibration)")
-def bench_matmul_command(tokens, only, build_dir, iters, json_path, sweep):
+@click.option("--split-k/--no-split-k", default=True, show_default=True,
+              help="also time the split-K choice where the cost model with split-K allowed would split (rows <case>@split)")
+def bench_matmul_command(tokens, only, build_dir, iters, json_path, sweep, split_k):
     """Time TinyMoE-200M's dense matrix products as Latch tasks against torch.mm in a CUDA graph."""
     import json
 
@@ -270,7 +335,7 @@ def bench_matmul_command(tokens, only, build_dir, iters, json_path, sweep):
         raise click.ClickException(f"no case matches --only {only!r}")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     t0 = time.perf_counter()
-    doc = plan_document(matmul_document(case_list, sweep), sms)
+    doc = plan_document(matmul_document(case_list, sweep), sms, split_k=split_k)
     t1 = time.perf_counter()
     doc = build(doc, build_dir)
     t2 = time.perf_counter()
@@ -283,16 +348,28 @@ def bench_matmul_command(tokens, only, build_dir, iters, json_path, sweep):
     except SassError as e:
         click.echo(f"machine code: not read ({e})")
     prog = Program.load(build_dir)
+    names = {g.name for g in doc.graph.programs}
     rows, failed = [], []
+    t3 = time.perf_counter()
     for i, c in enumerate(case_list):
         try:
-            row = run_case(prog, c, iters, seed=i, configs=sweep_configs(c) if sweep else ())
+            has_split = f"{split_name(c.name)}.x1" in names
+            row = run_case(prog, c, iters, seed=i, configs=sweep_configs(c) if sweep else (), split=has_split)
             row["config"] = chosen_config(doc, f"{c.name}.x1")
+            split_row = row.pop("split")
             rows.append(row)
+            if split_row:
+                split_row["config"] = chosen_config(doc, f"{split_name(c.name)}.x1")
+                rows.append(split_row)
+            # each row as soon as it is measured (a run cut short by a time limit keeps what it had)
+            for r in rows[-2 if split_row else -1:]:
+                click.echo("row: " + format_table([r]).splitlines()[-1])
         except Exception as e:  # one failing case must not hide the others' numbers
             failed.append(c.name)
             click.echo(f"{c.name}: FAILED: {type(e).__name__}: {e}")
         torch.cuda.empty_cache()
+    click.echo(f"bench-matmul: {len(rows)} cases timed in {time.perf_counter() - t3:.1f} s "
+               f"(load {t3 - t2:.1f} s)")
     click.echo(format_table(rows))
     if sweep:
         click.echo("sweep: TFLOP/s per configuration (steady state)")

@@ -148,7 +148,7 @@ def _wgmma_body(ctx: BodyContext) -> str:
     regs = f"{{{out.ptr} + c_off, c.args[1], m_hi, n_hi, (c.args[1] & 1) == 0}}"
     if tma_store(mm, bn):
         lines.append(f"  latch::GemmStoreTma<{out.ctype}> epi{{{regs}, {ctx.tmap(2)}, {ctx.smem}, (int)c.args[0], "
-                     "(int)c.args[1], &c.async_stores, false};")
+                     "(int)c.args[1], &c.async_stores};")
     else:
         lines.append(f"  latch::GemmStore<{out.ctype}> epi{regs};")
     lines.append(f"  if (!latch::gemm_consume<{mm.a.ctype}, {tmpl}>(p, epi, m_lo, m_hi, n_lo, n_hi, {kb}, {ke})) return;")

@@ -12,6 +12,7 @@ from .lowering import BodyContext, Lowering, compute_type
 
 HEADER = "latch_reduce.cuh"
 BLOCK_THRESHOLD = 2048  # reduced length from which the whole block reduces one output element
+THREAD_THRESHOLD = 16  # reduced length up to which one thread reduces one output element
 
 
 def _acc_type(op: str, dtype: str) -> str:
@@ -65,6 +66,8 @@ def _reduce_body(name: str):
         if R >= BLOCK_THRESHOLD:
             lines.append(f"latch::reduce_block_per_output<{acc}, {op}>(n_out, {R}LL, base, off, load, store, "
                          f"({acc}*){ctx.smem});")
+        elif R <= THREAD_THRESHOLD:
+            lines.append(f"latch::reduce_thread_per_output<{acc}, {op}>(n_out, {R}LL, base, off, load, store);")
         else:
             lines.append(f"latch::reduce_warp_per_output<{acc}, {op}>(n_out, {R}LL, base, off, load, store);")
         return "\n".join(lines)

@@ -198,6 +198,27 @@ __device__ __forceinline__ bool consumer_grid_barrier(const Args& a, uint32_t k,
 }
 
 // ---- the producer (one warp; lane 0 does the waiting and issues the loads) ------------------------
+constexpr int TASK_WORDS = (int)(sizeof(Task) / 4);
+static_assert(TASK_WORDS <= 32 && offsetof(Task, op_begin) == 16 && offsetof(Task, op_count) == 20 &&
+                  offsetof(Task, tmap) == 24, "one task word per lane");
+
+__device__ __forceinline__ Instr instr_at(const Args& a, int pc, int end) {
+  Instr ins{0, 0, 0, 0};  // past the end: tell the consumers the list is over
+  if (pc < end) ins = a.instrs[pc];
+  return ins;
+}
+// Lane ``lane``'s word of the task record of ``ins`` (0 when it is not a task).
+__device__ __forceinline__ int32_t task_word(const Args& a, const Instr& ins, int lane) {
+  return ins.kind == I_TASK && lane < TASK_WORDS ? reinterpret_cast<const int32_t*>(a.tasks + ins.a)[lane] : 0;
+}
+// Lane ``lane``'s operand record of that task (the first 32); every lane must call it.
+__device__ __forceinline__ Operand task_operand(const Args& a, const Instr& ins, int32_t word, int lane) {
+  const int ob = __shfl_sync(0xffffffffu, word, 4), oc = __shfl_sync(0xffffffffu, word, 5);
+  Operand o{0, 0, 0};
+  if (ins.kind == I_TASK && lane < oc) o = a.operands[ob + lane];
+  return o;
+}
+
 __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* ring) {
   const int lane = threadIdx.x & 31;
   const int begin = a.sm_begin[blockIdx.x], end = a.sm_begin[blockIdx.x + 1];
@@ -206,9 +227,32 @@ __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* r
   Pipe slots = make_pipe(S, ring, a, 0);  // for waits on the queue's mbarriers (abort + timeout)
   int q = 0;
   uint32_t qphase = 0;
+  // The list is read ahead: each link of the chain instruction -> task record -> operand records
+  // is loaded one iteration (one task's TMA issue) before it is needed, so the dependent global
+  // loads do not stand between one task's last TMA load and the next task's first.
+  // i0, w0, o0: item pc; i1, w1: pc + 1; i2: pc + 2.
+  Instr i0 = instr_at(a, begin, end), i1 = instr_at(a, begin + 1, end), i2 = instr_at(a, begin + 2, end);
+  int32_t w0 = task_word(a, i0, lane), w1 = task_word(a, i1, lane);
+  Operand o0 = task_operand(a, i0, w0, lane);
   for (int pc = begin; pc <= end; ++pc) {
-    Instr ins{0, 0, 0, 0};  // past the end: tell the consumers the list is over
-    if (pc < end) ins = a.instrs[pc];
+    const Instr ins = i0;
+    const int32_t word = w0;
+    const Operand opnd = o0;
+    {
+      const Instr i3 = instr_at(a, pc + 3, end);
+      const int32_t w2 = task_word(a, i2, lane);
+      const Operand o1 = task_operand(a, i1, w1, lane);
+      if (i1.kind == I_TASK) {  // the next task's tensor maps into the descriptor cache
+        const int tm = __shfl_sync(0xffffffffu, w1, 6);
+        if (tm >= 0 && lane < 2) sm90::tma_prefetch_map(tmaps + 128ll * (tm + lane));
+      }
+      i0 = i1;
+      i1 = i2;
+      i2 = i3;
+      w0 = w1;
+      w1 = w2;
+      o0 = o1;
+    }
     int ok = 1;
     if (ins.kind == I_WAIT) {
       if (lane == 0) {
@@ -225,11 +269,11 @@ __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* r
     if (!__shfl_sync(0xffffffffu, ok, 0)) return;
     Slot& s = S.slot[q];
     if (ins.kind == I_TASK) {
-      const int32_t* src = reinterpret_cast<const int32_t*>(a.tasks + ins.a);
-      if (lane < (int)(sizeof(Task) / 4)) reinterpret_cast<int32_t*>(&s.task)[lane] = src[lane];
+      if (lane < TASK_WORDS) reinterpret_cast<int32_t*>(&s.task)[lane] = word;
       __syncwarp();
       const int ob = s.task.op_begin, oc = s.task.op_count;
-      for (int i = lane; i < oc; i += 32) {
+      if (lane < oc) s.ops[lane] = a.buffers[opnd.buffer] + opnd.offset;
+      for (int i = lane + 32; i < oc; i += 32) {
         const Operand o = a.operands[ob + i];
         s.ops[i] = a.buffers[o.buffer] + o.offset;
       }

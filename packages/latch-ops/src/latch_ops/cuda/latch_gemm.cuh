@@ -119,10 +119,10 @@ template <class TC> struct GemmStore {
 // The epilogue through shared memory and TMA stores. Each consumer warp owns 2 KiB of the body's
 // scratch (GEMM_TMA_STORE_SMEM in all, 1024-aligned): two 1 KiB halves, each one 128-byte-swizzled
 // box of 8 rows x 128 bytes (64 BF16 / 32 FP32 columns), the rows 16 w + 8 h .. + 8 of the warp's
-// accumulators (h = 0, 1). Per box: lane 0 waits until the store issued two boxes ago has read its
-// half (bulk_wait_read<1>: halves alternate, one bulk group per box, an empty group for a box
-// entirely outside the tensor), the warp writes the half, fences it to the async proxy, and lane 0
-// issues the TMA store and commits. No named barrier: each warp's boxes are its own.
+// accumulators (h = 0, 1). Per box: lane 0 waits until the store that last read its half is done
+// reading (bulk_wait_read<1>: halves alternate, one bulk group per stored box; <0> after a box that
+// lay wholly outside the output and was skipped), the warp writes the half, fences it to the async
+// proxy, and lane 0 issues the TMA store and commits. No named barrier: each warp's boxes are its own.
 // Hand-off to the worker (latch_kernel_main.cuh): the body's first TMA epilogue waits until every
 // earlier bulk store of this block completed (bulk_wait<0>: the tasks before this one are then
 // really finished), and the body ends with its shared-memory sources read (bulk_wait_read<0>, so
@@ -138,7 +138,8 @@ template <class TC> struct GemmStoreTma {
   char* buf;           // GEMM_TMA_STORE_SMEM bytes of shared memory, 1024-aligned
   int M, N;            // the output's extents
   int* async_stores;   // Ctx::async_stores
-  bool waited;         // this body's first TMA epilogue has waited for every earlier store
+  bool waited = false;       // this body's first TMA epilogue has waited for every earlier store
+  bool last_stored = false;  // this warp's previous box was stored (its bulk group is the newest)
 
   // (a, b) rounded to TC at shared-memory address ``addr`` (st.shared: a generic store would go
   // through the address translation and cost more)
@@ -175,7 +176,17 @@ template <class TC> struct GemmStoreTma {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         char* half = wbuf + 1024 * h;
-        if (lane == 0) sm90::bulk_wait_read<1>();
+        const int rr = row0 + 8 * h, cc = n0 + q * CW;
+        if (rr >= M || cc >= N) {  // the box lies outside the output (warp-uniform): nothing to write
+          last_stored = false;
+          continue;
+        }
+        // The store that last read this half is the newest group but one when the other half's
+        // box was stored last, else possibly the newest.
+        if (lane == 0) {
+          if (last_stored) sm90::bulk_wait_read<1>();
+          else sm90::bulk_wait_read<0>();
+        }
         __syncwarp();
 #pragma unroll
         for (int jj = 0; jj < JPC; ++jj) {
@@ -187,10 +198,10 @@ template <class TC> struct GemmStoreTma {
         sm90::fence_proxy_async_shared();
         __syncwarp();
         if (lane == 0) {
-          const int rr = row0 + 8 * h, cc = n0 + q * CW;
-          if (rr < M && cc < N) sm90::tma_store_2d(map, half, cc, rr);
+          sm90::tma_store_2d(map, half, cc, rr);
           sm90::bulk_commit();
         }
+        last_stored = true;
       }
     }
   }
