@@ -42,3 +42,12 @@ def test_no_split_variants_when_asked_not_to():
 def test_the_bf16_gate_follows_torch_and_has_a_floor():
     assert bf16_gate(1.7e-3) == 4e-3
     assert bf16_gate(3e-3) == 6e-3
+
+
+def test_cases_group_by_layout_in_order():
+    from latch_check.bench_matmul import case_groups
+
+    g = case_groups(cases(2048) + cases(32768))
+    assert list(g) == ["fwd", "dgrad", "wgrad"]
+    assert [c.name for c in g["fwd"]][:2] == ["qkv.fwd.2048", "attn_out.fwd.2048"]
+    assert sum(len(v) for v in g.values()) == 24 and all(len(v) == 8 for v in g.values())

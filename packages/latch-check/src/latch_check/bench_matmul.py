@@ -19,8 +19,10 @@ compile it (``tests/test_bench_matmul.py``); the timing needs the GPU.
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable
 
@@ -106,6 +108,15 @@ def _program(c: Case, name: str, copies: int, out_dtype: str, config: str | None
         nodes.append(Node(f"{name}.mm{r}", "latch::matmul", (a, b), (o,), attrs_, source=f"bench_matmul {c.name}"))
         outs.append(o)
     return Graph(name, values, nodes, (Group("batch", (a, b)),), (Group("metrics", tuple(outs)),))
+
+
+def case_groups(case_list: Iterable[Case]) -> dict[str, list[Case]]:
+    """The cases by layout (forward, input gradient, weight gradient; names ``<op>.<kind>.<tokens>``),
+    in their order: bench-matmul builds one kernel per group."""
+    out: dict[str, list[Case]] = {}
+    for c in case_list:
+        out.setdefault(c.name.split(".")[1], []).append(c)
+    return out
 
 
 def sweep_configs(c: Case) -> list[str]:
@@ -334,42 +345,62 @@ def bench_matmul_command(tokens, only, build_dir, iters, json_path, sweep, split
     if not case_list:
         raise click.ClickException(f"no case matches --only {only!r}")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    # One build per layout group, compiled at the same time: the kernel is one translation unit
+    # and ptxas's time grows faster than linearly with the bodies inlined into it (all 24 cases
+    # in one kernel: ~18 product functions, minutes), so three smaller kernels in parallel finish
+    # long before one large one.
+    groups = case_groups(case_list)
     t0 = time.perf_counter()
-    doc = plan_document(matmul_document(case_list, sweep), sms, split_k=split_k)
+    docs = {k: plan_document(matmul_document(cs, sweep), sms, split_k=split_k) for k, cs in groups.items()}
     t1 = time.perf_counter()
-    doc = build(doc, build_dir)
+    dirs = {k: Path(build_dir) / k for k in groups}
+    with ThreadPoolExecutor(max_workers=len(groups)) as ex:
+        futures = {k: ex.submit(build, docs[k], dirs[k]) for k in groups}
+        docs = {k: f.result() for k, f in futures.items()}
     t2 = time.perf_counter()
-    click.echo(f"bench-matmul: {len(case_list)} cases, plan {t1 - t0:.1f} s, build {t2 - t1:.1f} s "
-               f"({dict(doc.build.stats).get('cached')}), {dict(doc.build.stats).get('resources', '')}")
-    try:
-        from latch_codegen_h100 import SassError, sass_report
+    click.echo(f"bench-matmul: {len(case_list)} cases in {len(groups)} builds ({', '.join(groups)}), plan "
+               f"{t1 - t0:.1f} s, build {t2 - t1:.1f} s")
+    for k, d in docs.items():
+        st = dict(d.build.stats)
+        click.echo(f"  {k}: {st.get('cached')}, compile {st.get('compile_seconds', 0):.1f} s, "
+                   f"{st.get('functions')} functions, spills {st.get('spill_stores', 0)}/{st.get('spill_loads', 0)} bytes")
+        try:
+            from latch_codegen_h100 import SassError, sass_report
 
-        click.echo("machine code: " + "; ".join(sass_report(Path(build_dir) / "program.so").lines()))
-    except SassError as e:
-        click.echo(f"machine code: not read ({e})")
-    prog = Program.load(build_dir)
-    names = {g.name for g in doc.graph.programs}
+            click.echo("  machine code: " + "; ".join(sass_report(dirs[k] / "program.so").lines()))
+        except SassError as e:
+            click.echo(f"  machine code: not read ({e})")
     rows, failed = [], []
     t3 = time.perf_counter()
-    for i, c in enumerate(case_list):
-        try:
-            has_split = f"{split_name(c.name)}.x1" in names
-            row = run_case(prog, c, iters, seed=i, configs=sweep_configs(c) if sweep else (), split=has_split)
-            row["config"] = chosen_config(doc, f"{c.name}.x1")
-            split_row = row.pop("split")
-            rows.append(row)
-            if split_row:
-                split_row["config"] = chosen_config(doc, f"{split_name(c.name)}.x1")
-                rows.append(split_row)
-            # each row as soon as it is measured (a run cut short by a time limit keeps what it had)
-            for r in rows[-2 if split_row else -1:]:
-                click.echo("row: " + format_table([r]).splitlines()[-1])
-        except Exception as e:  # one failing case must not hide the others' numbers
-            failed.append(c.name)
-            click.echo(f"{c.name}: FAILED: {type(e).__name__}: {e}")
+    seeds = {c.name: i for i, c in enumerate(case_list)}
+    for k, cs in groups.items():
+        doc = docs[k]
+        prog = Program.load(dirs[k])
+        names = {g.name for g in doc.graph.programs}
+        for c in cs:
+            try:
+                has_split = f"{split_name(c.name)}.x1" in names
+                row = run_case(prog, c, iters, seed=seeds[c.name], configs=sweep_configs(c) if sweep else (),
+                               split=has_split)
+                row["config"] = chosen_config(doc, f"{c.name}.x1")
+                split_row = row.pop("split")
+                rows.append(row)
+                if split_row:
+                    split_row["config"] = chosen_config(doc, f"{split_name(c.name)}.x1")
+                    rows.append(split_row)
+                # each row as soon as it is measured (a run cut short by a time limit keeps what it had)
+                for r in rows[-2 if split_row else -1:]:
+                    click.echo("row: " + format_table([r]).splitlines()[-1])
+            except Exception as e:  # one failing case must not hide the others' numbers
+                failed.append(c.name)
+                click.echo(f"{c.name}: FAILED: {type(e).__name__}: {e}")
+            torch.cuda.empty_cache()
+        del prog
+        gc.collect()
         torch.cuda.empty_cache()
-    click.echo(f"bench-matmul: {len(rows)} cases timed in {time.perf_counter() - t3:.1f} s "
-               f"(load {t3 - t2:.1f} s)")
+    order = {c.name: i for i, c in enumerate(case_list)}
+    rows.sort(key=lambda r: (order[r["case"].split("@")[0]], "@" in r["case"]))
+    click.echo(f"bench-matmul: {len(rows)} rows timed in {time.perf_counter() - t3:.1f} s")
     click.echo(format_table(rows))
     if sweep:
         click.echo("sweep: TFLOP/s per configuration (steady state)")
@@ -382,4 +413,4 @@ def bench_matmul_command(tokens, only, build_dir, iters, json_path, sweep, split
         raise click.ClickException(f"wrong or failed: {bad}")
 
 
-__all__ = ["Case", "cases", "matmul_document", "plan_document", "bench_matmul_command", "repeats"]
+__all__ = ["Case", "cases", "case_groups", "matmul_document", "plan_document", "bench_matmul_command", "repeats"]
