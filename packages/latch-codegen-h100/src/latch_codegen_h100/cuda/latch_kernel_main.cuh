@@ -223,8 +223,7 @@ __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* r
   const int lane = threadIdx.x & 31;
   const int begin = a.sm_begin[blockIdx.x], end = a.sm_begin[blockIdx.x + 1];
   const char* tmaps = (const char*)a.tmaps;
-  Pipe p = make_pipe(S, ring, a, 0);
-  Pipe slots = make_pipe(S, ring, a, 0);  // for waits on the queue's mbarriers (abort + timeout)
+  Pipe p = make_pipe(S, ring, a, 0);  // (its abort flag and timeout also serve the queue's waits)
   int q = 0;
   uint32_t qphase = 0;
   // The list is read ahead: each link of the chain instruction -> task record -> operand records
@@ -265,7 +264,7 @@ __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* r
       continue;  // the consumers' next item is handed over after the wait: they need not see it
 #endif
     }
-    if (lane == 0) ok = pipe_wait(&S.slot_empty[q], qphase ^ 1u, slots);
+    if (lane == 0) ok = pipe_wait(&S.slot_empty[q], qphase ^ 1u, p);
     if (!__shfl_sync(0xffffffffu, ok, 0)) return;
     Slot& s = S.slot[q];
     if (ins.kind == I_TASK) {
