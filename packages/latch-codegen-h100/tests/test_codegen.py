@@ -166,3 +166,44 @@ def test_constant_bytes():
     assert T.const_bytes((1.0 + 3 * 2 ** -9,), "bf16", 1, "c") == struct.pack("<H", 0x3F81)
     with pytest.raises(ValueError, match="constant 'c': 3 data items for 2 elements"):
         T.const_bytes((1, 2, 3), "f32", 2, "c")
+
+
+def test_reductions_pick_one_thread_one_warp_or_the_block_per_output_by_length():
+    """A few reduced elements (split-K partials: R = S) are summed by one thread per output, in
+    index order; longer ones by a warp, very long ones by the whole block."""
+    values = [Value("p", (4, 64, 32), F, "batch"), Value("s", (64, 32), F), Value("t", (4, 64), F),
+              Value("u", (4,), F)]
+    nodes = [("split_sum", "latch::sum", ("p",), ("s",), {"dims": (0,), "keepdim": False}),
+             ("row_sum", "latch::sum", ("p",), ("t",), {"dims": (2,), "keepdim": False}),
+             ("all_sum", "latch::sum", ("p",), ("u",), {"dims": (1, 2), "keepdim": False})]
+    g = H.graph("update", values, nodes, [("batch", ["p"])], [("out", ["s", "t", "u"])])
+    gen = generate(H.planned([g]), jobs=1)
+    src = "\n".join(u.source for u in gen.units[1:])
+
+    assert src.count("latch::reduce_thread_per_output<double, latch::SumOp>(n_out, 4LL,") == 1  # R = 4
+    assert src.count("latch::reduce_warp_per_output<double, latch::SumOp>(n_out, 32LL,") == 1  # R = 32
+    assert src.count("latch::reduce_block_per_output<double, latch::SumOp>(n_out, 2048LL,") == 1  # R = 2048
+
+
+def test_products_store_through_tma_where_the_tile_is_whole_128_byte_rows():
+    """The wgmma body's epilogue goes through shared memory and TMA stores (a third tensor map, 16
+    KiB of scratch) when BN is whole 128-byte box rows of the output; otherwise (BN 96 of a BF16
+    output, a split-K partial) it stores from registers."""
+    bf = "bf16"
+    values = [Value("x", (256, 128), bf, "batch"), Value("w", (128, 128), bf, "batch"), Value("v", (96, 128), bf, "batch"),
+              Value("y", (256, 128), bf), Value("z", (256, 96), bf), Value("p", (2, 256, 128), F)]
+    nodes = [("wide", "latch::matmul", ("x", "w"), ("y",), {"trans_b": True}),
+             ("narrow", "latch::matmul", ("x", "v"), ("z",), {"trans_b": True}),
+             ("split", "latch::matmul", ("x", "w"), ("p",), {"trans_b": True, "split_k": 2, "out_dtype": F})]
+    g = H.graph("update", values, nodes, [("batch", ["x", "w", "v"])], [("out", ["y", "z", "p"])])
+    gen = generate(H.planned([g]), jobs=1)
+    bodies = {b["ops"][0] + ":" + str(b["tensor_maps"]): b for b in gen.manifest["bodies"]}
+    src = "\n".join(u.source for u in gen.units[1:])
+    assert src.count("latch::GemmStoreTma<__nv_bfloat16> epi{") == 1  # wide: BN 128
+    assert src.count("latch::GemmStore<__nv_bfloat16> epi{") == 1  # narrow: BN 96
+    assert src.count("latch::GemmStore<float> epi{") == 1  # the split partial
+    maps = sorted(b["tensor_maps"] for b in gen.manifest["bodies"])
+    assert maps == [2, 2, 3], bodies
+    assert max(b["smem"] for b in gen.manifest["bodies"]) == 16384
+    tm = gen.manifest["programs"]["update"]["tmaps"]
+    assert {"value": "y", "dims": [128, 256], "box": [64, 8]} in [{k: t[k] for k in ("value", "dims", "box")} for t in tm]

@@ -49,6 +49,9 @@ def test_products_run_on_tensor_cores_fed_by_tma_with_the_register_split(tmp_pat
     assert any(k.startswith("64x128x16.F32.BF16") for k in r.hgmma), r
     assert r.hgmma_serialized == 0, r
     assert r.utmaldg >= 3, r
+    # every product's epilogue goes through shared memory and TMA stores (two 8-row boxes per
+    # 128-byte column block of each warp's rows)
+    assert r.utmastg >= 3, r
     assert r.setmaxreg_alloc == (224,) and r.setmaxreg_dealloc == (56,), r
     # no spills; the only local stores are the context an out-of-line body (relu) is called with
     assert r.local_loads == 0 and r.local_stores <= 16, r

@@ -19,8 +19,10 @@ compile it (``tests/test_bench_matmul.py``); the timing needs the GPU.
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable
 
@@ -36,6 +38,12 @@ D_MODEL, QKV, VOCAB, EXPERTS = 768, 3 * 768, 49152, 16
 # 7.6e-7 at K = 768, linear in K); a wrong tile or index gives O(1). The BF16 storage of an output
 # alone costs ~2e-3, so this gate is 20x tighter than what a BF16 consumer could notice.
 REL_GATE, MAX_GATE = 1e-4, 1e-3
+
+
+def bf16_gate(torch_rel: float) -> float:
+    """The gate of a BF16 output against FP64: twice what torch.mm's own BF16 output of the same
+    operands shows (its rounding, ~2e-3), at least 4e-3. A wrong tile or a stale box gives O(1)."""
+    return max(2 * torch_rel, 4e-3)
 
 
 @attrs.frozen
@@ -102,6 +110,15 @@ def _program(c: Case, name: str, copies: int, out_dtype: str, config: str | None
     return Graph(name, values, nodes, (Group("batch", (a, b)),), (Group("metrics", tuple(outs)),))
 
 
+def case_groups(case_list: Iterable[Case]) -> dict[str, list[Case]]:
+    """The cases by layout (forward, input gradient, weight gradient; names ``<op>.<kind>.<tokens>``),
+    in their order: bench-matmul builds one kernel per group."""
+    out: dict[str, list[Case]] = {}
+    for c in case_list:
+        out.setdefault(c.name.split(".")[1], []).append(c)
+    return out
+
+
 def sweep_configs(c: Case) -> list[str]:
     """The wgmma configurations a sweep times for ``c``: every BN the body runs for its layout."""
     ns = (64, 96, 128, 192, 256) if c.tb else (64, 128, 192, 256)
@@ -134,12 +151,58 @@ def chosen_config(doc: Document, program: str) -> str:
     return "?"
 
 
-def plan_document(doc: Document, num_sms: int) -> Document:
-    """The pipeline's passes from the configuration choice to the validator (latch_core.pipeline)."""
+SPLIT_CHOICES = (1, 2, 4, 8, 16)
+
+
+def split_name(case: str) -> str:
+    return f"{case}@split"
+
+
+def with_split_variants(doc: Document, num_sms: int) -> Document:
+    """Add ``<case>@split.x1`` / ``.xR`` where the cost model, with split-K allowed (S in
+    ``SPLIT_CHOICES``; the default schedule leaves it off), would split the product: the same
+    copies, rewritten into FP32 partials and their fixed-order sum (schedule.matmul_configs), so one
+    run times both choices side by side."""
+    from latch_core.passes import run_pass
+    from latch_core.plugins import registries
+
+    timed = [g for g in doc.graph.programs if "@" not in g.name and not g.name.endswith(".check")]
+    if not timed:
+        return doc
+    renamed = []
+    for g in timed:
+        case, _, rest = g.name.rpartition(".")
+        new = f"{split_name(case)}.{rest}"
+        renamed.append(_program_like(g, new))
+    sub = Document(graph=GraphSection(renamed, (), {}))
+    sub = run_pass(registries().passes.get("schedule.matmul_configs"), sub, num_sms=num_sms,
+                   cost_split_k_choices=SPLIT_CHOICES)
+    keep = [g for g in sub.graph.programs if any(n.attr("split_k") for n in g.nodes)]
+    if not keep:
+        return doc
+    return attrs.evolve(doc, graph=attrs.evolve(doc.graph, programs=tuple(doc.graph.programs) + tuple(keep)))
+
+
+def _program_like(g: Graph, name: str) -> Graph:
+    """``g`` with its name, nodes and outputs renamed from ``g.name`` to ``name`` (inputs shared)."""
+    old = g.name
+    ren = lambda v: name + v[len(old):] if v.startswith(old + ".") else v  # noqa: E731
+    values = [attrs.evolve(v, name=ren(v.name)) for v in g.values]
+    nodes = [attrs.evolve(n, name=ren(n.name), inputs=tuple(ren(i) for i in n.inputs),
+                          outputs=tuple(ren(o) for o in n.outputs)) for n in g.nodes]
+    outs = tuple(attrs.evolve(gr, values=tuple(ren(v) for v in gr.values)) for gr in g.outputs)
+    return attrs.evolve(g, name=name, values=values, nodes=nodes, outputs=outs)
+
+
+def plan_document(doc: Document, num_sms: int, split_k: bool = True) -> Document:
+    """The pipeline's passes from the configuration choice to the validator (latch_core.pipeline);
+    with ``split_k``, first the split-K variants (:func:`with_split_variants`)."""
     from latch_core.passes import run_pass
     from latch_core.plugins import registries
 
     passes = registries().passes
+    if split_k:
+        doc = with_split_variants(doc, num_sms)
     doc = run_pass(passes.get("schedule.matmul_configs"), doc, num_sms=num_sms)
     doc = run_pass(passes.get("schedule"), doc, scheduler="barrier", num_sms=num_sms)
     doc = run_pass(passes.get("memory.plan"), doc)
@@ -165,7 +228,7 @@ def _median_ms(fn, iters: int, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def run_case(prog, c: Case, iters: int, seed: int, configs: list[str] = ()) -> dict:
+def run_case(prog, c: Case, iters: int, seed: int, configs: list[str] = (), split: bool = False) -> dict:
     import torch
 
     dev = prog.device
@@ -187,6 +250,13 @@ def run_case(prog, c: Case, iters: int, seed: int, configs: list[str] = ()) -> d
     rel = (got - ref).norm().item() / norm
     worst = (got - ref).abs().max().item() / max(ref.abs().max().item(), 1e-30)
     torch_rel = (torch.mm(A, B).double() - ref).norm().item() / norm
+    del got
+    # the timed programs' BF16 output (its own epilogue: through shared memory and TMA stores where
+    # the body allows it) against the same reference: BF16 rounding only, like torch.mm's own
+    prog.launch(f"{c.name}.x1", batch=batch)
+    prog.check()
+    got = prog.outputs(f"{c.name}.x1", batch=batch)[f"{c.name}.x1.out0"].double()
+    bf16_rel = (got - ref).norm().item() / norm
     del got, ref
 
     R = repeats(c)
@@ -198,6 +268,17 @@ def run_case(prog, c: Case, iters: int, seed: int, configs: list[str] = ()) -> d
         return t1, tr
 
     t1, tr = timed(c.name)
+    split_row = None
+    if split:  # the split-K variant: its BF16 output against the same reference, then its time
+        sname = split_name(c.name)
+        prog.launch(f"{sname}.x1", batch=batch)
+        prog.check()
+        got = prog.outputs(f"{sname}.x1", batch=batch)[f"{sname}.x1.out0"].double()
+        ref = torch.mm(A.double(), B.double())
+        split_rel = (got - ref).norm().item() / norm
+        del got, ref
+        s1, sr = timed(sname)
+        split_row = {"rel": split_rel, "ms": (sr - s1) / (R - 1), "launch_ms": sr / R}
     sweep = {}
     for cfg in configs:
         s1, sr = timed(f"{c.name}@{cfg}")
@@ -216,20 +297,26 @@ def run_case(prog, c: Case, iters: int, seed: int, configs: list[str] = ()) -> d
             torch.mm(A, B, out=o)
     tt = _median_ms(graph.replay, iters) / R
     latch_ms = (tr - t1) / (R - 1)
-    return {"case": c.name, "m": c.m, "n": c.n, "k": c.k, "layout": c.layout, "R": R, "rel_l2": rel,
+    if split_row:
+        split_row.update(case=f"{c.name}@split", m=c.m, n=c.n, k=c.k, layout=c.layout, R=R, rel_l2=float("nan"),
+                         max_err=float("nan"), bf16_rel_l2=split_row["rel"], latch_ms=split_row["ms"],
+                         latch_launch_ms=split_row["launch_ms"], torch_ms=tt, latch_tflops=c.flops / split_row["ms"] / 1e9,
+                         torch_tflops=c.flops / tt / 1e9, ratio=tt / split_row["ms"],
+                         ok=split_row["rel"] <= bf16_gate(torch_rel))
+    return {"split": split_row, "case": c.name, "m": c.m, "n": c.n, "k": c.k, "layout": c.layout, "R": R, "rel_l2": rel,
             "max_err": worst, "latch_ms": latch_ms, "latch_launch_ms": tr / R, "torch_ms": tt,
             "latch_tflops": c.flops / latch_ms / 1e9, "torch_tflops": c.flops / tt / 1e9,
-            "ratio": tt / latch_ms, "torch_bf16_rel_l2": torch_rel, "sweep_tflops": sweep,
-            "ok": rel <= REL_GATE and worst <= MAX_GATE}
+            "ratio": tt / latch_ms, "torch_bf16_rel_l2": torch_rel, "bf16_rel_l2": bf16_rel, "sweep_tflops": sweep,
+            "ok": rel <= REL_GATE and worst <= MAX_GATE and bf16_rel <= bf16_gate(torch_rel)}
 
 
 def format_table(rows: list[dict]) -> str:
-    head = (f"{'case':<22} {'M x N x K':>20} {'layout':>8} {'config':>22} {'R':>3} {'rel L2':>9} {'latch us':>9} "
+    head = (f"{'case':<22} {'M x N x K':>20} {'layout':>8} {'config':>22} {'R':>3} {'rel L2':>9} {'bf16 L2':>9} {'latch us':>9} "
             f"{'(launch)':>9} {'torch us':>9} {'latch TF':>8} {'torch TF':>8} {'vs torch':>8}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['case']:<22} {str(r['m']) + 'x' + str(r['n']) + 'x' + str(r['k']):>20} {r['layout']:>8} "
-                     f"{r.get('config', ''):>22} {r['R']:>3} {r['rel_l2']:9.2e} {1e3 * r['latch_ms']:9.2f} {1e3 * r['latch_launch_ms']:9.2f} "
+                     f"{r.get('config', ''):>22} {r['R']:>3} {r['rel_l2']:9.2e} {r.get('bf16_rel_l2', float('nan')):9.2e} {1e3 * r['latch_ms']:9.2f} {1e3 * r['latch_launch_ms']:9.2f} "
                      f"{1e3 * r['torch_ms']:9.2f} {r['latch_tflops']:8.0f} {r['torch_tflops']:8.0f} "
                      f"{100 * r['ratio']:7.0f}%{'' if r['ok'] else '  WRONG'}")
     return "\n".join(lines)
@@ -242,7 +329,9 @@ def format_table(rows: list[dict]) -> str:
 @click.option("--iters", default=20, show_default=True)
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="also write the rows here")
 @click.option("--sweep", is_flag=True, help="also time every wgmma configuration of each case (cost-model calibration)")
-def bench_matmul_command(tokens, only, build_dir, iters, json_path, sweep):
+@click.option("--split-k/--no-split-k", default=True, show_default=True,
+              help="also time the split-K choice where the cost model with split-K allowed would split (rows <case>@split)")
+def bench_matmul_command(tokens, only, build_dir, iters, json_path, sweep, split_k):
     """Time TinyMoE-200M's dense matrix products as Latch tasks against torch.mm in a CUDA graph."""
     import json
 
@@ -256,30 +345,62 @@ def bench_matmul_command(tokens, only, build_dir, iters, json_path, sweep):
     if not case_list:
         raise click.ClickException(f"no case matches --only {only!r}")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    # One build per layout group, compiled at the same time: the kernel is one translation unit
+    # and ptxas's time grows faster than linearly with the bodies inlined into it (all 24 cases
+    # in one kernel: ~18 product functions, minutes), so three smaller kernels in parallel finish
+    # long before one large one.
+    groups = case_groups(case_list)
     t0 = time.perf_counter()
-    doc = plan_document(matmul_document(case_list, sweep), sms)
+    docs = {k: plan_document(matmul_document(cs, sweep), sms, split_k=split_k) for k, cs in groups.items()}
     t1 = time.perf_counter()
-    doc = build(doc, build_dir)
+    dirs = {k: Path(build_dir) / k for k in groups}
+    with ThreadPoolExecutor(max_workers=len(groups)) as ex:
+        futures = {k: ex.submit(build, docs[k], dirs[k]) for k in groups}
+        docs = {k: f.result() for k, f in futures.items()}
     t2 = time.perf_counter()
-    click.echo(f"bench-matmul: {len(case_list)} cases, plan {t1 - t0:.1f} s, build {t2 - t1:.1f} s "
-               f"({dict(doc.build.stats).get('cached')}), {dict(doc.build.stats).get('resources', '')}")
-    try:
-        from latch_codegen_h100 import SassError, sass_report
-
-        click.echo("machine code: " + "; ".join(sass_report(Path(build_dir) / "program.so").lines()))
-    except SassError as e:
-        click.echo(f"machine code: not read ({e})")
-    prog = Program.load(build_dir)
-    rows, failed = [], []
-    for i, c in enumerate(case_list):
+    click.echo(f"bench-matmul: {len(case_list)} cases in {len(groups)} builds ({', '.join(groups)}), plan "
+               f"{t1 - t0:.1f} s, build {t2 - t1:.1f} s")
+    for k, d in docs.items():
+        st = dict(d.build.stats)
+        click.echo(f"  {k}: {st.get('cached')}, compile {st.get('compile_seconds', 0):.1f} s, "
+                   f"{st.get('functions')} functions, spills {st.get('spill_stores', 0)}/{st.get('spill_loads', 0)} bytes")
         try:
-            row = run_case(prog, c, iters, seed=i, configs=sweep_configs(c) if sweep else ())
-            row["config"] = chosen_config(doc, f"{c.name}.x1")
-            rows.append(row)
-        except Exception as e:  # one failing case must not hide the others' numbers
-            failed.append(c.name)
-            click.echo(f"{c.name}: FAILED: {type(e).__name__}: {e}")
+            from latch_codegen_h100 import SassError, sass_report
+
+            click.echo("  machine code: " + "; ".join(sass_report(dirs[k] / "program.so").lines()))
+        except SassError as e:
+            click.echo(f"  machine code: not read ({e})")
+    rows, failed = [], []
+    t3 = time.perf_counter()
+    seeds = {c.name: i for i, c in enumerate(case_list)}
+    for k, cs in groups.items():
+        doc = docs[k]
+        prog = Program.load(dirs[k])
+        names = {g.name for g in doc.graph.programs}
+        for c in cs:
+            try:
+                has_split = f"{split_name(c.name)}.x1" in names
+                row = run_case(prog, c, iters, seed=seeds[c.name], configs=sweep_configs(c) if sweep else (),
+                               split=has_split)
+                row["config"] = chosen_config(doc, f"{c.name}.x1")
+                split_row = row.pop("split")
+                rows.append(row)
+                if split_row:
+                    split_row["config"] = chosen_config(doc, f"{split_name(c.name)}.x1")
+                    rows.append(split_row)
+                # each row as soon as it is measured (a run cut short by a time limit keeps what it had)
+                for r in rows[-2 if split_row else -1:]:
+                    click.echo("row: " + format_table([r]).splitlines()[-1])
+            except Exception as e:  # one failing case must not hide the others' numbers
+                failed.append(c.name)
+                click.echo(f"{c.name}: FAILED: {type(e).__name__}: {e}")
+            torch.cuda.empty_cache()
+        del prog
+        gc.collect()
         torch.cuda.empty_cache()
+    order = {c.name: i for i, c in enumerate(case_list)}
+    rows.sort(key=lambda r: (order[r["case"].split("@")[0]], "@" in r["case"]))
+    click.echo(f"bench-matmul: {len(rows)} rows timed in {time.perf_counter() - t3:.1f} s")
     click.echo(format_table(rows))
     if sweep:
         click.echo("sweep: TFLOP/s per configuration (steady state)")
@@ -292,4 +413,4 @@ def bench_matmul_command(tokens, only, build_dir, iters, json_path, sweep):
         raise click.ClickException(f"wrong or failed: {bad}")
 
 
-__all__ = ["Case", "cases", "matmul_document", "plan_document", "bench_matmul_command", "repeats"]
+__all__ = ["Case", "cases", "case_groups", "matmul_document", "plan_document", "bench_matmul_command", "repeats"]

@@ -11,6 +11,11 @@ Two bodies:
   operands whose rows are 16-byte aligned: TMA loads into the worker's ring, wgmma into FP32
   accumulators, the store fused into the epilogue. A task's box is computed in 128 x BN sub-tiles.
   Taken when the node's ``config`` names it, or, with no ``config``, whenever it is legal.
+  The epilogue goes through shared memory and TMA stores (``GemmStoreTma``: the consumers return
+  to the next tile while the copy engine writes this one; a third tensor map, 16 KiB of scratch)
+  when :func:`tma_store` allows it: no split-K, a BF16/F16/F32 output whose rows are 16-byte
+  multiples, and BN whole 128-byte box rows (BN % 64 for 2-byte outputs, BN % 32 for FP32);
+  otherwise the accumulators are stored from registers (``GemmStore``).
 - **simt** (latch_ops/cuda/latch_matmul.cuh): everything else (FP32/FP64 operands, batch dims);
   ``operand_dtype`` ("bf16"/"f16") rounds the operands before the multiply, ``accum_dtype`` "f32"
   (the default) accumulates in float, f64 operands in double.
@@ -124,14 +129,28 @@ def _wgmma_args(ctx: BodyContext) -> tuple[_Mm, int, str]:
     return mm, bn, tmpl
 
 
+TMA_STORE_DTYPES = {"bf16": 2, "f16": 2, "f32": 4}
+TMA_STORE_SMEM = 8 * 2048  # latch_gemm.cuh GEMM_TMA_STORE_SMEM: 2 KiB per consumer warp
+
+
+def tma_store(mm: _Mm, bn: int) -> bool:
+    """Whether the wgmma body's epilogue goes through shared memory and TMA stores (module docstring)."""
+    es = TMA_STORE_DTYPES.get(mm.out.dtype)
+    return bool(es) and not mm.split and (mm.N * es) % 16 == 0 and bn % (128 // es) == 0
+
+
 def _wgmma_body(ctx: BodyContext) -> str:
     mm, bn, tmpl = _wgmma_args(ctx)
     out = mm.out
     lines = [_box(mm), "latch::Pipe p = c.pipe;"]
     head, kb, ke = _split_loop(mm, ctx, shared=True)
     lines += head
-    lines.append(f"  const latch::GemmStore<{out.ctype}> epi{{{out.ptr} + c_off, c.args[1], m_hi, n_hi, "
-                 "(c.args[1] & 1) == 0};")
+    regs = f"{{{out.ptr} + c_off, c.args[1], m_hi, n_hi, (c.args[1] & 1) == 0}}"
+    if tma_store(mm, bn):
+        lines.append(f"  latch::GemmStoreTma<{out.ctype}> epi{{{regs}, {ctx.tmap(2)}, {ctx.smem}, (int)c.args[0], "
+                     "(int)c.args[1], &c.async_stores};")
+    else:
+        lines.append(f"  latch::GemmStore<{out.ctype}> epi{regs};")
     lines.append(f"  if (!latch::gemm_consume<{mm.a.ctype}, {tmpl}>(p, epi, m_lo, m_hi, n_lo, n_hi, {kb}, {ke})) return;")
     lines.append("}")
     return "\n".join(lines)
@@ -154,7 +173,11 @@ def _tensor_maps(ctx: BodyContext) -> list[TensorMap]:
     amap = TensorMap(0, (mm.M, mm.K), (64, 64)) if mm.ta else TensorMap(0, (mm.K, mm.M), (64, BM))
     # b: [N, K] K-major, boxes of 64 K x BN rows; [K, N] N-major, boxes of 64 N x 64 K rows.
     bmap = TensorMap(1, (mm.K, mm.N), (64, bn)) if mm.tb else TensorMap(1, (mm.N, mm.K), (64, 64))
-    return [amap, bmap]
+    if not tma_store(mm, bn):
+        return [amap, bmap]
+    # the output (TMA stores): boxes of one 128-byte row x 8 rows (GemmStoreTma)
+    cw = 128 // TMA_STORE_DTYPES[mm.out.dtype]
+    return [amap, bmap, TensorMap(2, (mm.N, mm.M), (cw, 8))]
 
 
 def _stage_bytes(ctx: BodyContext) -> int:
@@ -230,7 +253,10 @@ def _body(ctx: BodyContext) -> str:
 
 
 def _smem(ctx: BodyContext) -> int:
-    return 0 if _is_wgmma(ctx) else _simt_smem(ctx)
+    if not _is_wgmma(ctx):
+        return _simt_smem(ctx)
+    mm, bn, _ = _wgmma_args(ctx)
+    return TMA_STORE_SMEM if tma_store(mm, bn) else 0
 
 
 class _WhenWgmma:

@@ -12,6 +12,7 @@ from .lowering import BodyContext, Lowering, compute_type
 
 HEADER = "latch_reduce.cuh"
 BLOCK_THRESHOLD = 2048  # reduced length from which the whole block reduces one output element
+THREAD_THRESHOLD = 16  # reduced length up to which one thread reduces one output element
 
 
 def _acc_type(op: str, dtype: str) -> str:
@@ -94,10 +95,14 @@ def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None
         generic = (f"latch::reduce_block_per_output<{acc}, {op}>(n_out, {R}LL, base, off, load, store, "
                    f"({acc}*){ctx.smem});")
         vector = f"latch::reduce_rows_vec4_block<{acc}, {op}>(n_out, {R}LL, base, load4, store, ({acc}*){ctx.smem});"
+    elif R <= THREAD_THRESHOLD:
+        # short reductions (a split-K sum over S <= 16 partials): one thread per output, in index order
+        generic = f"latch::reduce_thread_per_output<{acc}, {op}>(n_out, {R}LL, base, off, load, store);"
+        vector = None
     else:
         generic = f"latch::reduce_warp_per_output<{acc}, {op}>(n_out, {R}LL, base, off, load, store);"
         vector = f"latch::reduce_rows_vec4_warp<{acc}, {op}>(n_out, {R}LL, base, load4, store);"
-    if load4 is not None and R % 4 == 0 and row_reduction(dims, x.rank):
+    if vector is not None and load4 is not None and R % 4 == 0 and row_reduction(dims, x.rank):
         lines += load4
         lines += [f"if ({vec_cond}) {{", "  " + vector, "} else {", "  " + generic, "}"]
     else:

@@ -66,6 +66,7 @@ class SassReport:
     local_stores: int
     registers: int
     stack: int
+    utmastg: int = 0  # TMA stores (the matmul epilogue through shared memory)
 
     def lines(self) -> list[str]:
         g = ", ".join(f"{k} x{v}" for k, v in sorted(self.hgmma.items())) or "none"
@@ -73,6 +74,7 @@ class SassReport:
             f"HGMMA (tensor-core products)  {sum(self.hgmma.values())}: {g}",
             f"  serialized (a wait after each) {self.hgmma_serialized}",
             f"UTMALDG (TMA loads)           {self.utmaldg}",
+            f"UTMASTG (TMA stores)          {self.utmastg}",
             f"SYNCS (mbarrier operations)   {self.syncs}",
             f"USETMAXREG                    grow to {list(self.setmaxreg_alloc)}, shrink to {list(self.setmaxreg_dealloc)}",
             f"local memory (LDL / STL)      {self.local_loads} / {self.local_stores}",
@@ -125,6 +127,7 @@ def parse(sass: str, resources: str) -> SassReport:
     return SassReport(
         hgmma=hgmma, hgmma_serialized=serialized,
         utmaldg=sum(1 for x in instrs if x.startswith("UTMALDG") or " UTMALDG" in x),
+        utmastg=sum(1 for x in instrs if re.search(r"\bUTMASTG\b", x)),
         syncs=sum(1 for x in instrs if "SYNCS." in x),
         setmaxreg_alloc=alloc, setmaxreg_dealloc=dealloc,
         local_loads=sum(1 for x in instrs if re.search(r"\bLDL\b", x)),

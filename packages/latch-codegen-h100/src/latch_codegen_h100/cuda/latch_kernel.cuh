@@ -94,6 +94,10 @@ struct Ctx {
   const char* tmaps;      // Args::tmaps + 128 * t->tmap: the group's tensor maps, in order
   Pipe pipe;              // the ring, positioned where this task's first stage is
   const long long* args;  // the body's run-time constants (its row of latch_body_args)
+  // Set (to 1, by every consumer thread) by a body that returns with TMA stores still in flight
+  // (latch_gemm.cuh GemmStoreTma): lane 0 of each consumer warp holds them in its bulk groups, and
+  // the worker (latch_kernel_main.cuh) waits for them before the task counts as finished.
+  mutable int async_stores = 0;
 };
 
 __device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {

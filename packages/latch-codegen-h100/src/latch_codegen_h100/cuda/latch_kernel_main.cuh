@@ -30,6 +30,13 @@
 // - signals and barrier arrivals are the consumers': after the task(s) before them, after a named
 //   barrier of all consumers. The producer passes a grid barrier only once it completed (it spins
 //   on the same word without arriving).
+// - TMA stores (a body that sets Ctx::async_stores, latch_gemm.cuh GemmStoreTma) may still be in
+//   flight when the body returns, so that the next task's math overlaps them. ``done`` counts only
+//   tasks whose stores are complete: such a task is counted once a later wait covers its stores
+//   (the next TMA-store body's first epilogue waits for every earlier one; ``consumer_flush``, the
+//   wait of lane 0 of every consumer warp, before a signal, a barrier, the list's end, a task
+//   whose loads depend on the uncounted task (Task::dep), a task without tensor maps (it may read
+//   the output with ordinary loads), and after a body without TMA stores).
 // Counters and the barrier word are never reset between launches: launch number ``epoch`` of a
 // program waits for ``epoch * expected[c] + n`` signals on counter c, and for
 // ``(epoch * num_barriers + k + 1) * gridDim.x`` arrivals at barrier k (unsigned, wrap-safe).
@@ -120,7 +127,7 @@ struct WorkerShared {
   Slot slot[LATCH_QUEUE];
   uint64_t slot_full[LATCH_QUEUE], slot_empty[LATCH_QUEUE];
   uint64_t stage_full[LATCH_STAGES > 0 ? LATCH_STAGES : 1], stage_empty[LATCH_STAGES > 0 ? LATCH_STAGES : 1];
-  uint32_t done;  // tasks of this block's list the consumers have finished
+  uint32_t done;  // tasks of this block's list the consumers have finished, their stores complete
 };
 
 __device__ __forceinline__ Pipe make_pipe(WorkerShared& S, char* ring, const Args& a, uint32_t pos) {
@@ -191,17 +198,60 @@ __device__ __forceinline__ bool consumer_grid_barrier(const Args& a, uint32_t k,
 }
 
 // ---- the producer (one warp; lane 0 does the waiting and issues the loads) ------------------------
+constexpr int TASK_WORDS = (int)(sizeof(Task) / 4);
+static_assert(TASK_WORDS <= 32 && offsetof(Task, op_begin) == 16 && offsetof(Task, op_count) == 20 &&
+                  offsetof(Task, tmap) == 24, "one task word per lane");
+
+__device__ __forceinline__ Instr instr_at(const Args& a, int pc, int end) {
+  Instr ins{0, 0, 0, 0};  // past the end: tell the consumers the list is over
+  if (pc < end) ins = a.instrs[pc];
+  return ins;
+}
+// Lane ``lane``'s word of the task record of ``ins`` (0 when it is not a task).
+__device__ __forceinline__ int32_t task_word(const Args& a, const Instr& ins, int lane) {
+  return ins.kind == I_TASK && lane < TASK_WORDS ? reinterpret_cast<const int32_t*>(a.tasks + ins.a)[lane] : 0;
+}
+// Lane ``lane``'s operand record of that task (the first 32); every lane must call it.
+__device__ __forceinline__ Operand task_operand(const Args& a, const Instr& ins, int32_t word, int lane) {
+  const int ob = __shfl_sync(0xffffffffu, word, 4), oc = __shfl_sync(0xffffffffu, word, 5);
+  Operand o{0, 0, 0};
+  if (ins.kind == I_TASK && lane < oc) o = a.operands[ob + lane];
+  return o;
+}
+
 __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* ring) {
   const int lane = threadIdx.x & 31;
   const int begin = a.sm_begin[blockIdx.x], end = a.sm_begin[blockIdx.x + 1];
   const char* tmaps = (const char*)a.tmaps;
-  Pipe p = make_pipe(S, ring, a, 0);
-  Pipe slots = make_pipe(S, ring, a, 0);  // for waits on the queue's mbarriers (abort + timeout)
+  Pipe p = make_pipe(S, ring, a, 0);  // (its abort flag and timeout also serve the queue's waits)
   int q = 0;
   uint32_t qphase = 0;
+  // The list is read ahead: each link of the chain instruction -> task record -> operand records
+  // is loaded one iteration (one task's TMA issue) before it is needed, so the dependent global
+  // loads do not stand between one task's last TMA load and the next task's first.
+  // i0, w0, o0: item pc; i1, w1: pc + 1; i2: pc + 2.
+  Instr i0 = instr_at(a, begin, end), i1 = instr_at(a, begin + 1, end), i2 = instr_at(a, begin + 2, end);
+  int32_t w0 = task_word(a, i0, lane), w1 = task_word(a, i1, lane);
+  Operand o0 = task_operand(a, i0, w0, lane);
   for (int pc = begin; pc <= end; ++pc) {
-    Instr ins{0, 0, 0, 0};  // past the end: tell the consumers the list is over
-    if (pc < end) ins = a.instrs[pc];
+    const Instr ins = i0;
+    const int32_t word = w0;
+    const Operand opnd = o0;
+    {
+      const Instr i3 = instr_at(a, pc + 3, end);
+      const int32_t w2 = task_word(a, i2, lane);
+      const Operand o1 = task_operand(a, i1, w1, lane);
+      if (i1.kind == I_TASK) {  // the next task's tensor maps into the descriptor cache
+        const int tm = __shfl_sync(0xffffffffu, w1, 6);
+        if (tm >= 0 && lane < 2) sm90::tma_prefetch_map(tmaps + 128ll * (tm + lane));
+      }
+      i0 = i1;
+      i1 = i2;
+      i2 = i3;
+      w0 = w1;
+      w1 = w2;
+      o0 = o1;
+    }
     int ok = 1;
     if (ins.kind == I_WAIT) {
       if (lane == 0) {
@@ -214,15 +264,15 @@ __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* r
       continue;  // the consumers' next item is handed over after the wait: they need not see it
 #endif
     }
-    if (lane == 0) ok = pipe_wait(&S.slot_empty[q], qphase ^ 1u, slots);
+    if (lane == 0) ok = pipe_wait(&S.slot_empty[q], qphase ^ 1u, p);
     if (!__shfl_sync(0xffffffffu, ok, 0)) return;
     Slot& s = S.slot[q];
     if (ins.kind == I_TASK) {
-      const int32_t* src = reinterpret_cast<const int32_t*>(a.tasks + ins.a);
-      if (lane < (int)(sizeof(Task) / 4)) reinterpret_cast<int32_t*>(&s.task)[lane] = src[lane];
+      if (lane < TASK_WORDS) reinterpret_cast<int32_t*>(&s.task)[lane] = word;
       __syncwarp();
       const int ob = s.task.op_begin, oc = s.task.op_count;
-      for (int i = lane; i < oc; i += 32) {
+      if (lane < oc) s.ops[lane] = a.buffers[opnd.buffer] + opnd.offset;
+      for (int i = lane + 32; i < oc; i += 32) {
         const Operand o = a.operands[ob + i];
         s.ops[i] = a.buffers[o.buffer] + o.offset;
       }
@@ -274,6 +324,21 @@ __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* r
 }
 
 // ---- the consumers (threads 0..LATCH_THREADS-1) -------------------------------------------------------
+// Wait until the TMA stores the consumer warps' bulk groups hold are complete and visible to the
+// generic proxy, then count every finished task as done (``pending``: the last finished task may
+// have stores in flight; uniform over the consumers).
+__device__ __forceinline__ void consumer_flush(WorkerShared& S, bool& pending, uint32_t done, uint32_t& published) {
+  if (!pending) return;
+  if ((threadIdx.x & 31) == 0) {
+    sm90::bulk_wait<0>();
+    sm90::fence_proxy_async_global();
+  }
+  block_sync();
+  if (threadIdx.x == 0) sm90::st_release_shared(&S.done, done);
+  published = done;
+  pending = false;
+}
+
 __device__ __forceinline__ void consumers(const Args& a, WorkerShared& S, char* ring, char* scratch LATCH_PROF_PARAM) {
   const int tid = threadIdx.x;
   const int begin = a.sm_begin[blockIdx.x];
@@ -281,7 +346,8 @@ __device__ __forceinline__ void consumers(const Args& a, WorkerShared& S, char* 
   Pipe slots = make_pipe(S, ring, a, 0);
   slots.timeout_ns = ~0ull;  // the producer may legitimately spin on a counter for the whole timeout
   int q = 0;
-  uint32_t qphase = 0, done = 0;
+  uint32_t qphase = 0, done = 0, published = 0;
+  bool pending = false;  // the last finished task may have TMA stores in flight (then published = done - 1)
 #ifdef LATCH_PROFILE
   const unsigned long long entry = tid == 0 ? globaltimer() : 0ull;
 #endif
@@ -296,16 +362,28 @@ __device__ __forceinline__ void consumers(const Args& a, WorkerShared& S, char* 
 #ifdef LATCH_PROFILE
     const unsigned long long t_got = tid == 0 ? globaltimer() : 0ull;
 #endif
-    if (kind == 0) break;
+    if (kind == 0) {
+      consumer_flush(S, pending, done, published);
+      break;
+    }
     if (kind == I_TASK) {
+      if (pending && (s.task.tmap < 0 || s.task.dep >= (int)published)) consumer_flush(S, pending, done, published);
       if (tid == 0) latch_current_task[blockIdx.x % 1024] = s.task.task;
       const char* maps = s.task.tmap >= 0 ? tmaps + 128ll * s.task.tmap : nullptr;
       Ctx c{&s.task, s.ops, scratch, maps, make_pipe(S, ring, a, s.ring), latch_body_args + LATCH_MAX_ARGS * s.task.body};
       latch_dispatch(s.task.body, c);
       sm90::fence_proxy_async_global();  // a later TMA load may read what this task stored
       if (sm90::named_sync_or(1, LATCH_THREADS, ld_volatile(&a.error->abort) != 0)) return;
+      ++done;
+      if (c.async_stores) {  // it waited for every earlier store (its first TMA epilogue); its own are in flight
+        pending = true;
+        published = done - 1;
+      } else {
+        consumer_flush(S, pending, done, published);  // (an earlier task's stores; nothing when none)
+        published = done;
+      }
       if (tid == 0) {
-        sm90::st_release_shared(&S.done, ++done);
+        sm90::st_release_shared(&S.done, published);
         sm90::mbar_arrive(&S.slot_empty[q]);
         latch_current_task[blockIdx.x % 1024] = -1;
 #ifdef LATCH_PROFILE
@@ -314,6 +392,7 @@ __device__ __forceinline__ void consumers(const Args& a, WorkerShared& S, char* 
       }
     } else if (kind == I_SIGNAL) {
       const int counter = s.arg;
+      consumer_flush(S, pending, done, published);
       block_sync();  // every consumer has read the slot
       if (tid == 0) {
         sm90::mbar_arrive(&S.slot_empty[q]);
@@ -325,6 +404,7 @@ __device__ __forceinline__ void consumers(const Args& a, WorkerShared& S, char* 
       }
     } else if (kind == I_BARRIER) {
       const uint32_t k = (uint32_t)s.arg;
+      consumer_flush(S, pending, done, published);
       block_sync();
       if (tid == 0) sm90::mbar_arrive(&S.slot_empty[q]);
       if (!consumer_grid_barrier(a, k, pc - begin)) return;

@@ -13,6 +13,10 @@
 // Consumer warpgroup w (of 2) computes rows [64w, 64w + 64) of each sub-tile: its A is the 8 KiB at
 // offset 8192 * w in both layouts.
 //
+// Epilogues (``Epi``): GemmStore stores the accumulators from registers; GemmStoreTma stages them
+// through shared memory and TMA stores, so the consumers go back to the next tile (and the next
+// task) while the copy engine writes the tile out (see its comment for the hand-off rules).
+//
 // The producer half (gemm_produce, run by the worker's producer thread) and the consumer half
 // (gemm_consume, run by the 256 consumer threads) walk the same sub-tiles and K blocks, so they
 // agree on the ring position without talking; K blocks past ``k_end`` are never loaded (a split-K
@@ -69,9 +73,10 @@ __device__ __forceinline__ bool gemm_produce(Pipe& p, const void* map_a, const v
   return true;
 }
 
-// Epilogue interface: ``epi(m, n, v0, v1)`` gets the accumulators of C[m, n] and C[m, n + 1] (n even
-// relative to the sub-tile); it must itself skip elements outside the task's box (``m >= m_hi``,
-// ``n >= n_hi``: the sub-tiles overhang the box at its edges).
+// Epilogue interface: ``epi.tile<BN>(acc, m0, n0, wg, warp, lane)`` gets one sub-tile's
+// accumulators, ``epi.finish()`` is called once after the last. GemmStore: ``epi(m, n, v0, v1)``
+// stores C[m, n] and C[m, n + 1] (n even relative to the sub-tile), skipping elements outside the
+// task's box (``m >= m_hi``, ``n >= n_hi``: the sub-tiles overhang the box at its edges).
 template <class TC> struct GemmStore {
   TC* c;
   long long ldc;
@@ -95,6 +100,116 @@ template <class TC> struct GemmStore {
   }
   __device__ __forceinline__ static void store_pair(__half* p, float a, float b) {
     *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
+  }
+  // One BM x BN sub-tile at (m0, n0) from the accumulators of thread ``lane`` of warp ``warp`` of
+  // consumer warpgroup ``wg`` (layout: latch_wgmma.cuh).
+  template <int BN>
+  __device__ __forceinline__ void tile(const float (&acc)[BN / 2], int m0, int n0, int wg, int warp, int lane) const {
+    const int row = m0 + 64 * wg + 16 * warp + (lane >> 2);
+    const int col = n0 + 2 * (lane & 3);
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      (*this)(row, col + 8 * j, acc[4 * j], acc[4 * j + 1]);
+      (*this)(row + 8, col + 8 * j, acc[4 * j + 2], acc[4 * j + 3]);
+    }
+  }
+  __device__ __forceinline__ void finish() const {}
+};
+
+// The epilogue through shared memory and TMA stores. Each consumer warp owns 2 KiB of the body's
+// scratch (GEMM_TMA_STORE_SMEM in all, 1024-aligned): two 1 KiB halves, each one 128-byte-swizzled
+// box of 8 rows x 128 bytes (64 BF16 / 32 FP32 columns), the rows 16 w + 8 h .. + 8 of the warp's
+// accumulators (h = 0, 1). Per box: lane 0 waits until the store that last read its half is done
+// reading (bulk_wait_read<1>: halves alternate, one bulk group per stored box; <0> after a box that
+// lay wholly outside the output and was skipped), the warp writes the half, fences it to the async
+// proxy, and lane 0 issues the TMA store and commits. No named barrier: each warp's boxes are its own.
+// Hand-off to the worker (latch_kernel_main.cuh): the body's first TMA epilogue waits until every
+// earlier bulk store of this block completed (bulk_wait<0>: the tasks before this one are then
+// really finished), and the body ends with its shared-memory sources read (bulk_wait_read<0>, so
+// the next body may use the scratch) and ``*async_stores = 1``: its own stores may still be in
+// flight, so the worker counts this task as finished only once a later wait covers them.
+// Sub-tiles the task's box does not cover whole (never, when the box is the configuration's tile
+// or ends at the tensor's edge) take the register path; TMA clips boxes at the tensor's edges.
+constexpr int GEMM_TMA_STORE_SMEM = 8 * 2048;
+
+template <class TC> struct GemmStoreTma {
+  GemmStore<TC> regs;  // the register path (and the box: regs.m_hi, regs.n_hi)
+  const void* map;     // the output's tensor map: dims (N, M), box (128 / sizeof(TC), 8), 128-byte swizzle
+  char* buf;           // GEMM_TMA_STORE_SMEM bytes of shared memory, 1024-aligned
+  int M, N;            // the output's extents
+  int* async_stores;   // Ctx::async_stores
+  bool waited = false;       // this body's first TMA epilogue has waited for every earlier store
+  bool last_stored = false;  // this warp's previous box was stored (its bulk group is the newest)
+
+  // (a, b) rounded to TC at shared-memory address ``addr`` (st.shared: a generic store would go
+  // through the address translation and cost more)
+  __device__ __forceinline__ static void put(uint32_t addr, float a, float b, __nv_bfloat16*) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(*reinterpret_cast<uint32_t*>(&v)) : "memory");
+  }
+  __device__ __forceinline__ static void put(uint32_t addr, float a, float b, __half*) {
+    __half2 v = __floats2half2_rn(a, b);
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(*reinterpret_cast<uint32_t*>(&v)) : "memory");
+  }
+  __device__ __forceinline__ static void put(uint32_t addr, float a, float b, float*) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
+  }
+
+  template <int BN>
+  __device__ __forceinline__ void tile(const float (&acc)[BN / 2], int m0, int n0, int wg, int warp, int lane) {
+    constexpr int CW = 128 / (int)sizeof(TC);  // columns per 128-byte box row
+    constexpr int JPC = CW / 8;                 // accumulator column groups (8 columns each) per box
+    const bool whole = (m0 + 128 <= regs.m_hi || regs.m_hi == M) && (n0 + BN <= regs.n_hi || regs.n_hi == N);
+    if (BN % CW != 0 || !whole) {
+      regs.template tile<BN>(acc, m0, n0, wg, warp, lane);
+      return;
+    }
+    if (!waited) {
+      if (lane == 0) sm90::bulk_wait<0>();
+      waited = true;
+    }
+    char* wbuf = buf + 2048 * (4 * wg + warp);
+    const int r = lane >> 2, q4 = lane & 3;
+    const int row0 = m0 + 64 * wg + 16 * warp;
+#pragma unroll
+    for (int q = 0; q < (BN % CW == 0 ? BN / CW : 1); ++q) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        char* half = wbuf + 1024 * h;
+        const int rr = row0 + 8 * h, cc = n0 + q * CW;
+        if (rr >= M || cc >= N) {  // the box lies outside the output (warp-uniform): nothing to write
+          last_stored = false;
+          continue;
+        }
+        // The store that last read this half is the newest group but one when the other half's
+        // box was stored last, else possibly the newest.
+        if (lane == 0) {
+          if (last_stored) sm90::bulk_wait_read<1>();
+          else sm90::bulk_wait_read<0>();
+        }
+        __syncwarp();
+#pragma unroll
+        for (int jj = 0; jj < JPC; ++jj) {
+          const int j = q * JPC + jj;
+          const int byte = (int)sizeof(TC) * (8 * jj + 2 * q4);
+          put(sm90::smem_addr(half) + 128 * r + (((byte >> 4) ^ r) << 4) + (byte & 15), acc[4 * j + 2 * h],
+              acc[4 * j + 2 * h + 1], (TC*)nullptr);
+        }
+        sm90::fence_proxy_async_shared();
+        __syncwarp();
+        if (lane == 0) {
+          sm90::tma_store_2d(map, half, cc, rr);
+          sm90::bulk_commit();
+        }
+        last_stored = true;
+      }
+    }
+  }
+  __device__ __forceinline__ void finish() {
+    if (!waited) return;
+    if ((threadIdx.x & 31) == 0) sm90::bulk_wait_read<0>();
+    __syncwarp();
+    *async_stores = 1;
   }
 };
 
@@ -143,7 +258,7 @@ __device__ __forceinline__ bool gemm_k_block(Pipe& p, float (&acc)[BN / 2], int 
 
 // Consumer: threads 0..255 (two warpgroups). Returns false if the launch was aborted.
 template <class T, int BM, int BN, bool A_MN, bool B_K, class Epi>
-__device__ __forceinline__ bool gemm_consume(Pipe& p, const Epi& epi, int m_lo, int m_hi, int n_lo, int n_hi,
+__device__ __forceinline__ bool gemm_consume(Pipe& p, Epi& epi, int m_lo, int m_hi, int n_lo, int n_hi,
                                              int k_begin, int k_end) {
   typedef GemmShape<BM, BN, A_MN, B_K> S;
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
@@ -172,15 +287,10 @@ __device__ __forceinline__ bool gemm_consume(Pipe& p, const Epi& epi, int m_lo, 
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;  // K = 0: the product is zero
       }
-      const int row = m0 + 64 * wg + 16 * warp + (lane >> 2);
-      const int col = n0 + 2 * (lane & 3);
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        epi(row, col + 8 * j, acc[4 * j], acc[4 * j + 1]);
-        epi(row + 8, col + 8 * j, acc[4 * j + 2], acc[4 * j + 3]);
-      }
+      epi.template tile<BN>(acc, m0, n0, wg, warp, lane);
     }
   }
+  epi.finish();
   return true;
 }
 

@@ -5,7 +5,8 @@
 //   off(r)   -> input offset of reduced element r (r in [0, R)) relative to base
 //   load(i)  -> the input element at offset i, in the accumulator type
 //   store(o, acc) writes output element o
-// One warp reduces one output element (short reductions), or the whole block does (long ones).
+// One thread reduces one output element (a few reduced elements), one warp does (short reductions),
+// or the whole block does (long ones).
 #pragma once
 
 #include "latch_common.cuh"
@@ -22,6 +23,21 @@ __device__ __forceinline__ void reduce_warp_per_output(long long n_out, long lon
     for (long long r = lane; r < R; r += 32) acc = Op::apply(acc, load(b + off(r)));
     acc = warp_reduce<Op>(acc);
     if (lane == 0) store(o, acc);
+  }
+}
+
+// One thread reduces one output element, its R elements in index order: for a handful of reduced
+// elements (split-K partials: R = S) a warp per output would leave 32 - R lanes idle and spend a
+// shuffle tree per element; here consecutive threads take consecutive outputs (coalesced when the
+// reduced dims are not the innermost) and each issues its R independent loads at once.
+template <class Acc, class Op, class Base, class Off, class Load, class Store>
+__device__ __forceinline__ void reduce_thread_per_output(long long n_out, long long R, Base base, Off off, Load load,
+                                                         Store store) {
+  for (long long o = threadIdx.x; o < n_out; o += LATCH_THREADS) {
+    const long long b = base(o);
+    Acc acc = Op::template init<Acc>();
+    for (long long r = 0; r < R; ++r) acc = Op::apply(acc, load(b + off(r)));
+    store(o, acc);
   }
 }
 

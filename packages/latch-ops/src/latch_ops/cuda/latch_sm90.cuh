@@ -60,6 +60,27 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const void* map, uint64_t
       : "memory");
 }
 
+// The other direction: the 2-D box at shared-memory ``src`` (aligned to the swizzle atom, laid out
+// as the map's swizzle says) into the tensor at element coordinates (c0 innermost, c1). Elements
+// of the box outside the tensor are not written. The copy runs in the async proxy: the writers of
+// ``src`` must fence.proxy.async.shared::cta first; completion is tracked in the issuing thread's
+// bulk async-groups (bulk_commit, then bulk_wait_read before ``src`` is written again and
+// bulk_wait before anything else may read the destination).
+__device__ __forceinline__ void tma_store_2d(const void* map, const void* src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
+               ::"l"(map), "r"(smem_addr(src)), "r"(c0), "r"(c1)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// At most N of this thread's committed bulk groups still pending: completely (their writes are
+// performed) or, with ``_read``, only still reading their shared-memory source.
+template <int N> __device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+template <int N> __device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+
 __device__ __forceinline__ void tma_prefetch_map(const void* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
 }

@@ -1,0 +1,53 @@
+"""bench-matmul's document (no GPU): the split-K variants it adds, renamed apart from the timed
+programs, are planned and validated with the rest, and only where the cost model would split."""
+
+from __future__ import annotations
+
+from latch_check.bench_matmul import bf16_gate, cases, matmul_document, plan_document, split_name
+
+
+def _names(doc):
+    return {g.name for g in doc.graph.programs}
+
+
+def test_split_variants_where_the_model_splits_and_nowhere_else():
+    cl = [c for c in cases(2048) if c.name in ("lm_head.dgrad.2048", "qkv.dgrad.2048")]
+    doc = plan_document(matmul_document(cl), 132)
+    names = _names(doc)
+    # the LM head's input gradient at 2 x 1024 tokens has 96 tiles of 128 x 128 on 132 SMs and
+    # K = 49,152: the model splits it; QKV's input gradient (288 tiles) it does not
+    assert f"{split_name('lm_head.dgrad.2048')}.x1" in names
+    assert not any(n.startswith(split_name("qkv.dgrad.2048")) for n in names)
+    g = doc.graph.program(f"{split_name('lm_head.dgrad.2048')}.x1")
+    ops = [n.op for n in g.nodes]
+    assert ops.count("latch::matmul") == 1 and "latch::sum" in ops
+    part = next(n for n in g.nodes if n.op == "latch::matmul")
+    assert part.attr("split_k") > 1 and part.attr("config")
+    # renamed apart: every value and node of the variant carries its own name; inputs are shared
+    assert all(v.name.startswith(split_name("lm_head.dgrad.2048")) or v.name.startswith("lm_head.dgrad.2048.")
+               for v in g.values)
+    assert {o for grp in g.outputs for o in grp.values} == {f"{split_name('lm_head.dgrad.2048')}.x1.out0"}
+    # the timed programs themselves stay unsplit (split-K is off in the default cost model)
+    plain = doc.graph.program("lm_head.dgrad.2048.x1")
+    assert not any(n.attr("split_k") for n in plain.nodes)
+    assert doc.schedule is not None and doc.memory is not None
+
+
+def test_no_split_variants_when_asked_not_to():
+    cl = [c for c in cases(2048) if c.name == "lm_head.dgrad.2048"]
+    doc = plan_document(matmul_document(cl), 132, split_k=False)
+    assert not any("@split" in n for n in _names(doc))
+
+
+def test_the_bf16_gate_follows_torch_and_has_a_floor():
+    assert bf16_gate(1.7e-3) == 4e-3
+    assert bf16_gate(3e-3) == 6e-3
+
+
+def test_cases_group_by_layout_in_order():
+    from latch_check.bench_matmul import case_groups
+
+    g = case_groups(cases(2048) + cases(32768))
+    assert list(g) == ["fwd", "dgrad", "wgrad"]
+    assert [c.name for c in g["fwd"]][:2] == ["qkv.fwd.2048", "attn_out.fwd.2048"]
+    assert sum(len(v) for v in g.values()) == 24 and all(len(v) == 8 for v in g.values())
