@@ -181,6 +181,16 @@ class Node:
         return dict(self.attrs)
 
 
+def fresh_name(names: set[str], base: str) -> str:
+    """``base``, or ``base`` with ``_`` appended until it is not in ``names``; the name is added to
+    ``names`` (graph rewrites use it for the values and nodes they create)."""
+    name = base
+    while name in names:
+        name += "_"
+    names.add(name)
+    return name
+
+
 @attrs.frozen
 class Group:
     """A named, ordered group of program inputs or outputs (e.g. ``params``, ``new_state``)."""

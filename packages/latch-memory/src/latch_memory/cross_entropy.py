@@ -35,7 +35,7 @@ from __future__ import annotations
 import attrs
 
 from latch_core.document import Document
-from latch_core.ir import Graph, GraphSection, Node, Value
+from latch_core.ir import Graph, GraphSection, Node, Value, fresh_name
 
 MATMUL, LOG_SOFTMAX, NLL, NLL_BWD = "latch::matmul", "latch::log_softmax", "latch::nll_loss", "latch::nll_loss_backward"
 LOG_SOFTMAX_BWD, CAST = "latch::log_softmax_backward", "latch::cast"
@@ -51,14 +51,6 @@ class _Match:
     nll_bwd: Node
     lsm_bwd: Node
     casts: tuple[Node, ...]  # casts of dlogits to one low dtype (folded), else empty
-
-
-def _fresh(names: set[str], base: str) -> str:
-    name = base
-    while name in names:
-        name += "_"
-    names.add(name)
-    return name
 
 
 def _matches(g: Graph) -> list[_Match]:
@@ -133,28 +125,28 @@ def fuse_program(g: Graph) -> tuple[Graph, int]:
         ign = m.nll.attr("ignore_index")
         target = m.nll.inputs[1]
         base = m.nll.outputs[0]
-        nll_v, lse_v, valid_v, s_v = (_fresh(names, f"{base}.{k}") for k in ("nll", "lse", "valid", "sum"))
+        nll_v, lse_v, valid_v, s_v = (fresh_name(names, f"{base}.{k}") for k in ("nll", "lse", "valid", "sum"))
         for v in (nll_v, lse_v, valid_v):
             values[v] = Value(v, (N,), stat)
             order.append(v)
         loss, total = m.nll.outputs
         src = m.nll.source
-        fwd = [Node(_fresh(names, f"xent.{base}"), CE, (logits, target), (nll_v, lse_v, valid_v),
+        fwd = [Node(fresh_name(names, f"xent.{base}"), CE, (logits, target), (nll_v, lse_v, valid_v),
                     {"ignore_index": ign, **acc}, source=src)]
         red = m.nll.attr("reduction")
         loss_dt = values[loss].dtype
         if red == "mean":
             values[s_v] = Value(s_v, (), stat)
             order.append(s_v)
-            fwd.append(Node(_fresh(names, f"sum.{s_v}"), SUM, (nll_v,), (s_v,), {"dims": (0,), "keepdim": False, **acc},
+            fwd.append(Node(fresh_name(names, f"sum.{s_v}"), SUM, (nll_v,), (s_v,), {"dims": (0,), "keepdim": False, **acc},
                             source=src))
-            fwd.append(Node(_fresh(names, f"sum.{total}"), SUM, (valid_v,), (total,),
+            fwd.append(Node(fresh_name(names, f"sum.{total}"), SUM, (valid_v,), (total,),
                             {"dims": (0,), "keepdim": False, **acc}, source=src))
-            fwd.append(Node(_fresh(names, f"div.{loss}"), DIV, (s_v, total), (loss,), {}, source=src))
+            fwd.append(Node(fresh_name(names, f"div.{loss}"), DIV, (s_v, total), (loss,), {}, source=src))
         else:
-            fwd.append(Node(_fresh(names, f"sum.{loss}"), SUM, (nll_v,), (loss,), {"dims": (0,), "keepdim": False, **acc},
+            fwd.append(Node(fresh_name(names, f"sum.{loss}"), SUM, (nll_v,), (loss,), {"dims": (0,), "keepdim": False, **acc},
                             source=src))
-            fwd.append(Node(_fresh(names, f"sum.{total}"), SUM, (valid_v,), (total,),
+            fwd.append(Node(fresh_name(names, f"sum.{total}"), SUM, (valid_v,), (total,),
                             {"dims": (0,), "keepdim": False, **acc}, source=src))
         for v in (loss, total):
             if values[v].dtype != stat or values[v].shape != ():
@@ -172,7 +164,7 @@ def fuse_program(g: Graph) -> tuple[Graph, int]:
             gone.add(dl)
         else:
             out, out_dt = dl, values[dl].dtype
-        bwd = Node(_fresh(names, f"xent_bwd.{base}"), CE_BWD, (m.nll_bwd.inputs[0], logits, target, lse_v, total),
+        bwd = Node(fresh_name(names, f"xent_bwd.{base}"), CE_BWD, (m.nll_bwd.inputs[0], logits, target, lse_v, total),
                    (out,), {"ignore_index": ign, "reduction": red, "out_dtype": out_dt, **acc}, source=m.lsm_bwd.source)
         replace[m.lsm_bwd.name] = [bwd]
         drop.update({m.lsm.name, m.nll_bwd.name})

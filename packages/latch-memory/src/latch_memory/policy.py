@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import attrs
 
 from latch_core.document import Document
-from latch_core.ir import DTYPES, FLOAT_DTYPES, Graph, GraphSection, Node, Value
+from latch_core.ir import DTYPES, FLOAT_DTYPES, Graph, GraphSection, Node, Value, fresh_name
 from latch_core.registry import Registry
 from latch_core.errors import UserError
 
@@ -162,14 +162,6 @@ def _is_leading_reshape(g: Graph, node: Node | None) -> bool:
     return len(x) >= 2 and len(y) >= 2 and x[-2:] == y[-2:] and math.prod(x[:-2]) == math.prod(y[:-2])
 
 
-def _fresh(names: set[str], base: str) -> str:
-    name = base
-    while name in names:
-        name += "_"
-    names.add(name)
-    return name
-
-
 def store_operands(g: Graph, counts: dict) -> Graph:
     """Insert the casts that store BF16/F16 matmul operands (module docstring of this section).
 
@@ -225,7 +217,7 @@ def store_operands(g: Graph, counts: dict) -> Graph:
             base = head.inputs[0] if head is not None else v
             key = (base, dt)
             if key not in casts:
-                casts[key] = _fresh(names, f"{base}.{dt}")
+                casts[key] = fresh_name(names, f"{base}.{dt}")
                 cast_src[casts[key]] = n.source
             c = casts[key]
             reader = head if head is not None else n
@@ -245,7 +237,7 @@ def store_operands(g: Graph, counts: dict) -> Graph:
     nodes: list[Node] = []
     for i, n in enumerate(g.nodes):
         for base, dt, c in by_pos.get(i, ()):
-            nodes.append(Node(_fresh(names, f"cast.{c}"), CAST_OP, (base,), (c,), {"dtype": dt}, source=cast_src[c]))
+            nodes.append(Node(fresh_name(names, f"cast.{c}"), CAST_OP, (base,), (c,), {"dtype": dt}, source=cast_src[c]))
         if any((n.name, k) in repoint for k in range(len(n.inputs))):
             n = attrs.evolve(n, inputs=[repoint.get((n.name, k), v) for k, v in enumerate(n.inputs)])
         if n.name in low_mm:

@@ -31,7 +31,7 @@ import math
 import attrs
 
 from latch_core.document import Document
-from latch_core.ir import Graph, Node, Value
+from latch_core.ir import Graph, Node, Value, fresh_name
 
 MATMUL = "latch::matmul"
 PERMUTE = "latch::permute"
@@ -58,14 +58,6 @@ def is_leading_reshape(graph: Graph | dict, node: Node | None) -> bool:
     shape = (lambda v: graph[v].shape) if isinstance(graph, dict) else (lambda v: graph.value(v).shape)
     x, y = shape(node.inputs[0]), shape(node.outputs[0])
     return len(x) >= 2 and len(y) >= 2 and x[-2:] == y[-2:] and math.prod(x[:-2]) == math.prod(y[:-2])
-
-
-def _fresh(names: set[str], base: str) -> str:
-    name = base
-    while name in names:
-        name += "_"
-    names.add(name)
-    return name
 
 
 def fold_layouts(graph: Graph) -> tuple[Graph, list[dict], list[str]]:
@@ -103,10 +95,10 @@ def fold_layouts(graph: Graph) -> tuple[Graph, list[dict], list[str]]:
                     if lead == tuple(x.shape[:-2]):
                         ins[slot] = x.name
                     else:
-                        out = _fresh(vnames, f"{v}.untransposed")
+                        out = fresh_name(vnames, f"{v}.untransposed")
                         values.append(Value(out, lead + tuple(x.shape[-2:]), x.dtype))
                         type_of[out] = values[-1]
-                        r = Node(_fresh(vnames, f"{p.name}.untransposed"), RESHAPE, (x.name,), (out,),
+                        r = Node(fresh_name(vnames, f"{p.name}.untransposed"), RESHAPE, (x.name,), (out,),
                                  {"shape": lead + tuple(x.shape[-2:])}, source=p.source)
                         added.setdefault(index[p.name], []).append(r)
                         producers[out] = r

@@ -37,7 +37,7 @@ from typing import Any
 import attrs
 
 from latch_core.document import Document
-from latch_core.ir import DTYPES, Graph, Node, Value
+from latch_core.ir import DTYPES, Graph, Node, Value, fresh_name
 
 from .tiling import CostModel, matmul_dims
 
@@ -84,14 +84,6 @@ def choose(cands, batch: int, m: int, k: int, n: int, out_bytes: int, cost: Cost
     return best
 
 
-def _fresh(names: set[str], base: str) -> str:
-    name = base
-    while name in names:
-        name += "_"
-    names.add(name)
-    return name
-
-
 def choose_configs(graph: Graph, *, cost: CostModel | None = None, num_sms: int = 132,
                    registry=None) -> tuple[Graph, list[dict]]:
     """The program with every matmul's configuration recorded (and split-K rewritten) and the report."""
@@ -127,10 +119,10 @@ def choose_configs(graph: Graph, *, cost: CostModel | None = None, num_sms: int 
             nodes.append(attrs.evolve(node, attrs=dict(attr, config=cfg.name)))
             continue
         # split-K: partials, then a fixed-order sum over the split dim, then the output's dtype
-        part = _fresh(names, f"{y.name}.partial")
+        part = fresh_name(names, f"{y.name}.partial")
         values.append(Value(part, (s,) + tuple(y.shape), "f32"))
         pattr = dict(attr, config=cfg.name, split_k=s, out_dtype="f32")
-        nodes.append(Node(_fresh(names, f"{node.name}.partial"), MATMUL, node.inputs, (part,), pattr,
+        nodes.append(Node(fresh_name(names, f"{node.name}.partial"), MATMUL, node.inputs, (part,), pattr,
                           source=node.source))
         red = {"dims": (0,), "keepdim": False}
         if "accum_dtype" in attr:
@@ -138,9 +130,9 @@ def choose_configs(graph: Graph, *, cost: CostModel | None = None, num_sms: int 
         if y.dtype == "f32":
             nodes.append(Node(node.name, "latch::sum", (part,), (y.name,), red, source=node.source))
         else:
-            total = _fresh(names, f"{y.name}.sum")
+            total = fresh_name(names, f"{y.name}.sum")
             values.append(Value(total, y.shape, "f32"))
-            nodes.append(Node(_fresh(names, f"{node.name}.sum"), "latch::sum", (part,), (total,), red,
+            nodes.append(Node(fresh_name(names, f"{node.name}.sum"), "latch::sum", (part,), (total,), red,
                               source=node.source))
             nodes.append(Node(node.name, "latch::cast", (total,), (y.name,), {"dtype": y.dtype}, source=node.source))
     if not changed:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import attrs
 
 from latch_core.document import Document
-from latch_core.ir import Graph, Node, Value
+from latch_core.ir import Graph, Node, Value, fresh_name
 
 from . import specs
 
@@ -28,14 +28,6 @@ LOW = ("bf16", "f16")
 CAST = "latch::cast"
 GATHER = "latch::index_select"
 FLOAT_SLOTS = (0, 1)  # x/grad and w/grad: the float operands; slot 2 is offsets
-
-
-def _fresh(names: set[str], base: str) -> str:
-    name = base
-    while name in names:
-        name += "_"
-    names.add(name)
-    return name
 
 
 def store_ragged_operands(g: Graph) -> tuple[Graph, int, int]:
@@ -59,7 +51,7 @@ def store_ragged_operands(g: Graph) -> tuple[Graph, int, int]:
         for s in FLOAT_SLOTS:
             key = (n.inputs[s], dt)
             if key not in casts:
-                casts[key] = _fresh(names, f"{n.inputs[s]}.{dt}")
+                casts[key] = fresh_name(names, f"{n.inputs[s]}.{dt}")
                 src[casts[key]] = n.source
             first[casts[key]] = min(first.get(casts[key], len(g.nodes)), index[n.name])
     # A row gather read only by these products is cast before it instead (cast(index_select(x)) ==
@@ -95,14 +87,14 @@ def store_ragged_operands(g: Graph) -> tuple[Graph, int, int]:
     nodes: list[Node] = []
     for i, n in enumerate(g.nodes):
         for base, dt, c in at.get(i, ()):
-            nodes.append(Node(_fresh(names, f"cast.{c}"), CAST, (base,), (c,), {"dtype": dt}, source=src[c]))
+            nodes.append(Node(fresh_name(names, f"cast.{c}"), CAST, (base,), (c,), {"dtype": dt}, source=src[c]))
         if n.name in early:
             x, dt, c = early[n.name]
             xc = src_casts.get((x, dt))
             if xc is None:
-                xc = src_casts[(x, dt)] = _fresh(names, f"{x}.{dt}")
+                xc = src_casts[(x, dt)] = fresh_name(names, f"{x}.{dt}")
                 values.append(Value(xc, g.value(x).shape, dt))
-                nodes.append(Node(_fresh(names, f"cast.{xc}"), CAST, (x,), (xc,), {"dtype": dt}, source=n.source))
+                nodes.append(Node(fresh_name(names, f"cast.{xc}"), CAST, (x,), (xc,), {"dtype": dt}, source=n.source))
             nodes.append(attrs.evolve(n, inputs=(xc,) + tuple(n.inputs[1:]), outputs=(c,)))
             continue
         dt = low.get(n.name)

@@ -22,19 +22,11 @@ from __future__ import annotations
 import attrs
 
 from latch_core.document import Document
-from latch_core.ir import Graph, Node, Value
+from latch_core.ir import Graph, Node, Value, fresh_name
 
 from . import specs
 
 INDEX_ADD, INDEX_SELECT, FULL = "latch::index_add", "latch::index_select", "latch::full"
-
-
-def _fresh(names: set[str], base: str) -> str:
-    name = base
-    while name in names:
-        name += "_"
-    names.add(name)
-    return name
 
 
 def rewrite_scatters(g: Graph) -> tuple[Graph, int]:
@@ -69,24 +61,24 @@ def rewrite_scatters(g: Graph) -> tuple[Graph, int]:
         sv = g.value(src)
         if kind == "token":
             N, k = g.value(route.inputs[0]).shape
-            slots = _fresh(names, f"{out}.slots")
-            by_token = _fresh(names, f"{out}.by_token")
+            slots = fresh_name(names, f"{out}.slots")
+            by_token = fresh_name(names, f"{out}.by_token")
             shape = (N, k) + tuple(sv.shape[1:])
             values += [Value(slots, sv.shape, sv.dtype), Value(by_token, shape, sv.dtype)]
-            nodes += [Node(_fresh(names, f"gather.{out}"), INDEX_SELECT, (src, route.outputs[1]), (slots,), {"dim": 0},
+            nodes += [Node(fresh_name(names, f"gather.{out}"), INDEX_SELECT, (src, route.outputs[1]), (slots,), {"dim": 0},
                            source=n.source),
-                      Node(_fresh(names, f"slots.{out}"), "latch::reshape", (slots,), (by_token,),
+                      Node(fresh_name(names, f"slots.{out}"), "latch::reshape", (slots,), (by_token,),
                            {"shape": list(shape)}, source=n.source),
                       Node(n.name, "latch::sum", (by_token,), (out,), {"dims": [1], "keepdim": False}, source=n.source)]
         else:
             P = g.value(n.inputs[1]).shape[0]
-            base, ar, inv = (_fresh(names, f"{out}.{s}") for s in ("inv_base", "rows", "inverse"))
+            base, ar, inv = (fresh_name(names, f"{out}.{s}") for s in ("inv_base", "rows", "inverse"))
             values += [Value(base, (P,), "i64"), Value(ar, (P,), "i64"), Value(inv, (P,), "i64")]
-            nodes += [Node(_fresh(names, f"full.{base}"), FULL, (), (base,), {"shape": [P], "value": 0, "dtype": "i64"},
+            nodes += [Node(fresh_name(names, f"full.{base}"), FULL, (), (base,), {"shape": [P], "value": 0, "dtype": "i64"},
                            source=n.source),
-                      Node(_fresh(names, f"arange.{ar}"), "latch::arange", (), (ar,),
+                      Node(fresh_name(names, f"arange.{ar}"), "latch::arange", (), (ar,),
                            {"start": 0, "step": 1, "size": P, "dtype": "i64"}, source=n.source),
-                      Node(_fresh(names, f"inverse.{inv}"), "latch::scatter", (base, n.inputs[1], ar), (inv,), {"dim": 0},
+                      Node(fresh_name(names, f"inverse.{inv}"), "latch::scatter", (base, n.inputs[1], ar), (inv,), {"dim": 0},
                            source=n.source),
                       Node(n.name, INDEX_SELECT, (src, inv), (out,), {"dim": 0}, source=n.source)]
     # the zeros the index_adds started from, now read by no one
