@@ -47,7 +47,7 @@ def test_the_glue_of_a_run_on_the_cpu(monkeypatch, tmp_path):
     find a misspelt attribute."""
     import inspect
 
-    from latch_check import bench_moe, gpu, pipeline
+    from latch_check import bench_moe, gpu, pipeline, timing
     from latch_check.compare import CompareResult
     from latch_check.gates import GateTable
 
@@ -65,7 +65,7 @@ def test_the_glue_of_a_run_on_the_cpu(monkeypatch, tmp_path):
     monkeypatch.setattr(pipeline, "compile_example", checked(pipeline.compile_example, compiled))
     monkeypatch.setattr(gpu, "gpu_compare", checked(gpu.gpu_compare, CompareResult((GateTable("t", ()),))))
     monkeypatch.setattr(gpu, "bench", checked(gpu.bench, {"latch_ms": 0.5, "launches_per_update": 1}))
-    monkeypatch.setattr(gpu, "_events_ms", checked(gpu._events_ms, [1.0, 1.0]))
+    monkeypatch.setattr(timing, "events_ms", checked(timing.events_ms, [1.0, 1.0]))
 
     class Run:
         def __init__(self, example, build_dir):
@@ -83,7 +83,7 @@ def test_the_glue_of_a_run_on_the_cpu(monkeypatch, tmp_path):
     for name in ("batches", "update", "layout", "device"):
         assert name in dir(gpu.GpuRun) or name in inspect.getsource(gpu.GpuRun.__init__), name
     monkeypatch.setattr(gpu, "GpuRun", Run)
-    monkeypatch.setattr(bench_moe, "graph_of", lambda step: type("G", (), {"replay": staticmethod(step)})())
+    monkeypatch.setattr(bench_moe, "capture_graph", lambda step: type("G", (), {"replay": staticmethod(step)})())
     ex_path = ROOT / "examples" / "moe_layer.py"
     r = bench_moe.run(ex_path, overrides=dict(tokens=64, d_model=32, expert_hidden=16, experts=4), iters=2)
     assert r["gates_passed"] and r["bit_identical"] and r["expert_grads_compared"] == ["grad.w1"]

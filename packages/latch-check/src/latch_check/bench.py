@@ -31,6 +31,8 @@ import click
 
 from latch_core.cli import InterspersedCommand
 
+from .timing import events_ms
+
 DEFAULT_SHAPES = "2x1024,32x1024,16x8x1024"
 CONTROLS = ("eager", "compiled", "graph")
 
@@ -63,19 +65,7 @@ def shape_name(k: int, b: int, t: int) -> str:
 
 
 def _times(fn: Callable[[], Any], iters: int, warmup: int) -> dict[str, float]:
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
+    ts = events_ms(fn, iters, warmup)
     return {"median_ms": statistics.median(ts), "min_ms": min(ts), "max_ms": max(ts), "iters": iters}
 
 

@@ -215,21 +215,6 @@ def _torch_flash(c: Case, ins: dict):
     return fwd, fwdbwd, ("flash, k/v repeated" if repeat else "flash")
 
 
-def _graphed(fn):
-    import torch
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
 def check_case(prog, c: Case, ins: dict, ref: dict, glse: bool = False) -> tuple[dict, bool]:
     """(relative L2 of out, dq, dk, dv against ``ref``, whether a second run of ``<case>.fwdbwd``
     gave the same bits)."""
@@ -252,7 +237,7 @@ def check_case(prog, c: Case, ins: dict, ref: dict, glse: bool = False) -> tuple
 def run_case(prog, c: Case, iters: int, seed: int) -> dict:
     import torch
 
-    from .bench_matmul import _median_ms
+    from .timing import capture_graph, median_ms
 
     dev = prog.device
     ins = make_inputs(c, dev, seed)
@@ -268,12 +253,12 @@ def run_case(prog, c: Case, iters: int, seed: int) -> dict:
     torch.cuda.empty_cache()
     fwd_ins = {k: v for k, v in ins.items() if k.split(".")[-1] in ("q", "k", "v")}
     bwd_ins = {k: v for k, v in ins.items() if not k.endswith(".glse")}
-    lf = _median_ms(lambda: prog.launch(f"{c.name}.fwd", batch=fwd_ins), iters, warmup=1)
-    lb = _median_ms(lambda: prog.launch(fb, batch=bwd_ins), iters, warmup=1)
+    lf = median_ms(lambda: prog.launch(f"{c.name}.fwd", batch=fwd_ins), iters, warmup=1)
+    lb = median_ms(lambda: prog.launch(fb, batch=bwd_ins), iters, warmup=1)
     prog.check()
-    gf, gb = _graphed(fwd), _graphed(fwdbwd)
-    tf = _median_ms(gf.replay, iters)
-    tb = _median_ms(gb.replay, iters)
+    gf, gb = capture_graph(fwd, warmup=2), capture_graph(fwdbwd, warmup=2)
+    tf = median_ms(gf.replay, iters)
+    tb = median_ms(gb.replay, iters)
     ok = identical and all(e <= REL_GATE for e in errs.values())
     return {"case": c.name, "batch": c.batch, "heads": c.heads, "kv_heads": c.kv_heads, "seq": c.seq,
             "head_dim": c.head_dim, "causal": c.causal, "control": control, "rel_l2": errs, "torch_rel_l2": torch_errs,

@@ -68,7 +68,8 @@ def run_bench(tokens: int, d_model: int, vocab: int, iters: int, warmup: int, bu
     import torch
     import torch.nn.functional as F
 
-    from .gpu import GATES_BF16, GpuRun, _events_ms
+    from .gpu import GATES_BF16, GpuRun
+    from .timing import events_ms
     from .pipeline import compile_example
 
     if not torch.cuda.is_available():
@@ -111,7 +112,7 @@ def run_bench(tokens: int, d_model: int, vocab: int, iters: int, warmup: int, bu
     def latch_step():  # as latch_check.gpu.bench times an update: the loss back, still on the GPU
         return run.prog(run.layout, run.layout, gb, run.hyper, check=False)
 
-    res["latch_ms"] = statistics.median(_events_ms(latch_step, iters, warmup))
+    res["latch_ms"] = statistics.median(events_ms(latch_step, iters, warmup))
     run.prog.check()
     # torch.compile's head on the same inputs (copies: the program's layout stays untouched)
     ph = hidden.detach().clone().requires_grad_()
@@ -139,7 +140,7 @@ def run_bench(tokens: int, d_model: int, vocab: int, iters: int, warmup: int, bu
     torch.cuda.synchronize()
     res["control_compile_s"] = round(time.perf_counter() - t1, 1)
     res["control_gates"] = _gates(loss_c.detach(), ph.grad, pw.grad, ref, GATES_BF16)
-    res["control_ms"] = statistics.median(_events_ms(control_step, iters, warmup))
+    res["control_ms"] = statistics.median(events_ms(control_step, iters, warmup))
     # the control's peak: a fresh copy of its parameters and inputs, measured like the program's
     del run
     ph.grad = None

@@ -20,7 +20,6 @@ compile it (``tests/test_bench_matmul.py``); the timing needs the GPU.
 from __future__ import annotations
 
 import gc
-import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -31,6 +30,8 @@ import click
 
 from latch_core.document import Document
 from latch_core.ir import BATCH, Graph, GraphSection, Group, Node, Value
+
+from .timing import capture_graph, median_ms
 
 D_MODEL, QKV, VOCAB, EXPERTS = 768, 3 * 768, 49152, 16
 # The product with FP32 output against FP64 (of the same BF16 operands): FP32 accumulation over
@@ -212,21 +213,6 @@ def plan_document(doc: Document, num_sms: int, split_k: bool = True) -> Document
 # --------------------------------------------------------------------------------------------
 # On the GPU
 
-def _median_ms(fn, iters: int, warmup: int = 3) -> float:
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
-
 
 def run_case(prog, c: Case, iters: int, seed: int, configs: list[str] = (), split: bool = False) -> dict:
     import torch
@@ -262,8 +248,8 @@ def run_case(prog, c: Case, iters: int, seed: int, configs: list[str] = (), spli
     R = repeats(c)
 
     def timed(prefix: str) -> tuple[float, float]:
-        t1 = _median_ms(lambda: prog.launch(f"{prefix}.x1", batch=batch), iters)
-        tr = _median_ms(lambda: prog.launch(f"{prefix}.x{R}", batch=batch), iters)
+        t1 = median_ms(lambda: prog.launch(f"{prefix}.x1", batch=batch), iters)
+        tr = median_ms(lambda: prog.launch(f"{prefix}.x{R}", batch=batch), iters)
         prog.check()
         return t1, tr
 
@@ -285,17 +271,13 @@ def run_case(prog, c: Case, iters: int, seed: int, configs: list[str] = (), spli
         sweep[cfg] = c.flops / ((sr - s1) / (R - 1)) / 1e9
     # the control: R torch.mm into preallocated outputs, one CUDA graph
     outs = [torch.empty((c.m, c.n), device=dev, dtype=torch.bfloat16) for _ in range(R)]
-    s = torch.cuda.Stream(dev)
-    s.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(s):
+
+    def products():
         for o in outs:
             torch.mm(A, B, out=o)
-    torch.cuda.current_stream(dev).wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for o in outs:
-            torch.mm(A, B, out=o)
-    tt = _median_ms(graph.replay, iters) / R
+
+    graph = capture_graph(products, warmup=1, device=dev)
+    tt = median_ms(graph.replay, iters) / R
     latch_ms = (tr - t1) / (R - 1)
     if split_row:
         split_row.update(case=f"{c.name}@split", m=c.m, n=c.n, k=c.k, layout=c.layout, R=R, rel_l2=float("nan"),

@@ -34,7 +34,6 @@ timing: relative L2 of the new weights, both moments and the norm.
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from pathlib import Path
 
@@ -43,6 +42,8 @@ import click
 
 from latch_core.document import Document
 from latch_core.ir import BATCH, HYPER, PARAM, STATE, Graph, GraphSection, Group, Node, Value
+
+from .timing import capture_graph, median_ms
 
 HBM_BYTES_S = 4.27e12  # measured copy bandwidth of the H200 (TARGETS.md)
 GOAL = 0.80  # of the bytes floor
@@ -275,12 +276,6 @@ def fused_passes(doc: Document, program: str) -> dict[str, int]:
 # --------------------------------------------------------------------------------------------
 # On the GPU
 
-def _median_ms(fn, iters: int, warmup: int = 3) -> float:
-    from .bench_matmul import _median_ms as m
-
-    return m(fn, iters, warmup)
-
-
 def _rel(got, ref) -> float:
     import torch
 
@@ -344,7 +339,7 @@ def run_optimizer(prog, program: str, shapes, iters: int, seed: int = 0) -> dict
         got = prog.outputs(program, batch=grads)["metric.grad_norm"].double()
         ref = torch.sqrt(sum(torch.sum(g.double() ** 2) for g in grads.values()))
         row["rel_l2"] = {"grad_norm": abs(float(got) - float(ref)) / float(ref)}
-        row["latch_ms"] = _median_ms(lambda: prog.launch(program, batch=grads), iters)
+        row["latch_ms"] = median_ms(lambda: prog.launch(program, batch=grads), iters)
         row["bytes"] = optimizer_floor_bytes(shapes, norm_only=True)
         return row
     ref_p, ref_m, ref_v, ref_norm = reference_step(shapes, params, grads, state)
@@ -363,7 +358,7 @@ def run_optimizer(prog, program: str, shapes, iters: int, seed: int = 0) -> dict
         row["rel_l2"]["bf16_copy"] = _rel([outs[f"bf16.{n}"].float() for n, _ in shapes],
                                           [params[n].to(torch.bfloat16).double() for n, _ in shapes])
     del ref_p, ref_m, ref_v
-    row["latch_ms"] = _median_ms(lambda: prog.launch(program, params=params, state=state, batch=grads, hyper=hyper),
+    row["latch_ms"] = median_ms(lambda: prog.launch(program, params=params, state=state, batch=grads, hyper=hyper),
                                  iters)
     prog.check()
     row["bytes"] = optimizer_floor_bytes(shapes, bf16_copy=program.endswith(".bf16"))
@@ -395,16 +390,8 @@ def torch_control(shapes, iters: int, seed: int = 0) -> dict:
     torch.cuda.synchronize()
     rel = _rel([p.detach() for p in params], ref_p)
     del ref_p
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    ms = _median_ms(graph.replay, iters)
+    graph = capture_graph(step, warmup=2)
+    ms = median_ms(graph.replay, iters)
     return {"torch_ms": ms, "torch_rel_l2": rel}
 
 
@@ -436,21 +423,12 @@ def _torch_body(name: str):
 
 def _torch_body_ms(body: Body, batch: dict, prefix: str, iters: int) -> float | None:
     """The eager torch body over the same inputs, replayed from a CUDA graph (one launch per op)."""
-    import torch
-
     fn = _torch_body(body.name)
     if fn is None:
         return None
     v = {n: batch[f"{prefix}.{n}.r0"] for n, _, _ in body.inputs}
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn(v)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn(v)
-    return _median_ms(graph.replay, iters)
+    graph = capture_graph(lambda: fn(v), warmup=1)
+    return median_ms(graph.replay, iters)
 
 
 def run_body(prog, body: Body, iters: int, seed: int, doc: Document) -> dict:
@@ -476,8 +454,8 @@ def run_body(prog, body: Body, iters: int, seed: int, doc: Document) -> dict:
     got = prog.outputs(f"{body.name}.x1", batch=b1)
     ref = reference.run(doc, f"{body.name}.x1", {k: v.cpu() for k, v in b1.items()})
     rel = max(_rel([got[k].float()], [ref[k].double().to(dev)]) for k in got)
-    t1 = _median_ms(lambda: prog.launch(f"{body.name}.x1", batch=b1), iters)
-    tr = _median_ms(lambda: prog.launch(f"{body.name}.x{REPEATS}", batch=bR), iters)
+    t1 = median_ms(lambda: prog.launch(f"{body.name}.x1", batch=b1), iters)
+    tr = median_ms(lambda: prog.launch(f"{body.name}.x{REPEATS}", batch=bR), iters)
     prog.check()
     g = doc.graph.program(f"{body.name}.x1")
     outs = {o: (g.value(o).shape, g.value(o).dtype) for o in g.outputs[0].values}

@@ -24,6 +24,8 @@ from typing import Any
 
 import click
 
+from .timing import capture_graph
+
 EXAMPLE = "examples/moe_layer.py"  # relative to the repository root
 
 
@@ -78,27 +80,13 @@ def grouped_control(example, device) -> tuple[Any, dict]:
     return step, p
 
 
-def graph_of(step):
-    import torch
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
-    return g
-
-
 def run(example_path: str | Path = EXAMPLE, *, overrides: dict | None = None, build_dir: str | Path | None = None,
         iters: int = 50, say=print) -> dict[str, Any]:
     import torch
 
     from latch_capture.examples import load_example
-    from .gpu import GpuRun, _events_ms, bench, gpu_compare
+    from .gpu import GpuRun, bench, gpu_compare
+    from .timing import events_ms
     from .pipeline import compile_example
 
     if not torch.cuda.is_available():
@@ -132,8 +120,8 @@ def run(example_path: str | Path = EXAMPLE, *, overrides: dict | None = None, bu
     res["latch_ms"] = b["latch_ms"]
     res["latch_launches"] = b["launches_per_update"]
     step, _ = grouped_control(example, gr.device)
-    g = graph_of(step)
-    res["torch_grouped_graph_ms"] = statistics.median(_events_ms(g.replay, iters, 5))
+    g = capture_graph(step)
+    res["torch_grouped_graph_ms"] = statistics.median(events_ms(g.replay, iters, 5))
     res["ratio_torch_over_latch"] = res["torch_grouped_graph_ms"] / res["latch_ms"]
     return res
 

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
+from .timing import capture_graph
 from .torch_native import torch_native
 
 KINDS = ("eager", "compiled", "graph")
@@ -131,15 +132,8 @@ def control(example, device, kind: str, batches: Sequence[tuple[Any, Any]] | Non
         if kind != "graph":
             yield step
             return
-        s = torch.cuda.Stream(device)
-        s.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(s):
-            for _ in range(warmup):  # compiles, allocates the gradients and the optimizer state
-                step()
-        torch.cuda.current_stream(device).wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
+        # the warm-up calls compile, allocate the gradients and the optimizer state
+        graph = capture_graph(step, warmup=warmup, device=device)
     yield graph.replay
 
 

@@ -53,6 +53,7 @@ from . import reference
 from .compare import CompareResult
 from .gates import Gate, GateTable, RoutingGate, attach_torch, program_gates, routing_gate
 from .policy import has_routing, policy_of  # noqa: F401  (re-exported: latch_check.gpu.policy_of)
+from .timing import capture_graph, events_ms
 
 GATES_F32 = {"loss": 1e-5, "grad": 1e-4, "new_params": 1e-5, "param_update": 1e-3, "new_state": 1e-4,
              "metric": 1e-4}
@@ -359,21 +360,6 @@ def gpu_compare(example, build_dir: str | Path, *, steps: int = 10, thresholds: 
 # Timing
 
 
-def _events_ms(fn: Callable[[], Any], iters: int, warmup: int) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return times
-
-
 def _pipelined_ms(fn: Callable[[], Any], n: int) -> float:
     """ms per call over ``n`` back-to-back calls without waiting in between (the host may run
     ahead of the GPU, as in a training loop that does not read the loss every step)."""
@@ -493,7 +479,7 @@ def bench(example, build_dir: str | Path, *, iters: int = 50, warmup: int = 10, 
     res: dict[str, Any] = {}
     warmup = min(warmup, max(2, iters))  # a slow program with few iterations needs few warm-ups
     back_to_back = max(3, min(20, iters))
-    t = _events_ms(latch_step, iters, warmup)
+    t = events_ms(latch_step, iters, warmup)
     prog.check()
     res["latch_ms"] = statistics.median(t)
     res["latch_pipelined_ms"] = _pipelined_ms(latch_step, back_to_back)
@@ -514,7 +500,7 @@ def bench(example, build_dir: str | Path, *, iters: int = 50, warmup: int = 10, 
             t0 = time.perf_counter()
             replay, info = compiled_graph_step(example, run.device, bf16=policy_of(run.doc) == "bf16")
             res["compiled_setup_s"] = time.perf_counter() - t0
-            res["compiled_graph_ms"] = statistics.median(_events_ms(replay, iters, min(warmup, 3)))
+            res["compiled_graph_ms"] = statistics.median(events_ms(replay, iters, min(warmup, 3)))
             res["compiled_graph_pipelined_ms"] = _pipelined_ms(replay, 20)
             res["compiled_parameters"] = info["parameters"]
         except Exception as e:  # reported, never a silent pass
@@ -522,19 +508,11 @@ def bench(example, build_dir: str | Path, *, iters: int = 50, warmup: int = 10, 
     if not eager:
         return res
     step, _ = eager_step_fn(example, run.device)
-    res["eager_ms"] = statistics.median(_events_ms(step, iters, warmup))
+    res["eager_ms"] = statistics.median(events_ms(step, iters, warmup))
     res["eager_pipelined_ms"] = _pipelined_ms(step, 20)
     try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
-        res["cuda_graph_ms"] = statistics.median(_events_ms(graph.replay, iters, warmup))
+        graph = capture_graph(step, warmup=3)
+        res["cuda_graph_ms"] = statistics.median(events_ms(graph.replay, iters, warmup))
         res["cuda_graph_pipelined_ms"] = _pipelined_ms(graph.replay, 20)
     except Exception as e:
         res["cuda_graph_ms"] = f"capture failed: {type(e).__name__}: {e}"

@@ -1,0 +1,47 @@
+"""CUDA timing for the benchmarks and the controls: CUDA-event times of a call, and a call captured
+into a CUDA graph (warmed up on a side stream first, as capture needs). torch is imported on use,
+so the command modules that import this stay torch-free until they run."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Callable
+
+
+def events_ms(fn: Callable[[], Any], iters: int, warmup: int) -> list[float]:
+    """ms of each of ``iters`` calls of ``fn``, timed alone with CUDA events after ``warmup`` calls."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return times
+
+
+def median_ms(fn: Callable[[], Any], iters: int, warmup: int = 3) -> float:
+    return statistics.median(events_ms(fn, iters, warmup))
+
+
+def capture_graph(fn: Callable[[], Any], warmup: int = 3, device: Any = None):
+    """A ``torch.cuda.CUDAGraph`` of one call of ``fn``, after ``warmup`` calls on a side stream (they
+    allocate what the call needs, compile what torch.compile compiles); replay it with ``.replay()``."""
+    import torch
+
+    s = torch.cuda.Stream(device)
+    s.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(s):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
