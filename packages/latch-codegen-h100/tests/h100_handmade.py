@@ -197,6 +197,21 @@ def have_nvcc() -> bool:
         return False
 
 
+def cuobjdump() -> str | None:
+    """The cuobjdump the machine-code tests use, or None where it is not installed."""
+    from latch_codegen_h100.sass import SassError, find_cuobjdump
+
+    try:
+        return find_cuobjdump()
+    except SassError:
+        return None
+
+
+def have_sass_tools() -> bool:
+    """nvcc and cuobjdump are both installed (the machine-code tests skip without them)."""
+    return cuobjdump() is not None and have_nvcc()
+
+
 def small_doc(scale=2.0, **kw) -> Document:
     """The smallest planned update: y = w * x, w2 = w - scale (w2 overwrites w in place)."""
     F = "f32"

@@ -14,20 +14,12 @@ import h100_handmade as H
 from latch_core.ir import Value
 from latch_codegen_h100 import build
 from latch_codegen_h100.lower_moe import ragged_wgmma
-from latch_codegen_h100.sass import SassError, find_cuobjdump, sass_report
+from latch_codegen_h100.sass import sass_report
 
 BF, F = "bf16", "f32"
 
 
-def _tools() -> bool:
-    try:
-        find_cuobjdump()
-    except SassError:
-        return False
-    return H.have_nvcc()
-
-
-needs_tools = pytest.mark.skipif(not _tools(), reason="nvcc or cuobjdump not installed")
+needs_tools = pytest.mark.skipif(not H.have_sass_tools(), reason="nvcc or cuobjdump not installed")
 
 
 def test_the_wgmma_body_is_taken_for_bf16_operands_tma_can_stream():

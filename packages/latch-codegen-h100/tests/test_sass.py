@@ -9,18 +9,10 @@ import pytest
 import h100_handmade as H
 from latch_core.ir import Value
 from latch_codegen_h100 import build
-from latch_codegen_h100.sass import SassError, find_cuobjdump, parse, sass_report
+from latch_codegen_h100.sass import parse, sass_report
 
 
-def _tools() -> bool:
-    try:
-        find_cuobjdump()
-    except SassError:
-        return False
-    return H.have_nvcc()
-
-
-needs_tools = pytest.mark.skipif(not _tools(), reason="nvcc or cuobjdump not installed")
+needs_tools = pytest.mark.skipif(not H.have_sass_tools(), reason="nvcc or cuobjdump not installed")
 
 
 def _products_doc():

@@ -12,17 +12,10 @@ import pytest
 import h100_handmade as H
 from latch_core.ir import Value
 from latch_codegen_h100 import build
-from latch_codegen_h100.sass import SassError, _run, find_cuobjdump
+from latch_codegen_h100.sass import _run
 
 
-def _tool():
-    try:
-        return find_cuobjdump()
-    except SassError:
-        return None
-
-
-needs_tools = pytest.mark.skipif(_tool() is None or not H.have_nvcc(), reason="nvcc or cuobjdump not installed")
+needs_tools = pytest.mark.skipif(not H.have_sass_tools(), reason="nvcc or cuobjdump not installed")
 
 
 def _attention_doc(dtype: str, d: int, operand: str | None = None):
@@ -49,7 +42,7 @@ def test_bf16_attention_runs_on_the_tensor_cores(tmp_path, cache, d):
     for dtype in ("bf16", "f64"):
         out = tmp_path / dtype
         build(_attention_doc(dtype, d), out, jobs=2)
-        sass = _run([_tool(), "-sass", str(out / "program.so")])
+        sass = _run([H.cuobjdump(), "-sass", str(out / "program.so")])
         counts[dtype] = (len(re.findall(r"\bHMMA\.16816\.F32\.BF16\b", sass)), len(re.findall(r"\bLDGSTS\b", sass)))
         if dtype == "bf16":
             log = (out / "build.log").read_text()
@@ -66,8 +59,8 @@ def test_bf16_attention_runs_on_the_tensor_cores(tmp_path, cache, d):
 @needs_tools
 def test_fp32_values_under_the_bf16_policy_run_on_the_tensor_cores(tmp_path, cache):
     build(_attention_doc("f32", 64, operand="bf16"), tmp_path / "p", jobs=2)
-    sass = _run([_tool(), "-sass", str(tmp_path / "p" / "program.so")])
+    sass = _run([H.cuobjdump(), "-sass", str(tmp_path / "p" / "program.so")])
     assert len(re.findall(r"\bHMMA\.16816\.F32\.BF16\b", sass)) >= 8
     build(_attention_doc("f32", 64), tmp_path / "n", jobs=2)  # FP32 attention without the policy: SIMT
-    sass = _run([_tool(), "-sass", str(tmp_path / "n" / "program.so")])
+    sass = _run([H.cuobjdump(), "-sass", str(tmp_path / "n" / "program.so")])
     assert not re.findall(r"\bHMMA\b", sass)
