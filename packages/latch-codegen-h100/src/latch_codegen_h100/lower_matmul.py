@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import re
 
-from .lowering import BodyContext, Lowering, LoweringError, TensorMap
+from .lowering import BodyContext, Lowering, LoweringError, OnlyWhen, TensorMap
 
 HEADER = "latch_matmul.cuh"
 GEMM_HEADER = "latch_gemm.cuh"
@@ -259,22 +259,10 @@ def _smem(ctx: BodyContext) -> int:
     return TMA_STORE_SMEM if tma_store(mm, bn) else 0
 
 
-class _WhenWgmma:
-    """A producer-half callable that answers None for nodes the SIMT body computes."""
-
-    def __init__(self, fn):
-        self.fn = fn
-        self.__module__ = fn.__module__
-        self.__qualname__ = fn.__qualname__
-
-    def __call__(self, ctx: BodyContext):
-        return self.fn(ctx) if _is_wgmma(ctx) else None
-
-
 def lowerings() -> list[Lowering]:
     return [Lowering("latch::matmul", body=_body, headers=(HEADER, GEMM_HEADER), smem=_smem,
-                     producer=_WhenWgmma(_wgmma_producer), tensor_maps=_WhenWgmma(_tensor_maps),
-                     stage_bytes=_WhenWgmma(_stage_bytes), args=_args,
+                     producer=OnlyWhen(_is_wgmma, _wgmma_producer), tensor_maps=OnlyWhen(_is_wgmma, _tensor_maps),
+                     stage_bytes=OnlyWhen(_is_wgmma, _stage_bytes), args=_args,
                      doc="wgmma + TMA through the worker's ring for BF16/F16 rank-2 products (FP32 accumulation, "
                          "fused store); tiled SIMT otherwise")]
 

@@ -18,7 +18,7 @@ segments inside their tile (``latch_moe.cuh``). Two bodies per ragged product:
 from __future__ import annotations
 
 from . import cgen
-from .lowering import BodyContext, Lowering, LoweringError, TensorMap
+from .lowering import BodyContext, Lowering, LoweringError, OnlyWhen, TensorMap
 
 HEADER = "latch_moe.cuh"
 MAX_EXPERTS = 8192  # route_order keeps one counter per expert in shared memory
@@ -205,32 +205,25 @@ def _stage_bytes(ctx: BodyContext) -> int:
     return (128 + _bn(ctx)) * BK * 2
 
 
-class _WhenWgmma:
-    """A producer-half callable that answers None for nodes the SIMT body computes."""
-
-    def __init__(self, fn):
-        self.fn = fn
-        self.__module__ = fn.__module__
-        self.__qualname__ = fn.__qualname__
-
-    def __call__(self, ctx: BodyContext):
-        return self.fn(ctx) if _bn(ctx) is not None else None
+def _is_wgmma(ctx: BodyContext) -> bool:
+    return _bn(ctx) is not None
 
 
 def _either(simt):
     def body(ctx: BodyContext) -> str:
-        return _wgmma_body(ctx) if _bn(ctx) is not None else simt(ctx)
+        return _wgmma_body(ctx) if _is_wgmma(ctx) else simt(ctx)
     body.__qualname__ = f"ragged_body_{getattr(simt, '__qualname__', 'simt')}"
     return body
 
 
 def _smem(ctx: BodyContext) -> int:
-    return 0 if _bn(ctx) is not None else _mm_smem(ctx)
+    return 0 if _is_wgmma(ctx) else _mm_smem(ctx)
 
 
 def _ragged_lowering(op: str, simt) -> Lowering:
-    return Lowering(op, body=_either(simt), headers=(HEADER,), smem=_smem, producer=_WhenWgmma(_wgmma_producer),
-                    tensor_maps=_WhenWgmma(_tensor_maps), stage_bytes=_WhenWgmma(_stage_bytes), args=_w_args,
+    return Lowering(op, body=_either(simt), headers=(HEADER,), smem=_smem,
+                    producer=OnlyWhen(_is_wgmma, _wgmma_producer), tensor_maps=OnlyWhen(_is_wgmma, _tensor_maps),
+                    stage_bytes=OnlyWhen(_is_wgmma, _stage_bytes), args=_w_args,
                     doc="grouped wgmma + TMA over the expert segments read from offsets (BF16/F16 operands, FP32 "
                         "accumulation, fused store); tiled SIMT otherwise")
 

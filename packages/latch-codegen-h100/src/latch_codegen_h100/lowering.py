@@ -238,6 +238,20 @@ class Lowering:
         return self.expr is not None or self.view_map is not None
 
 
+class OnlyWhen:
+    """A Lowering hook (``producer``, ``tensor_maps``, ``stage_bytes``) that answers None for the nodes
+    where ``taken(ctx)`` is false (those the lowering's SIMT body computes). It keeps ``fn``'s module
+    and qualified name: the build names hooks by them in its cache key."""
+
+    def __init__(self, taken, fn):
+        self.taken, self.fn = taken, fn
+        self.__module__ = fn.__module__
+        self.__qualname__ = fn.__qualname__
+
+    def __call__(self, ctx: BodyContext):
+        return self.fn(ctx) if self.taken(ctx) else None
+
+
 @attrs.frozen
 class NodeInfo:
     """What an ``expr`` lowering sees: the op, attributes and operand/result types."""
