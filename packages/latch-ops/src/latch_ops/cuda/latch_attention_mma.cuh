@@ -120,6 +120,25 @@ __device__ __forceinline__ void load_tile_async(__nv_bfloat16* tile, const S* sr
   }
 }
 
+// The double buffering of the (key, value) loops: buffer it & 1 holds block kb, its copies in flight.
+// Start block kb + BK into the other buffer (read two iterations ago, so free after the last
+// block_sync) when there is one, then wait for block kb's copies; a block_sync() after this makes
+// them visible to every thread.
+template <int D, class S>
+__device__ __forceinline__ void next_kv_block(__nv_bfloat16* buf, const S* k, const S* v, long long kb,
+                                              long long kend, long long Tk, long long it) {
+  constexpr int LD = D + 8;
+  if (kb + BK < kend) {
+    __nv_bfloat16* nx = buf + ((it + 1) & 1) * 2 * BK * LD;
+    load_tile_async<D>(nx, k, kb + BK, Tk);
+    load_tile_async<D>(nx + BK * LD, v, kb + BK, Tk);
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+}
+
 // Per query row of a block: lse2[i] = lse_i log2(e) and dterm[i] = delta_i - glse_i, with
 // delta_i = dO_i . O_i in FP32 (4 lanes per row); rows past T give 0.
 template <int D, class S>
@@ -174,15 +193,7 @@ __device__ void sdpa_forward(const S* q, const S* k, const S* v, S* out, float* 
   for (long long kb = 0, it = 0; kb < kend; kb += BK, ++it) {
     const __nv_bfloat16* Ks = buf + (it & 1) * 2 * BK * LD;
     const __nv_bfloat16* Vs = Ks + BK * LD;
-    if (kb + BK < kend) {  // the next block into the other buffer (read two iterations ago: synced below)
-      __nv_bfloat16* nx = buf + ((it + 1) & 1) * 2 * BK * LD;
-      load_tile_async<D>(nx, k, kb + BK, Tk);
-      load_tile_async<D>(nx + BK * LD, v, kb + BK, Tk);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    next_kv_block<D>(buf, k, v, kb, kend, Tk, it);
     block_sync();
     // two halves of 32 keys, each a full online-softmax step (keeps S at 16 registers)
 #pragma unroll 1
@@ -356,15 +367,7 @@ __device__ void sdpa_dq(const S* go, const float* glse, const S* q, const S* k, 
   for (long long kb = 0, it = 0; kb < kend; kb += BK, ++it) {
     const __nv_bfloat16* T2 = KV + (it & 1) * 2 * BK * LD;
     const __nv_bfloat16* T3 = T2 + BK * LD;
-    if (kb + BK < kend) {
-      __nv_bfloat16* nx = KV + ((it + 1) & 1) * 2 * BK * LD;
-      load_tile_async<D>(nx, k, kb + BK, Tk);
-      load_tile_async<D>(nx + BK * LD, v, kb + BK, Tk);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    next_kv_block<D>(KV, k, v, kb, kend, Tk, it);
     block_sync();
     float s[4][4], dp[4][4];
 #pragma unroll
