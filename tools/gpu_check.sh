@@ -36,7 +36,7 @@ export PYTHONUNBUFFERED=1
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 say() { echo "== [gpu_check ${SECONDS}s] $*"; }
-# LATCH_GPU_ONLY=matmul,memory,attention,examples,readme,pytest,sanitizer,dense,moe,profile,full,lmhead,bench runs only the steps named (default: all).
+# LATCH_GPU_ONLY=matmul,memory,attention,examples,readme,pytest,sanitizer,dense,denseprof,moe,profile,full,lmhead,bench runs only the steps named (default: all).
 want() { [ -z "${LATCH_GPU_ONLY:-}" ] || [[ ",${LATCH_GPU_ONLY}," == *",$1,"* ]]; }
 row() { echo "$*" >> "$SUMMARY"; }
 
@@ -282,6 +282,13 @@ run_profile 90 mlp-dataflow mlp --scheduler dataflow --updates 3
 # ---- issue 12: the per-SM timeline of one update (trace.json for Perfetto, timeline.png, summary.json)
 run_profile 120 transformer-small-barrier transformer --scheduler barrier --policy --updates 2 \
     --trace-dir "$OUT/timeline-transformer"
+fi
+# The full-size dense transformer's profiling build (LATCH_GPU_ONLY=denseprof): time per op, waiting,
+# and its per-SM timeline (trace.json, timeline.png, summary.json in $OUT/timeline-dense).
+if want denseprof; then
+run_profile "${LATCH_GPU_DENSEPROF_S:-300}" dense-barrier transformer --scheduler barrier --policy --updates 2 \
+    --set d_model=768 --set layers=8 --set heads=12 --set vocab=49152 --set seq=1024 --set batch=2 \
+    --set mlp_hidden=2048 --trace-dir "$OUT/timeline-dense"
 fi
 TIMING_S=150  # what the full TinyMoE-200M timing step below takes (capture + build twice + bench)
 LEFT=$(( ${LATCH_GPU_BUDGET_S:-570} - SECONDS - TIMING_S ))
