@@ -170,19 +170,25 @@ def test_constant_bytes():
 
 def test_reductions_pick_one_thread_one_warp_or_the_block_per_output_by_length():
     """A few reduced elements (split-K partials: R = S) are summed by one thread per output, in
-    index order; longer ones by a warp, very long ones by the whole block."""
+    index order; longer ones by a warp, very long ones by the whole block; column sums across
+    the outputs."""
     values = [Value("p", (4, 64, 32), F, "batch"), Value("s", (64, 32), F), Value("t", (4, 64), F),
               Value("u", (4,), F)]
     nodes = [("split_sum", "latch::sum", ("p",), ("s",), {"dims": (0,), "keepdim": False}),
              ("row_sum", "latch::sum", ("p",), ("t",), {"dims": (2,), "keepdim": False}),
-             ("all_sum", "latch::sum", ("p",), ("u",), {"dims": (1, 2), "keepdim": False})]
-    g = H.graph("update", values, nodes, [("batch", ["p"])], [("out", ["s", "t", "u"])])
+             ("all_sum", "latch::sum", ("p",), ("u",), {"dims": (1, 2), "keepdim": False}),
+             ("col_sum", "latch::sum", ("p",), ("w",), {"dims": (0, 1), "keepdim": False})]
+    values.append(Value("w", (32,), F))
+    g = H.graph("update", values, nodes, [("batch", ["p"])], [("out", ["s", "t", "u", "w"])])
     gen = generate(H.planned([g]), jobs=1)
     src = "\n".join(u.source for u in gen.units[1:])
 
     assert src.count("latch::reduce_thread_per_output<double, latch::SumOp>(n_out, 4LL,") == 1  # R = 4
     assert src.count("latch::reduce_warp_per_output<double, latch::SumOp>(n_out, 32LL,") == 1  # R = 32
     assert src.count("latch::reduce_block_per_output<double, latch::SumOp>(n_out, 2048LL,") == 1  # R = 2048
+    # a column sum (the innermost dim kept: a bias or norm-weight gradient): threads across the
+    # outputs, down the rows, partials combined in a fixed order
+    assert src.count("latch::reduce_columns<double, latch::SumOp>(n_out, 256LL,") == 1
 
 
 def test_products_store_through_tma_where_the_tile_is_whole_128_byte_rows():

@@ -261,3 +261,31 @@ def test_scatter_tiles_read_every_source_and_write_only_their_tile():
     t = tiling_ops.scatter_like([g, ix], [TensorType((50, 4), "f32")], {"num_weights": 50})
     ins, outs = t.footprint(((0, 25), (0, 4)))
     assert ins == [full_box((2, 3, 4)), full_box((2, 3))] and outs == [((0, 25), (0, 4))]
+
+
+def test_ops_with_enough_work_spread_over_every_sm():
+    """Under a barrier a phase lasts as long as its longest task: a 0.5 ms row op must not sit on
+    25 SMs (the 20 us rule alone; run 14 measured 62% of SM-time waiting so), while a tiny one
+    stays one task."""
+    cost = CostModel()
+    assert tiling.target_tiles(500e-6, cost, 132) == 132
+    assert tiling.target_tiles(501e-6, attrs_evolve(cost, min_spread_task=1.0), 132) == 25  # the old rule
+    assert tiling.target_tiles(101e-6, cost, 132) == 50  # 2 us tiles: fewer SMs rather than tiny tasks
+    assert tiling.target_tiles(1e-6, cost, 132) == 1
+
+
+def attrs_evolve(obj, **kw):
+    import attrs
+
+    return attrs.evolve(obj, **kw)
+
+
+def test_column_reductions_split_their_kept_innermost_dim_finely():
+    """A norm-weight gradient ((2048, 768) summed over rows) or the clip's per-row partial sums: each
+    output reads a whole column, so the kept innermost dim is cut at 8 elements, not 128 (6 tasks)."""
+    x = TensorType((2048, 768), "f32")
+    t = tiling.reduction([x], [TensorType((768,), "f32")], {"dims": (0,), "keepdim": False})
+    boxes = split((768,), t, 132)
+    assert len(boxes) == 96 and all((hi - lo) == 8 for ((lo, hi),) in boxes)
+    e = tiling.elementwise([TensorType((768,), "f32")], [TensorType((768,), "f32")])
+    assert len(split((768,), e, 132)) == 6  # elementwise rows keep 128-element (vector) cuts

@@ -48,7 +48,7 @@ def test_the_cost_formula_counts_waves_fill_and_epilogue():
     s2, tiles2, waves2 = price(cfg, 1, 128, 4096, 256, 4, 2, cost, 132)
     assert tiles2 == 8 and waves2 == 1
     assert s2 == pytest.approx(2 * 128 * 128 * 1024 / (5e12 * 0.78) + 0.7e-6 + 128 * 128 * 4 / 25e9
-                               + 2 * 4 * 128 * 256 * 4 / (25e9 * 132))
+                               + 2 * 4 * 128 * 256 * 4 / (25e9 * 132) + cost.split_k_overhead)
     # the measured rates by tile width (run 10), largest threshold <= BN
     assert cost.mma_efficiency(16) == 0.12 and cost.mma_efficiency(96) == 0.55 and cost.mma_efficiency(192) == 0.9
     assert cost.mma_efficiency(256) == 1.0 and cost.mma_efficiency(48) == 0.23 and cost.mma_efficiency(8) == 0.12
@@ -65,9 +65,21 @@ def test_wave_quantisation_picks_the_tile_that_fills_the_sms():
     assert (cfg.tile, s, tiles, waves) == ((128, 128), 1, 96, 1)
 
 
-def test_split_k_is_off_by_default():
-    _, s, _, _, _ = choose(WG[4:5], 1, 128, 4096, 256, 4, CostModel(), 132)  # 2 tiles on 132 SMs
-    assert s == 1
+def test_split_k_by_default_where_run_13_measured_it_winning():
+    """Run 13 timed every product both ways in one launch: the split wins where few tiles meet a
+    long K and loses on the short ones, where the partials' sum phase costs more than idle SMs."""
+    nn = [c for c in WG if c.tile[1] % 64 == 0]
+    cost = CostModel()
+    # lm_head dgrad at 2048 tokens (2048 x 768, K 49152): 65% -> 86% of cuBLAS split in two
+    assert choose(nn, 1, 2048, 49152, 768, 2, cost, 132)[1] == 2
+    # attn_out wgrad at 32768 tokens (768 x 768, K 32768): 45% -> 101% split in four
+    assert choose(nn, 1, 768, 32768, 768, 4, cost, 132)[1] == 4
+    # attn_out wgrad at 2048 tokens (K 2048): 7.7 us unsplit, 16.8 us split: stays whole
+    assert choose(nn, 1, 768, 2048, 768, 4, cost, 132)[1] == 1
+    # the router's forward (2048 x 16, K 768): 0.3 us whole, 1.4 us split
+    assert choose(WG, 1, 2048, 768, 16, 4, cost, 132)[1] == 1
+    # and products that fill the SMs never split
+    assert choose(nn, 1, 32768, 768, 2304, 2, cost, 132)[1] == 1
 
 
 SPLITS = CostModel(split_k_choices=(1, 2, 4, 8, 16))

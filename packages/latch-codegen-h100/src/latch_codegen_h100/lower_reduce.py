@@ -42,6 +42,11 @@ def row_reduction(dims, rank: int) -> bool:
     return bool(dims) and sorted(d % rank for d in dims) == list(range(rank - len(dims), rank))
 
 
+def column_reduction(dims, rank: int) -> bool:
+    """Is the input's innermost dim kept (consecutive outputs adjacent in memory: a column sum)?"""
+    return bool(dims) and rank > 1 and (rank - 1) not in {d % rank for d in dims}
+
+
 def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None,
                       load4: list[str] | None = None, vec_cond: str = "false") -> str:
     """The body's statements. ``load``: statements defining the lambda ``load(long long i)`` (element
@@ -91,7 +96,10 @@ def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None
     lines.append(f"  latch::st<{out.ctype}>({out.ptr}, {cgen.dot([f'z{k}' for k in range(out.rank)], ost)}, "
                  f"({compute_type(out.dtype)})({val}));")
     lines.append("};")
-    if R >= BLOCK_THRESHOLD:
+    if R > THREAD_THRESHOLD and column_reduction(dims, x.rank):
+        generic = f"latch::reduce_columns<{acc}, {op}>(n_out, {R}LL, base, off, load, store, ({acc}*){ctx.smem});"
+        vector = None
+    elif R >= BLOCK_THRESHOLD:
         generic = (f"latch::reduce_block_per_output<{acc}, {op}>(n_out, {R}LL, base, off, load, store, "
                    f"({acc}*){ctx.smem});")
         vector = f"latch::reduce_rows_vec4_block<{acc}, {op}>(n_out, {R}LL, base, load4, store, ({acc}*){ctx.smem});"
@@ -116,7 +124,9 @@ def acc_type(op: str, dtype: str) -> str:
 
 
 def _smem(ctx: BodyContext) -> int:
-    return 33 * 8
+    from .codegen import THREADS
+
+    return max(33, THREADS) * 8  # block_reduce's 33 words, or reduce_columns' one per thread
 
 
 def lowerings() -> list[Lowering]:

@@ -9,7 +9,8 @@ tiles than SMs (splitting only pays where SMs would idle)::
 
     tiles = batch * ceil(M / BM) * ceil(N / BN) * S          waves = ceil(tiles / num_sms)
     cost  = waves * (2 * BM * BN * ceil(K / S) / rate + mma_fill + BM * BN * out_bytes / sm_bytes)
-            + (S > 1: 2 * S * batch * M * N * 4 / (sm_bytes * num_sms))   # partials written, then read
+            + (S > 1: 2 * S * batch * M * N * 4 / (sm_bytes * num_sms)   # partials written, then read
+                      + split_k_overhead)                                # the sum's phase and barrier
 
 ``rate`` is ``sm_mma_flops * mma_efficiency(BN)`` for tensor-core configurations (``kind`` "wgmma")
 and ``sm_flops`` for CUDA-core ones ("simt"); ``out_bytes`` is 4 for split partials (FP32). The
@@ -59,7 +60,7 @@ def price(cfg, batch: int, m: int, k: int, n: int, s: int, out_bytes: int, cost:
     per_tile = 2 * bm * bn * math.ceil(k / s) / rate + cost.mma_fill + bm * bn * ob / cost.sm_bytes
     seconds = waves * per_tile
     if s > 1:
-        seconds += 2 * s * batch * m * n * 4 / (cost.sm_bytes * num_sms)
+        seconds += 2 * s * batch * m * n * 4 / (cost.sm_bytes * num_sms) + cost.split_k_overhead
     return seconds, tiles, waves
 
 

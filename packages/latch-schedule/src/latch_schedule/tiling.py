@@ -24,7 +24,7 @@ Where a tiling comes from, first match wins:
    ONE task covering every output, reading every operand whole.
 
 How many tiles: a tiling with free dims (``granule`` 0) is split so each tile costs about
-``CostModel.min_task`` seconds (never more than ``max_tiles_per_sm * num_sms`` tiles, never more
+``CostModel.min_task`` seconds, and over every SM when each tile keeps ``min_spread_task`` (never more than ``max_tiles_per_sm * num_sms`` tiles, never more
 tiles than elements); fixed dims (matmul M/N) use their granule. Tiny ops get one task.
 """
 
@@ -55,6 +55,10 @@ class CostModel:
     # Split free dims only into tiles of at least this much work: TinyMoE's 2 x 1024 update should
     # take ~3.4 ms on 132 SMs, ~450 SM-ms in all: tens of thousands of tasks of 10-20 us each.
     min_task: float = 20e-6
+    # ...but an op with at least num_sms x min_spread_task of work spreads over every SM: run 14
+    # (the dense transformer at full size) had row and elementwise ops on 12-40 SMs at ~150 us a
+    # task while the others waited at the barrier (62% of SM-time).
+    min_spread_task: float = 2e-6
     max_tiles_per_sm: int = 1  # an op gets at most num_sms * this many free-dim tiles (one wave)
     # (M, N) extents of matmul tiles, smallest first: a matmul takes the largest that still
     # gives it at least ``matmul_waves * num_sms`` tiles (balance), else the smallest.
@@ -71,11 +75,14 @@ class CostModel:
     mma_fill: float = 0.7e-6
     mma_eff: tuple[tuple[int, float], ...] = ((16, 0.12), (32, 0.23), (64, 0.46), (96, 0.55), (128, 0.78),
                                               (192, 0.9), (256, 1.0))
-    # Split-K is off by default: run 10 measured every split product at 26-48% of cuBLAS, because
-    # the partials' fixed-order sum runs as a phase of its own on the SIMT reduction body. Turn it
-    # on (option cost_split_k_choices) once the reduction is fused into the product's epilogue.
-    split_k_choices: tuple[int, ...] = (1,)
+    # Split-K: run 13 timed each product both ways in one launch (results/gpu.md): the split wins
+    # where few tiles meet a long K (lm_head dgrad at 2048 tokens 65% -> 86% of cuBLAS, the K = 32768
+    # weight gradients 45-72% -> 85-101%) and loses on short ones (attn_out wgrad at 2048: 7.7 ->
+    # 16.8 us), where the partials' sum, a phase of its own behind a barrier, costs more than the
+    # idle SMs: ``split_k_overhead`` is that phase's fixed cost.
+    split_k_choices: tuple[int, ...] = (1, 2, 4, 8, 16)
     split_k_min_steps: int = 4  # S > 1 only when K / S >= this many k_tile steps
+    split_k_overhead: float = 5e-6
 
     def mma_efficiency(self, bn: int) -> float:
         eff = self.mma_eff[0][1]
@@ -298,6 +305,10 @@ def tiling_for(spec: OpSpec | None, in_types: Sequence[TensorType | None], out_t
 # Choosing tiles
 
 ALIGN = 128  # a split innermost dim is cut at multiples of this many elements (vector loads)
+# ...but a reduction's kept innermost dim at multiples of 8 (32 bytes of FP32: one sector per row):
+# each of its output elements reads a whole column, so 128 would leave a norm-weight gradient's
+# (768,) output, or the clip's per-row partial sums, as 6 tasks of ~85 us (run 14).
+REDUCTION_ALIGN = 8
 
 
 def split(shape: Sequence[int], tiling: Tiling, target: int) -> list[Box]:
@@ -319,8 +330,9 @@ def split(shape: Sequence[int], tiling: Tiling, target: int) -> list[Box]:
         n = shape[k]
         count = max(1, min(n, remaining))
         block = math.ceil(n / count)
-        if k == len(shape) - 1 and block < n and n > ALIGN:
-            block = min(n, math.ceil(block / ALIGN) * ALIGN)
+        align = REDUCTION_ALIGN if tiling.kind == "reduction" else ALIGN
+        if k == len(shape) - 1 and block < n and n > align:
+            block = min(n, math.ceil(block / align) * align)
         blocks[k] = block
         remaining = max(1, remaining // math.ceil(n / block))  # floor: never exceed the target
     per_dim = []
@@ -346,4 +358,9 @@ def split(shape: Sequence[int], tiling: Tiling, target: int) -> list[Box]:
 
 
 def target_tiles(seconds: float, cost: CostModel, num_sms: int) -> int:
-    return max(1, min(cost.max_tiles_per_sm * num_sms, int(seconds // cost.min_task)))
+    """Tiles of ``min_task`` seconds each, but never fewer than the SMs while a tile would keep
+    ``min_spread_task`` of work: under a barrier a phase lasts as long as its longest task, so an op
+    of 0.5 ms on 25 SMs (the 20 us rule alone) holds the other 107 idle for 20 us x 7."""
+    by_size = int(seconds // cost.min_task)
+    spread = min(num_sms, int(seconds // cost.min_spread_task))
+    return max(1, min(cost.max_tiles_per_sm * num_sms, max(by_size, spread)))
