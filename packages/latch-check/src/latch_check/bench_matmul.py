@@ -160,10 +160,10 @@ def split_name(case: str) -> str:
 
 
 def with_split_variants(doc: Document, num_sms: int) -> Document:
-    """Add ``<case>@split.x1`` / ``.xR`` where the cost model, with split-K allowed (S in
-    ``SPLIT_CHOICES``; the default schedule leaves it off), would split the product: the same
-    copies, rewritten into FP32 partials and their fixed-order sum (schedule.matmul_configs), so one
-    run times both choices side by side."""
+    """Add ``<case>@split.x1`` / ``.xR`` where the default cost model splits the product (split-K
+    on since run 13 measured where it wins): the same copies with split-K off (S = 1, the best
+    unsplit configuration), so one run times both choices side by side. The row is named for the
+    split decision it checks; its ``config`` column says which choice it is (no ``S=``: whole)."""
     from latch_core.passes import run_pass
     from latch_core.plugins import registries
 
@@ -175,10 +175,12 @@ def with_split_variants(doc: Document, num_sms: int) -> Document:
         case, _, rest = g.name.rpartition(".")
         new = f"{split_name(case)}.{rest}"
         renamed.append(_program_like(g, new))
+    configs = registries().passes.get("schedule.matmul_configs")
     sub = Document(graph=GraphSection(renamed, (), {}))
-    sub = run_pass(registries().passes.get("schedule.matmul_configs"), sub, num_sms=num_sms,
-                   cost_split_k_choices=SPLIT_CHOICES)
-    keep = [g for g in sub.graph.programs if any(n.attr("split_k") for n in g.nodes)]
+    default = run_pass(configs, sub, num_sms=num_sms)
+    split_by_default = {g.name for g in default.graph.programs if any(n.attr("split_k") for n in g.nodes)}
+    whole = run_pass(configs, sub, num_sms=num_sms, cost_split_k_choices=(1,))
+    keep = [g for g in whole.graph.programs if g.name in split_by_default]
     if not keep:
         return doc
     return attrs.evolve(doc, graph=attrs.evolve(doc.graph, programs=tuple(doc.graph.programs) + tuple(keep)))
@@ -312,7 +314,7 @@ def format_table(rows: list[dict]) -> str:
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="also write the rows here")
 @click.option("--sweep", is_flag=True, help="also time every wgmma configuration of each case (cost-model calibration)")
 @click.option("--split-k/--no-split-k", default=True, show_default=True,
-              help="also time the split-K choice where the cost model with split-K allowed would split (rows <case>@split)")
+              help="where the cost model splits a product, also time it unsplit (rows <case>@split: the other choice)")
 def bench_matmul_command(tokens, only, build_dir, iters, json_path, sweep, split_k):
     """Time TinyMoE-200M's dense matrix products as Latch tasks against torch.mm in a CUDA graph."""
     import json
