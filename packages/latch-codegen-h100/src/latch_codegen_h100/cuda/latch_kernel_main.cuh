@@ -511,7 +511,7 @@ extern "C" __global__ void __launch_bounds__(LATCH_BLOCK, 1) latch_kernel(latch:
     *done_word() = 0;  // (the producer reads it only after the __syncthreads below)
     sm90::mbar_init_fence();
   }
-  __syncthreads();  // the last block-wide barrier: from here on the roles never meet at one
+  __syncthreads();  // the last barrier of the whole block: from here on the roles meet only at the queue's
 
   const bool spare = (int)blockIdx.x >= a.num_lists;
   if (threadIdx.x >= LATCH_THREADS) {
