@@ -14,7 +14,8 @@
 #      examples run with --no-policy (compile's default is the BF16 policy);
 #   3. pytest -m gpu (the op-by-op, runtime and acceptance tests; the 10-update gate tests are
 #      deselected here because step 2 runs exactly those and prints their tables);
-#   4. compute-sanitizer memcheck and racecheck on two MLP updates;
+#   4. compute-sanitizer memcheck and racecheck on two updates of the MLP and of the small transformer
+#      (summary lines "racecheck: N hazards" / "memcheck: N errors");
 #   5. the MLP with 4 microbatches (both strategies), the README's main command with --target gpu,
 #      profiling builds (tools/profile_report.py: time per op, waiting at synchronisation) of the MLP
 #      and of the full TinyMoE-200M, and a first timing of the full TinyMoE-200M at 2 x 1024
@@ -199,20 +200,46 @@ row "  pytest -m gpu: $(grep -E '(passed|failed)' "$OUT/pytest_gpu.log" | tail -
 fi
 
 # compute-sanitizer memcheck and racecheck on two updates of the MLP (FP32, SIMT bodies) and of the
-# small transformer (BF16: the TMA + wgmma products on the worker's ring), from the example builds.
+# small transformer (examples/transformer.py defaults, --policy: BF16, the TMA + wgmma products on
+# the worker's ring), from the example builds; a build the examples step did not make (e.g.
+# LATCH_GPU_ONLY=sanitizer) is made here first, gated over 2 updates (barrier strategy). Each run's
+# verdict is a summary line "racecheck: N hazards (...)" / "memcheck: N errors (...)".
 if want sanitizer && command -v compute-sanitizer > /dev/null; then
     for target in mlp-barrier transformer-barrier; do
         dir="$WORK/build/$target"
-        [ -f "$dir/program.so" ] || { row "  compute-sanitizer $target: not run (no build: run the examples step)"; continue; }
+        if [ ! -f "$dir/program.so" ]; then
+            case "$target" in mlp-*) ex=mlp; pol=--no-policy ;; *) ex=transformer; pol=--policy ;; esac
+            say "build $target for the sanitizer"
+            timeout 150 "$PY" -m latch_core.cli compile "examples/$ex.py" --target gpu --scheduler barrier --steps 2 \
+                "$pol" --dir "$dir" > "$WORK/sanitizer-build.log" 2>&1
+            rc=$?
+            { echo "===== build $target (exit $rc)"; cat "$WORK/sanitizer-build.log"; } >> "$OUT/sanitizer.log"
+            grep -E "^GATES" "$WORK/sanitizer-build.log" | sed 's/^/  /' >> "$SUMMARY"
+            [ -f "$dir/program.so" ] || { row "  compute-sanitizer $target: not run (its build failed, rc $rc)"; continue; }
+        fi
         say "compute-sanitizer on $target"
-        for tool in memcheck racecheck; do
+        for tool in racecheck memcheck; do
             LATCH_SPIN_TIMEOUT_S=300 timeout 120 compute-sanitizer --tool "$tool" --kernel-name kns=latch_kernel \
                 "$PY" -m latch_core.cli run "$dir" --steps 2 > "$WORK/sanitizer-$tool.log" 2>&1
             rc=$?
             { echo "===== $target $tool (exit $rc)"; cat "$WORK/sanitizer-$tool.log"; } >> "$OUT/sanitizer.log"
             echo "$tool exit $rc"
             tail -4 "$WORK/sanitizer-$tool.log"
-            row "  compute-sanitizer $tool ($target, 2 updates, exit $rc): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$WORK/sanitizer-$tool.log" | tail -1)"
+            verdict="$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$WORK/sanitizer-$tool.log" | tail -1)"
+            row "  compute-sanitizer $tool ($target, 2 updates, exit $rc): $verdict"
+            if [ "$tool" = racecheck ]; then  # "RACECHECK SUMMARY: 8 hazards displayed (8 errors, 0 warnings)"
+                n="$(sed -nE 's/.*RACECHECK SUMMARY: ([0-9]+) hazards?.*/\1/p' <<< "$verdict")"
+            else                              # "ERROR SUMMARY: 0 errors"
+                n="$(sed -nE 's/.*ERROR SUMMARY: ([0-9]+) errors?.*/\1/p' <<< "$verdict")"
+            fi
+            steps="$(grep -cE '^step [0-9]+:' "$WORK/sanitizer-$tool.log")"
+            if [ -z "$n" ]; then
+                row "  $tool: no result ($target, exit $rc)"
+            elif [ "$tool" = racecheck ]; then
+                row "  racecheck: $n hazards ($target, $steps of 2 updates, exit $rc)"
+            else
+                row "  memcheck: $n errors ($target, $steps of 2 updates, exit $rc)"
+            fi
         done
     done
 elif want sanitizer; then

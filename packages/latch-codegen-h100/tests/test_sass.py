@@ -4,12 +4,14 @@ memory. Needs nvcc and cuobjdump (the pip wheel ``nvidia-cuda-cuobjdump`` runs w
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import h100_handmade as H
 from latch_core.ir import Value
 from latch_codegen_h100 import build
-from latch_codegen_h100.sass import parse, sass_report
+from latch_codegen_h100.sass import _run, find_cuobjdump, parse, sass_report
 
 
 needs_tools = pytest.mark.skipif(not H.have_sass_tools(), reason="nvcc or cuobjdump not installed")
@@ -47,6 +49,12 @@ def test_products_run_on_tensor_cores_fed_by_tma_with_the_register_split(tmp_pat
     assert r.setmaxreg_alloc == (224,) and r.setmaxreg_dealloc == (56,), r
     # no spills; the only local stores are the context an out-of-line body (relu) is called with
     assert r.local_loads == 0 and r.local_stores <= 16, r
+    # the worker's queue hand-off (results/rq.md): named barriers over both roles, the 256 consumers
+    # and the producer warp (0x120 threads), arrived at without waiting by the side that hands a
+    # slot over and synchronised on by the side that waits for it
+    text = _run([find_cuobjdump(), "-sass", str(out / "program.so")])
+    assert re.search(r"\bBAR\.ARV\s[^;]*0x120\s*;", text), "no bar.arrive over 288 threads"
+    assert re.search(r"\bBAR\.SYNC\S*\s[^;]*0x120\s*;", text), "no bar.sync over 288 threads"
 
 
 def test_the_report_counts_serialised_wgmma():

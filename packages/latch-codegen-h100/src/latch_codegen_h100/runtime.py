@@ -172,6 +172,10 @@ class Program:
                 raise ProgramError(f"{torch.cuda.get_device_name(device)} is compute capability "
                                    f"{major.value}.{minor.value}; this build is for sm_90a (H100/H200)")
             self.num_sms = sms.value
+            if self.num_sms > int(self.lib.latch_max_blocks()):
+                raise ProgramError(f"{torch.cuda.get_device_name(device)} has {self.num_sms} SMs; the worker "
+                                   f"(latch_kernel_main.cuh LATCH_MAX_BLOCKS) supports at most "
+                                   f"{self.lib.latch_max_blocks()} blocks: raise LATCH_MAX_BLOCKS and rebuild")
             self.smem = int(self.manifest["smem"])
             if self.smem > smem_max.value:
                 raise ProgramError(f"the kernel needs {self.smem} bytes of shared memory per block; the device "

@@ -12,11 +12,23 @@
 // - the producer, warp 0 of warpgroup 2 (56 registers; the other three warps exit at once): walks
 //   block b's instruction list (Args::instrs from sm_begin[b]), waits on dataflow counters, hands
 //   every task, signal and barrier to the consumers through a queue of LATCH_QUEUE slots in shared
-//   memory (each with a full and an empty mbarrier), and, for a body with a producer half (a task
-//   with tensor maps: Task::tmap >= 0), issues that task's TMA loads into the kernel's ring of
-//   LATCH_STAGES stages right after handing the task over. So the next task's first loads overlap
-//   the current task's math and epilogue: the producer runs ahead by up to LATCH_QUEUE items and
-//   LATCH_STAGES stages.
+//   memory, and, for a body with a producer half (a task with tensor maps: Task::tmap >= 0),
+//   issues that task's TMA loads into the kernel's ring of LATCH_STAGES stages right after handing
+//   the task over. So the next task's first loads overlap the current task's math and epilogue:
+//   the producer runs ahead by up to LATCH_QUEUE items and LATCH_STAGES stages.
+// The queue hand-off (results/rq.md): slot q has two hardware named barriers over both roles'
+// LATCH_SLOT_THREADS threads, FULL(q) and EMPTY(q). The producer, for item i in slot q = i mod
+// LATCH_QUEUE: bar.sync EMPTY(q) if i >= LATCH_QUEUE (the consumers released item i - LATCH_QUEUE),
+// writes the slot, and every producer lane bar.arrive FULL(q) (no wait); the consumers bar.sync
+// FULL(q), read the slot (their bodies read the task record and operand pointers in it), and every
+// consumer thread bar.arrive EMPTY(q) when it no longer reads it. A completed barrier orders every
+// participant's earlier shared-memory accesses before every participant's later ones (and
+// compute-sanitizer racecheck models it; it does not model mbarrier arrive/wait for ordinary
+// shared-memory stores). Named barriers have no timeout, so neither role leaves the protocol early:
+// a failing producer hands over an end item, aborted consumers keep releasing slots without running
+// bodies until they get it, and the producer finally waits for every release still outstanding, so
+// no barrier is left half-arrived. Named barrier ids: 0 __syncthreads, 1 the consumers' block_sync,
+// 2-3 latch_moe.cuh's per-warpgroup barriers, LATCH_BAR_FULL.. and LATCH_BAR_EMPTY.. the queue's.
 // Shared memory (dynamic): the ring (1024-byte aligned), then LATCH_SCRATCH_BYTES of scratch for
 // the bodies (Ctx::smem; never used by the producer, so prefetching never touches it).
 //
@@ -25,7 +37,8 @@
 //   consumers' reads are ordered after the producers they wait for (acquire, then the slot's
 //   mbarrier), and TMA loads are issued after a proxy fence;
 // - a task on the same SM list whose TMA loads read what an earlier task of the list writes waits,
-//   before its loads, until the consumers have finished that task (Task::dep, ``done`` below);
+//   before its loads, until the consumers have finished that task (Task::dep, ``done`` below: a
+//   per-block global word, latch_done_words, release/acquire at CTA scope);
 //   consumers end every task with a proxy fence so TMA sees what they stored;
 // - signals and barrier arrivals are the consumers': after the task(s) before them, after a named
 //   barrier of all consumers. The producer passes a grid barrier only once it completed (it spins
@@ -72,6 +85,11 @@
 
 #define LATCH_BLOCK (LATCH_THREADS + 128)
 #define LATCH_QUEUE 4
+#define LATCH_SLOT_THREADS (LATCH_THREADS + 32)  // both roles: the consumers and the producer warp
+#define LATCH_BAR_FULL 4                          // named barriers 4 .. 4 + LATCH_QUEUE - 1
+#define LATCH_BAR_EMPTY (LATCH_BAR_FULL + LATCH_QUEUE)
+#define LATCH_MAX_BLOCKS 1024                     // latch_done_words (the runtime refuses larger grids)
+static_assert(LATCH_BAR_EMPTY + LATCH_QUEUE <= 16, "16 named barriers per block");
 #define LATCH_PRODUCER_REGS 56
 #define LATCH_CONSUMER_REGS 224
 static_assert(LATCH_THREADS == 256, "two consumer warpgroups");
@@ -80,6 +98,11 @@ static_assert(128 * LATCH_PRODUCER_REGS + LATCH_THREADS * LATCH_CONSUMER_REGS <=
 __device__ latch::Error* latch_error_buffer;
 __device__ int latch_current_task[1024];  // per block: the task it is running (for body errors)
 __device__ int latch_current_program;     // Args::program of the running launch
+// Per block (128 bytes apart): tasks of its list the consumers have finished, their stores complete
+// (``done``; zeroed by the block at launch). In global memory, written and polled inside the block
+// (release/acquire at CTA scope): shared memory would be the same speed but a flag there is a hazard
+// to racecheck, which models no acquire/release on shared memory.
+__device__ uint32_t latch_done_words[LATCH_MAX_BLOCKS * 32];
 
 extern "C" __device__ void latch_report(int code, long long a, long long b) {
   latch::Error* e = latch_error_buffer;
@@ -124,11 +147,25 @@ struct Slot {
 };
 
 struct WorkerShared {
-  Slot slot[LATCH_QUEUE];
-  uint64_t slot_full[LATCH_QUEUE], slot_empty[LATCH_QUEUE];
+  Slot slot[LATCH_QUEUE];  // handed over through named barriers LATCH_BAR_FULL + q / LATCH_BAR_EMPTY + q
   uint64_t stage_full[LATCH_STAGES > 0 ? LATCH_STAGES : 1], stage_empty[LATCH_STAGES > 0 ? LATCH_STAGES : 1];
-  uint32_t done;  // tasks of this block's list the consumers have finished, their stores complete
 };
+
+// Arrive at named barrier ``id`` (``threads`` in all) without waiting; with ``bar.sync`` of the
+// other participants it orders this thread's earlier memory accesses before their later ones.
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ uint32_t* done_word() { return &latch_done_words[(blockIdx.x % LATCH_MAX_BLOCKS) * 32]; }
+__device__ __forceinline__ void st_release_cta(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.cta.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t ld_acquire_cta(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.cta.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 
 __device__ __forceinline__ Pipe make_pipe(WorkerShared& S, char* ring, const Args& a, uint32_t pos) {
   Pipe p;
@@ -219,13 +256,33 @@ __device__ __forceinline__ Operand task_operand(const Args& a, const Instr& ins,
   return o;
 }
 
+// Hand the end of the list (kind 0) over in slot ``q`` (every producer lane calls it), then wait
+// until the consumers released every other item still outstanding: afterwards no queue barrier is
+// half-arrived (the consumers arrive at none for the end item).
+__device__ __forceinline__ void producer_finish(WorkerShared& S, int q, uint32_t handed) {
+  if (handed >= LATCH_QUEUE) sm90::named_sync(LATCH_BAR_EMPTY + q, LATCH_SLOT_THREADS);
+  if ((threadIdx.x & 31) == 0) {
+    Slot& s = S.slot[q];
+    s.kind = 0;
+    s.arg = 0;
+    s.pc = -1;
+    s.ring = 0;
+  }
+  named_arrive(LATCH_BAR_FULL + q, LATCH_SLOT_THREADS);
+  ++handed;
+  // Items handed - LATCH_QUEUE .. handed - 2 are released by the consumers later; earlier ones were
+  // waited for before their slot was written again.
+  for (uint32_t i = handed > LATCH_QUEUE ? handed - LATCH_QUEUE : 0; i + 1 < handed; ++i)
+    sm90::named_sync(LATCH_BAR_EMPTY + (int)(i % LATCH_QUEUE), LATCH_SLOT_THREADS);
+}
+
 __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* ring) {
   const int lane = threadIdx.x & 31;
   const int begin = a.sm_begin[blockIdx.x], end = a.sm_begin[blockIdx.x + 1];
   const char* tmaps = (const char*)a.tmaps;
-  Pipe p = make_pipe(S, ring, a, 0);  // (its abort flag and timeout also serve the queue's waits)
+  Pipe p = make_pipe(S, ring, a, 0);  // (its abort flag and timeout also serve the dependency wait)
   int q = 0;
-  uint32_t qphase = 0;
+  uint32_t handed = 0;  // items handed over so far (item i goes into slot i % LATCH_QUEUE)
   // The list is read ahead: each link of the chain instruction -> task record -> operand records
   // is loaded one iteration (one task's TMA issue) before it is needed, so the dependent global
   // loads do not stand between one task's last TMA load and the next task's first.
@@ -259,13 +316,14 @@ __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* r
         ok = spin_until(a.counters + ins.a, base + (uint32_t)ins.b, base, a, ERR_WAIT_TIMEOUT, pc - begin, ins.a);
         sm90::fence_proxy_async_global();
       }
-      if (!__shfl_sync(0xffffffffu, ok, 0)) return;
+      if (!__shfl_sync(0xffffffffu, ok, 0)) break;
 #ifndef LATCH_PROFILE
       continue;  // the consumers' next item is handed over after the wait: they need not see it
 #endif
     }
-    if (lane == 0) ok = pipe_wait(&S.slot_empty[q], qphase ^ 1u, p);
-    if (!__shfl_sync(0xffffffffu, ok, 0)) return;
+    if (ins.kind == 0) break;  // the list's end: producer_finish hands it over
+    // Slot q is free once the consumers released the item it held (LATCH_QUEUE items ago).
+    if (handed >= LATCH_QUEUE) sm90::named_sync(LATCH_BAR_EMPTY + q, LATCH_SLOT_THREADS);
     Slot& s = S.slot[q];
     if (ins.kind == I_TASK) {
       if (lane < TASK_WORDS) reinterpret_cast<int32_t*>(&s.task)[lane] = word;
@@ -283,18 +341,15 @@ __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* r
       s.pc = pc;
       s.ring = p.stage | (p.phase << 31);
     }
-    __syncwarp();
-    if (lane == 0) sm90::mbar_arrive(&S.slot_full[q]);
-    if (++q == LATCH_QUEUE) {
-      q = 0;
-      qphase ^= 1u;
-    }
-    if (ins.kind == 0) return;
+    __syncwarp();  // (lane 0 reads the whole record below)
+    named_arrive(LATCH_BAR_FULL + q, LATCH_SLOT_THREADS);  // every lane: each releases its own stores
+    ++handed;
+    if (++q == LATCH_QUEUE) q = 0;
     if (ins.kind == I_TASK && s.task.tmap >= 0) {
       if (lane == 0) {
         if (s.task.dep >= 0) {  // read-after-write on this SM: wait for the consumers to finish the writer
           const unsigned long long t0 = globaltimer();
-          while ((int32_t)(sm90::ld_acquire_shared(&S.done) - (uint32_t)(s.task.dep + 1)) < 0) {
+          while ((int32_t)(ld_acquire_cta(done_word()) - (uint32_t)(s.task.dep + 1)) < 0) {
             if (ld_volatile(&a.error->abort)) {
               ok = 0;
               break;
@@ -312,29 +367,32 @@ __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* r
           ok = latch_produce(s.task.body, c, p);
         }
       }
-      if (!__shfl_sync(0xffffffffu, ok, 0)) return;
+      if (!__shfl_sync(0xffffffffu, ok, 0)) break;
     } else if (ins.kind == I_BARRIER) {
       if (lane == 0) {
         ok = barrier_complete(a, (uint32_t)ins.a, pc - begin);
         sm90::fence_proxy_async_global();
       }
-      if (!__shfl_sync(0xffffffffu, ok, 0)) return;
+      if (!__shfl_sync(0xffffffffu, ok, 0)) break;
     }
   }
+  // The end of the list, or a failed wait (recorded; the launch is aborted): either way the
+  // consumers get an end item, and the queue's barriers are left complete.
+  producer_finish(S, q, handed);
 }
 
 // ---- the consumers (threads 0..LATCH_THREADS-1) -------------------------------------------------------
 // Wait until the TMA stores the consumer warps' bulk groups hold are complete and visible to the
 // generic proxy, then count every finished task as done (``pending``: the last finished task may
 // have stores in flight; uniform over the consumers).
-__device__ __forceinline__ void consumer_flush(WorkerShared& S, bool& pending, uint32_t done, uint32_t& published) {
+__device__ __forceinline__ void consumer_flush(bool& pending, uint32_t done, uint32_t& published) {
   if (!pending) return;
   if ((threadIdx.x & 31) == 0) {
     sm90::bulk_wait<0>();
     sm90::fence_proxy_async_global();
   }
   block_sync();
-  if (threadIdx.x == 0) sm90::st_release_shared(&S.done, done);
+  if (threadIdx.x == 0) st_release_cta(done_word(), done);
   published = done;
   pending = false;
 }
@@ -343,48 +401,55 @@ __device__ __forceinline__ void consumers(const Args& a, WorkerShared& S, char* 
   const int tid = threadIdx.x;
   const int begin = a.sm_begin[blockIdx.x];
   const char* tmaps = (const char*)a.tmaps;
-  Pipe slots = make_pipe(S, ring, a, 0);
-  slots.timeout_ns = ~0ull;  // the producer may legitimately spin on a counter for the whole timeout
   int q = 0;
-  uint32_t qphase = 0, done = 0, published = 0;
+  uint32_t done = 0, published = 0;
   bool pending = false;  // the last finished task may have TMA stores in flight (then published = done - 1)
+  bool aborted = false;  // the launch was aborted: release every slot, run nothing, until the end item
 #ifdef LATCH_PROFILE
   const unsigned long long entry = tid == 0 ? globaltimer() : 0ull;
 #endif
-  for (;;) {
+  for (;; q = q + 1 == LATCH_QUEUE ? 0 : q + 1) {
 #ifdef LATCH_PROFILE
     const unsigned long long t_ask = tid == 0 ? globaltimer() : 0ull;
 #endif
-    if (!pipe_wait_warp(&S.slot_full[q], qphase, slots)) return;
+    sm90::named_sync(LATCH_BAR_FULL + q, LATCH_SLOT_THREADS);  // the producer wrote item i into slot q
     const Slot& s = S.slot[q];
     const int kind = s.kind;
     const int pc = s.pc;
 #ifdef LATCH_PROFILE
     const unsigned long long t_got = tid == 0 ? globaltimer() : 0ull;
 #endif
-    if (kind == 0) {
-      consumer_flush(S, pending, done, published);
+    if (kind == 0) {  // (no release: the producer waits for none)
+      consumer_flush(pending, done, published);
       break;
     }
+    if (aborted) {
+      named_arrive(LATCH_BAR_EMPTY + q, LATCH_SLOT_THREADS);
+      continue;
+    }
     if (kind == I_TASK) {
-      if (pending && (s.task.tmap < 0 || s.task.dep >= (int)published)) consumer_flush(S, pending, done, published);
+      if (pending && (s.task.tmap < 0 || s.task.dep >= (int)published)) consumer_flush(pending, done, published);
       if (tid == 0) latch_current_task[blockIdx.x % 1024] = s.task.task;
       const char* maps = s.task.tmap >= 0 ? tmaps + 128ll * s.task.tmap : nullptr;
       Ctx c{&s.task, s.ops, scratch, maps, make_pipe(S, ring, a, s.ring), latch_body_args + LATCH_MAX_ARGS * s.task.body};
       latch_dispatch(s.task.body, c);
       sm90::fence_proxy_async_global();  // a later TMA load may read what this task stored
-      if (sm90::named_sync_or(1, LATCH_THREADS, ld_volatile(&a.error->abort) != 0)) return;
+      if (sm90::named_sync_or(1, LATCH_THREADS, ld_volatile(&a.error->abort) != 0)) {
+        aborted = true;
+        named_arrive(LATCH_BAR_EMPTY + q, LATCH_SLOT_THREADS);
+        continue;
+      }
       ++done;
       if (c.async_stores) {  // it waited for every earlier store (its first TMA epilogue); its own are in flight
         pending = true;
         published = done - 1;
       } else {
-        consumer_flush(S, pending, done, published);  // (an earlier task's stores; nothing when none)
+        consumer_flush(pending, done, published);  // (an earlier task's stores; nothing when none)
         published = done;
       }
+      named_arrive(LATCH_BAR_EMPTY + q, LATCH_SLOT_THREADS);  // the body no longer reads the slot
       if (tid == 0) {
-        sm90::st_release_shared(&S.done, published);
-        sm90::mbar_arrive(&S.slot_empty[q]);
+        st_release_cta(done_word(), published);
         latch_current_task[blockIdx.x % 1024] = -1;
 #ifdef LATCH_PROFILE
         prof_store(prof, pc, t_got, globaltimer());
@@ -392,10 +457,9 @@ __device__ __forceinline__ void consumers(const Args& a, WorkerShared& S, char* 
       }
     } else if (kind == I_SIGNAL) {
       const int counter = s.arg;
-      consumer_flush(S, pending, done, published);
-      block_sync();  // every consumer has read the slot
-      if (tid == 0) {
-        sm90::mbar_arrive(&S.slot_empty[q]);
+      named_arrive(LATCH_BAR_EMPTY + q, LATCH_SLOT_THREADS);
+      consumer_flush(pending, done, published);
+      if (tid == 0) {  // (the tasks before it ended with a barrier of every consumer: their writes precede this)
         __threadfence();
         red_release(a.counters + counter, 1u);
 #ifdef LATCH_PROFILE
@@ -404,29 +468,24 @@ __device__ __forceinline__ void consumers(const Args& a, WorkerShared& S, char* 
       }
     } else if (kind == I_BARRIER) {
       const uint32_t k = (uint32_t)s.arg;
-      consumer_flush(S, pending, done, published);
-      block_sync();
-      if (tid == 0) sm90::mbar_arrive(&S.slot_empty[q]);
-      if (!consumer_grid_barrier(a, k, pc - begin)) return;
+      named_arrive(LATCH_BAR_EMPTY + q, LATCH_SLOT_THREADS);
+      consumer_flush(pending, done, published);
+      if (!consumer_grid_barrier(a, k, pc - begin)) {
+        aborted = true;
+        continue;
+      }
 #ifdef LATCH_PROFILE
       if (tid == 0) prof_store(prof, pc, t_got, globaltimer());
 #endif
     } else {  // I_WAIT (profiling builds): the time the consumers waited for what came after it
-      block_sync();
-      if (tid == 0) {
-        sm90::mbar_arrive(&S.slot_empty[q]);
+      named_arrive(LATCH_BAR_EMPTY + q, LATCH_SLOT_THREADS);
 #ifdef LATCH_PROFILE
-        prof_store(prof, pc, t_ask, t_got);
+      if (tid == 0) prof_store(prof, pc, t_ask, t_got);
 #endif
-      }
-    }
-    if (++q == LATCH_QUEUE) {
-      q = 0;
-      qphase ^= 1u;
     }
   }
 #ifdef LATCH_PROFILE
-  if (tid == 0) prof_store(prof, (long long)a.sm_begin[a.num_lists] + blockIdx.x, entry, globaltimer());
+  if (tid == 0 && !aborted) prof_store(prof, (long long)a.sm_begin[a.num_lists] + blockIdx.x, entry, globaltimer());
 #endif
 }
 
@@ -445,18 +504,14 @@ extern "C" __global__ void __launch_bounds__(LATCH_BLOCK, 1) latch_kernel(latch:
     latch_error_buffer = a.error;
     latch_current_program = a.program;
     latch_current_task[blockIdx.x % 1024] = -1;
-    for (int i = 0; i < LATCH_QUEUE; ++i) {
-      sm90::mbar_init(&S.slot_full[i], 1);
-      sm90::mbar_init(&S.slot_empty[i], 1);
-    }
     for (int i = 0; i < LATCH_STAGES; ++i) {
       sm90::mbar_init(&S.stage_full[i], 1);
       sm90::mbar_init(&S.stage_empty[i], LATCH_THREADS / 32);
     }
-    S.done = 0;
+    *done_word() = 0;  // (the producer reads it only after the __syncthreads below)
     sm90::mbar_init_fence();
   }
-  __syncthreads();  // the last block-wide barrier: from here on the roles never meet at one
+  __syncthreads();  // the last barrier of the whole block: from here on the roles meet only at the queue's
 
   const bool spare = (int)blockIdx.x >= a.num_lists;
   if (threadIdx.x >= LATCH_THREADS) {
@@ -509,6 +564,9 @@ int latch_num_bodies(void) { return LATCH_NUM_BODIES; }
 int latch_max_operands(void) { return LATCH_MAX_OPERANDS; }
 
 int latch_block_threads(void) { return LATCH_BLOCK; }
+
+// The largest grid the kernel supports (latch_done_words has one word per block).
+int latch_max_blocks(void) { return LATCH_MAX_BLOCKS; }
 
 // The kernel's dynamic shared memory: the ring, the bodies' scratch, and 1024 bytes of alignment.
 long long latch_dynamic_smem(void) { return (long long)LATCH_STAGES * LATCH_STAGE_BYTES + LATCH_SCRATCH_BYTES + 1024; }
@@ -574,6 +632,7 @@ int latch_encode_tmaps(const latch::TmapSpec* specs, int n, const long long* buf
 }
 
 int latch_launch(const latch::Args* args, int device, int grid, long long smem, void* stream) {
+  if (grid > LATCH_MAX_BLOCKS) return (int)cudaErrorInvalidConfiguration;  // (the runtime says so first)
   cudaError_t e = cudaSetDevice(device);
   if (e != cudaSuccess) return (int)e;
 #ifdef LATCH_PROFILE
@@ -592,6 +651,7 @@ int latch_launch(const latch::Args* args, int device, int grid, long long smem, 
 // ``prof`` pointing at (sm_begin[num_lists] + grid) zeroed 16-byte records (see the top of this file).
 int latch_launch_profile(const latch::Args* args, unsigned long long* prof, int device, int grid, long long smem,
                          void* stream) {
+  if (grid > LATCH_MAX_BLOCKS) return (int)cudaErrorInvalidConfiguration;
   cudaError_t e = cudaSetDevice(device);
   if (e != cudaSuccess) return (int)e;
   void* params[] = {(void*)args, (void*)&prof};
