@@ -31,6 +31,10 @@ class Tiling:
     footprint: Footprint = attrs.field(eq=False)
     granule: tuple[int, ...] = attrs.field(default=(), converter=tuple)
     kind: str = "custom"
+    # matmul tiles' dispatch order over the last two dims (the SMs take consecutive tiles at once):
+    # ("m", G): N-major, G row blocks fastest; ("n", G): row-major within groups of G column blocks;
+    # () for plain row-major. latch_schedule.tiling.raster chooses it.
+    raster: tuple = attrs.field(default=(), converter=tuple)
 
     def granule_of(self, dim: int) -> int:
         if not self.granule:
