@@ -145,7 +145,7 @@ def vector_lines(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int
     L.append(f"{i2}for (int u_ = 0; u_ < {UNROLL}; ++u_) {{")
     L.append(f"{i2}  if (qs_[u_] < vend_) {{")
     for i in full:
-        L.append(f"{i2}    latch::ld4({names[i]}, qs_[u_], r{i}_[u_]);")
+        L.append(f"{i2}    latch::gld4({names[i]}, qs_[u_], r{i}_[u_]);")
     L.append(f"{i2}  }}")
     L.append(f"{i2}}}")
     L.append(f"{i2}#pragma unroll")
@@ -167,7 +167,7 @@ def vector_lines(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int
     L.append(f"{i2}for (int u_ = 0; u_ < {UNROLL}; ++u_) {{")
     L.append(f"{i2}  if (qs_[u_] < vend_) {{")
     for i in outs:
-        L.append(f"{i2}    latch::st4({names[i]}, qs_[u_], o{i}_[u_]);")
+        L.append(f"{i2}    latch::gst4({names[i]}, qs_[u_], o{i}_[u_]);")
     L.append(f"{i2}  }}")
     L.append(f"{i2}}}")
     L.append(f"{ind}}}")
@@ -246,7 +246,7 @@ def _load4(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int, str]
         regs[i] = f"r{i}_[j_]"
     lines = [f"auto load4 = [&](long long i, {acc} (&v4)[4]) {{"]
     for i in full:
-        lines += [f"  {compute_type(vals[i].dtype)} r{i}_[4];", f"  latch::ld4({names[i]}, i, r{i}_);"]
+        lines += [f"  {compute_type(vals[i].dtype)} r{i}_[4];", f"  latch::gld4({names[i]}, i, r{i}_);"]
     lines += ["  #pragma unroll", "  for (int j_ = 0; j_ < 4; ++j_) {"]
     p = _VecPuller(flat, lowerings, names, "    ", regs)
     v = p.pull(xi, ["j_"])
