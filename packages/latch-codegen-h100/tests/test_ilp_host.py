@@ -75,6 +75,11 @@ def _case(name):
         x = g.inp("x", (T, 96))
         y = g.op("mul", (g.op("reshape", (x,), (T, 3, 32), {"shape": (T, 3, 32)}),), (T, 3, 32), {"scalar": 2.0})
         return g, [y], (T, 3, 32), lambda v: [[2.0 * a for a in v["x"]]]
+    if name == "reshape_heads_w":  # the same times a (32,) weight: not flat, the ILP path
+        T = 20
+        x, w = g.inp("x", (T, 96)), g.inp("w", (32,))
+        y = g.op("mul", (g.op("reshape", (x,), (T, 3, 32), {"shape": (T, 3, 32)}), w), (T, 3, 32))
+        return g, [y], (T, 3, 32), lambda v: [[a * v["w"][i % 32] for i, a in enumerate(v["x"])]]
     if name == "permute_keep_last":  # (B, S, H, D) -> (B, H, S, D) + 1
         B, S, H, D = 2, 6, 3, 8
         x = g.inp("x", (B, S, H, D))
@@ -127,11 +132,29 @@ def _case(name):
         eb = g.op("expand", (b,), (T, d), {"shape": (T, d)})
         y = g.op("sub", (ea, eb), (T, d))
         return g, [y], (T, d), lambda v: [[v["a"][i % d] - v["b"][i // d] for i in range(T * d)]]
+    if name == "concat_cols":  # concat along the last dim: boundaries at multiples of four
+        T = 12
+        a, b = g.inp("a", (T, 32)), g.inp("b", (T, 16))
+        y = g.op("concat", (a, b), (T, 48), {"dim": 1})
+        return g, [y], (T, 48), lambda v: [[(v["a"][t * 32 + c] if c < 32 else v["b"][t * 16 + c - 32])
+                                            for t in range(T) for c in range(48)]]
+    if name == "concat_rows":  # three operands along dim 0
+        a, b, e = g.inp("a", (4, 8)), g.inp("b", (6, 8)), g.inp("e", (3, 8))
+        y = g.op("concat", (a, b, e), (13, 8), {"dim": 0})
+        return g, [y], (13, 8), lambda v: [v["a"] + v["b"] + v["e"]]
+    if name == "concat_odd_cols":  # a boundary at 6: the element loop
+        T = 12
+        a, b = g.inp("a", (T, 6)), g.inp("b", (T, 10))
+        y = g.op("concat", (a, b), (T, 16), {"dim": 1})
+        return g, [y], (T, 16), lambda v: [[(v["a"][t * 6 + c] if c < 6 else v["b"][t * 10 + c - 6])
+                                            for t in range(T) for c in range(16)]]
     raise KeyError(name)
 
 
-CASES = ["rms_scale", "rms_scale_odd", "reshape_heads", "permute_keep_last", "transpose_last", "slice_cols_add",
-         "slice_cols_unaligned", "select_lead", "select_last", "expand_rows"]
+CASES = ["rms_scale", "rms_scale_odd", "reshape_heads", "reshape_heads_w", "permute_keep_last", "transpose_last", "slice_cols_add",
+         "slice_cols_unaligned", "select_lead", "select_last", "expand_rows", "concat_cols", "concat_rows",
+         "concat_odd_cols"]
+SCALAR_ONLY = {"rms_scale_odd", "concat_odd_cols"}  # no 16-byte access possible
 
 
 @pytest.fixture(scope="module")
@@ -223,14 +246,14 @@ def test_every_element_of_the_tile_once_and_right(build, name, tile):
                 assert got[o][i] == pytest.approx(want[o][i], rel=1e-5, abs=1e-6), (o, i)
             else:
                 assert math.isnan(got[o][i]), (o, i)
-    vector_case = shape[-1] % 4 == 0
+    vector_case = name not in SCALAR_ONLY
     if tile in ("all", "rows") and vector_case:
         assert vec > 0  # the 16-byte path ran (at least the output's stores)
     if tile in ("box", "shifted"):
         assert vec == 0
 
 
-@pytest.mark.parametrize("name,n_ld4", [("rms_scale", 2), ("rms_scale_odd", 0), ("reshape_heads", 1),
+@pytest.mark.parametrize("name,n_ld4", [("rms_scale", 2), ("rms_scale_odd", 0), ("reshape_heads_w", 2),
                                         ("permute_keep_last", 1), ("transpose_last", 0), ("slice_cols_add", 2),
                                         ("slice_cols_unaligned", 0), ("select_lead", 2), ("select_last", 0),
                                         ("expand_rows", 1)])
@@ -245,3 +268,16 @@ def test_the_generated_text_loads_every_group_before_computing(build, name, n_ld
     assert 0 <= last_load < first_compute < first_store
     # 32-bit coordinates decoded with constant extents (no run-time 64-bit division)
     assert "const int x0" in ilp and "const long long x" not in ilp
+
+
+def test_a_reshape_of_the_same_element_count_takes_the_flat_path(build):
+    src = build("reshape_heads")[4]
+    assert "one flat range" in src and "row tiles: U groups" not in src and "latch::gld4(" in src
+
+
+def test_concat_row_tiles_are_one_16_byte_load_and_store_per_group(build):
+    src = build("concat_cols")[4]
+    rows = src[:src.index("} else {")]
+    assert rows.count("latch::gld4(") == 1 and rows.count("latch::gst4(") == 1
+    assert rows.index("latch::gld4(") < rows.index("latch::gst4(")
+    assert "latch::gld4(" not in build("concat_odd_cols")[4]

@@ -20,13 +20,14 @@ def _views_doc():
     values = [Value("x", (T, d), f, "batch"), Value("r", (T, 1), f, "batch"), Value("w", (d,), f, "batch"),
               Value("q", (T, 3 * d), f, "batch"), Value("z", (T, d), f, "batch"),
               Value("t", (T, d), f), Value("y", (T, d), f), Value("h", (T, 4, 16), f),
-              Value("s", (T, d), f), Value("sz", (T, d), f), Value("cat", (T, 2 * d), f)]
+              Value("s", (T, d), f), Value("sz", (T, d), f), Value("cat", (T, 2 * d), f), Value("dw", (d,), f)]
     nodes = [("scale", "latch::mul", ("x", "r"), ("t",)), ("scale_w", "latch::mul", ("t", "w"), ("y",)),
              ("heads", "latch::reshape", ("x",), ("h",), {"shape": (T, 4, 16)}),
              ("cols", "latch::slice", ("q",), ("s",), {"dim": 1, "start": d, "end": 2 * d, "step": 1}),
              ("cols_add", "latch::add", ("s", "z"), ("sz",)),
-             ("cat", "latch::concat", ("x", "z"), ("cat",), {"dim": 1})]
-    g = H.graph("update", values, nodes, [("batch", ["x", "r", "w", "q", "z"])], [("metrics", ["y", "h", "sz", "cat"])])
+             ("cat", "latch::concat", ("x", "z"), ("cat",), {"dim": 1}),
+             ("dw", "latch::sum", ("x",), ("dw",), {"dims": (0,), "keepdim": False})]  # the column path
+    g = H.graph("update", values, nodes, [("batch", ["x", "r", "w", "q", "z"])], [("metrics", ["y", "h", "sz", "cat", "dw"])])
     return H.planned([g])
 
 

@@ -1,7 +1,8 @@
 """Flat fused bodies: an elementwise group over one contiguous range, four elements per access.
 
 A fused elementwise group (``fuse.py``) whose every value has either the primary output's shape or
-a single element, and which holds no view and no op that reads its own coordinates (tril, arange),
+a single element, and which holds no view but contiguous reshapes (squeeze, unsqueeze, flatten: element
+``i`` of a reshape is element ``i`` of its input) and no op that reads its own coordinates (tril, arange),
 computes element ``i`` of every output from element ``i`` of every full-shape input and the
 single-element inputs: the shapes do not matter, only the flat index does. Such a group is the
 optimizer's (AdamW with weight decay, the clip scale and the BF16 copy: ``p, g, m, v`` in, ``p, m, v``
@@ -66,7 +67,11 @@ def flat_spec(spec: BodySpec, lowerings: dict[str, Lowering], shape: tuple[int, 
     nodes = spec.nodes[:-1] if skip_last else spec.nodes
     for node in nodes:
         low = lowerings.get(node.op)
-        if low is None or low.expr is None or low.view_map is not None or len(node.outputs) != 1:
+        if low is None or len(node.outputs) != 1:
+            return None
+        if node.op == FLAT_VIEW:  # a contiguous reshape keeps the flat index: element i is element i
+            continue
+        if low.expr is None or low.view_map is not None:
             return None
     used = {i for node in nodes for i in node.inputs if i is not None} | {o for node in nodes for o in node.outputs}
     if skip_last:
@@ -78,7 +83,7 @@ def flat_spec(spec: BodySpec, lowerings: dict[str, Lowering], shape: tuple[int, 
             continue
         if skip_last and i == spec.primary:
             values.append(v)  # the reduction's output keeps its shape
-        elif tuple(v.shape) == target:
+        elif tuple(v.shape) == target or (_numel(v.shape) == n and _reshaped(i, nodes)):
             values.append(attrs.evolve(v, shape=(n,)))
         elif _numel(v.shape) == 1:
             values.append(attrs.evolve(v, shape=()))
@@ -90,11 +95,22 @@ def flat_spec(spec: BodySpec, lowerings: dict[str, Lowering], shape: tuple[int, 
     from .fuse import node_info
 
     for node in nodes:
+        if node.op == FLAT_VIEW:
+            continue
         try:
             lowerings[node.op].expr(["x"] * len(node.inputs), node_info(flat, node, ()))
         except (IndexError, KeyError):
             return None
     return flat
+
+
+FLAT_VIEW = "latch::reshape"  # squeeze, unsqueeze, flatten and view are captured as reshape
+
+
+def _reshaped(i: int, nodes) -> bool:
+    """Is value ``i`` the input or output of a reshape in ``nodes`` (so its other shape, of the same
+    element count, is only another name for the same flat order)?"""
+    return any(n.op == FLAT_VIEW and (i in n.inputs or i in n.outputs) for n in nodes)
 
 
 class _VecPuller:

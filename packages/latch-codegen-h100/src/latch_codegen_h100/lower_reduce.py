@@ -91,6 +91,9 @@ def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None
     lines.append(f"  latch::st<{out.ctype}>({out.ptr}, {cgen.dot([f'z{k}' for k in range(out.rank)], ost)}, "
                  f"({compute_type(out.dtype)})({val}));")
     lines.append("};")
+    if column_reduction(dims, x.rank) and R > THREAD_THRESHOLD:
+        lines += column_statements(acc, op, f"({acc}*){ctx.smem}", R)
+        return "\n".join(lines)
     if R >= BLOCK_THRESHOLD:
         generic = (f"latch::reduce_block_per_output<{acc}, {op}>(n_out, {R}LL, base, off, load, store, "
                    f"({acc}*){ctx.smem});")
@@ -110,13 +113,72 @@ def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None
     return "\n".join(lines)
 
 
+COLUMN_UNROLL = 8  # independent loads (and accumulators) per thread and iteration of a column reduction
+
+
+def column_reduction(dims, rank: int) -> bool:
+    """Do ``dims`` reduce the leading dims (each output element a column: consecutive outputs are
+    consecutive in memory, the reduced index strides over whole rows)?"""
+    return bool(dims) and len(dims) < rank and sorted(d % rank for d in dims) == list(range(len(dims)))
+
+
+def column_statements(acc: str, op: str, scratch: str, R: int) -> list[str]:
+    """A column reduction (``n_out`` outputs, ``R`` rows; ``base``, ``off``, ``load``, ``store`` as
+    the other paths define them): the 32 lanes of a warp take 32 consecutive outputs (one 128-byte
+    access per row), the warps split the rows (warp w takes rows w, w + W, ...), each thread keeps
+    COLUMN_UNROLL accumulators fed by independent loads, combined in index order, and the warps'
+    partials are combined in warp order through shared memory: a fixed order, the same bits on every
+    run, no atomics."""
+    U = COLUMN_UNROLL
+    init = f"{op}::template init<{acc}>()"
+    return [
+        "{",
+        f"  {acc}* cs_ = {scratch};",
+        "  const int lane_ = threadIdx.x & 31, warp_ = threadIdx.x >> 5;",
+        "  constexpr int NW_ = LATCH_THREADS / 32;",
+        "  static_assert(LATCH_THREADS <= 256, \"the column partials fill 256 x 8 bytes of scratch\");",
+        "  for (long long o0_ = 0; o0_ < n_out; o0_ += 32) {",
+        "    const long long o = o0_ + lane_;",
+        f"    {acc} a_[{U}];",
+        "    #pragma unroll",
+        f"    for (int k_ = 0; k_ < {U}; ++k_) a_[k_] = {init};",
+        "    if (o < n_out) {",
+        "      const long long b_ = base(o);",
+        "      long long r_ = warp_;",
+        f"      for (; r_ + {U - 1}LL * NW_ < {R}LL; r_ += {U}LL * NW_) {{",
+        f"        {acc} v_[{U}];",
+        "        #pragma unroll",
+        f"        for (int k_ = 0; k_ < {U}; ++k_) v_[k_] = load(b_ + off(r_ + k_ * NW_));",
+        "        #pragma unroll",
+        f"        for (int k_ = 0; k_ < {U}; ++k_) a_[k_] = {op}::apply(a_[k_], v_[k_]);",
+        "      }",
+        f"      for (; r_ < {R}LL; r_ += NW_) a_[0] = {op}::apply(a_[0], load(b_ + off(r_)));",
+        "    }",
+        f"    {acc} t_ = a_[0];",
+        "    #pragma unroll",
+        f"    for (int k_ = 1; k_ < {U}; ++k_) t_ = {op}::apply(t_, a_[k_]);",
+        "    latch::block_sync();  // the previous round's partials are read",
+        "    cs_[warp_ * 32 + lane_] = t_;",
+        "    latch::block_sync();",
+        "    if (warp_ == 0 && o < n_out) {",
+        f"      {acc} s_ = cs_[lane_];",
+        "      for (int w_ = 1; w_ < NW_; ++w_) s_ = " + f"{op}::apply(s_, cs_[w_ * 32 + lane_]);",
+        "      store(o, s_);",
+        "    }",
+        "  }",
+        "  latch::block_sync();  // the scratch is free for the next body",
+        "}",
+    ]
+
+
 def acc_type(op: str, dtype: str) -> str:
     """The accumulator's C++ type of reduction ``op`` (``latch::sum``) over ``dtype``."""
     return _acc_type(op.split("::")[-1], dtype)
 
 
 def _smem(ctx: BodyContext) -> int:
-    return 33 * 8
+    # block_reduce's 33 doubles, or a column reduction's partials (one per consumer thread)
+    return max(33 * 8, 256 * 8)
 
 
 def lowerings() -> list[Lowering]:
