@@ -9,13 +9,15 @@ optimizer's (AdamW with weight decay, the clip scale and the BF16 copy: ``p, g, 
 out, the scalars once), a residual add, a cast, SwiGLU's gate. Its body:
 
 - loads each single-element input once per task, before the loop;
-- when every full-shape operand's address at the tile's first element is aligned to four elements
-  (16 bytes for FP32, 8 for BF16), runs the vector loop: each thread takes U groups of four
+- peels a head of up to three elements so that the first operand's address is aligned to four
+  elements (16 bytes for FP32, 8 for BF16); when every full-shape operand is then aligned (equal
+  offsets from aligned bases: odd row lengths included), runs the vector loop: each thread takes U groups of four
   consecutive elements per iteration (``ld4``/``st4``: one 16-byte access per FP32 operand), all
   loads before any store, U chosen so that ~128 bytes of loads per thread are in flight (2 for
   AdamW's four FP32 inputs, 4 for a residual add, 8 for a cast: :func:`unroll_for`);
   intermediates stay in registers;
-- finishes the tail (and an unaligned tile) one element per thread.
+- finishes the head and the tail (and a tile whose operands are misaligned differently) one
+  element per thread.
 
 Every input byte is read once and every output byte written once per task. The tile must span
 every dim but the first (row tiles, what the elementwise tiling gives): the caller checks that at
@@ -146,11 +148,17 @@ def vector_lines(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int
     for i in scalar:
         regs[i] = f"s{i}_"
         L.append(f"{ind}const {compute_type(vals[i].dtype)} s{i}_ = latch::ld<{storage_type(vals[i].dtype)}>({names[i]}, 0);")
-    aligned = " && ".join(f"latch::aligned4({names[i]}, lo_)" for i in full + outs)
+    # the vector range starts where the first operand reaches a 4-element boundary (a head of up
+    # to three elements before it): every operand aligned there (the usual case: equal offsets
+    # from aligned bases), else the whole tile runs element by element
+    ref = names[(full + outs)[0]]
+    L.append(f"{ind}const long long vlo_ = lo_ + latch::peel4({ref} + lo_) < hi_ ? lo_ + latch::peel4({ref} + lo_) : hi_;")
+    aligned = " && ".join(f"latch::aligned4({names[i]}, vlo_)" for i in full + outs)
     L.append(f"{ind}const bool vec_ = {aligned};")
-    L.append(f"{ind}const long long vend_ = vec_ ? lo_ + ((hi_ - lo_) / {VEC}LL) * {VEC}LL : lo_;")
+    L.append(f"{ind}const long long vbeg_ = vec_ ? vlo_ : lo_;")
+    L.append(f"{ind}const long long vend_ = vec_ ? vlo_ + ((hi_ - vlo_) / {VEC}LL) * {VEC}LL : lo_;")
     step = VEC * UNROLL
-    L.append(f"{ind}for (long long q_ = lo_ + {VEC}LL * threadIdx.x; q_ < vend_; q_ += {step}LL * LATCH_THREADS) {{")
+    L.append(f"{ind}for (long long q_ = vbeg_ + {VEC}LL * threadIdx.x; q_ < vend_; q_ += {step}LL * LATCH_THREADS) {{")
     i2 = ind + "  "
     L.append(f"{i2}const long long qs_[{UNROLL}] = {{" + ", ".join(f"q_ + {VEC * u}LL * LATCH_THREADS" for u in range(UNROLL)) + "};")
     for i in full:
@@ -187,8 +195,10 @@ def vector_lines(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int
     L.append(f"{i2}  }}")
     L.append(f"{i2}}}")
     L.append(f"{ind}}}")
-    # the tail (and a tile whose operands are not aligned): one element per thread
-    L.append(f"{ind}for (long long i = vend_ + threadIdx.x; i < hi_; i += LATCH_THREADS) {{")
+    # the head [lo_, vbeg_), the tail [vend_, hi_) (the whole tile when the operands are not
+    # aligned alike: vbeg_ = vend_ = lo_): one element per thread
+    L.append(f"{ind}for (long long k_ = threadIdx.x; k_ < (vbeg_ - lo_) + (hi_ - vend_); k_ += LATCH_THREADS) {{")
+    L.append(f"{i2}const long long i = k_ < vbeg_ - lo_ ? lo_ + k_ : vend_ + (k_ - (vbeg_ - lo_));")
     # full-shape inputs load at i (the plain puller's load), scalars come from their registers
     tail = _Puller(flat, lowerings, names, i2)
     for i in scalar:

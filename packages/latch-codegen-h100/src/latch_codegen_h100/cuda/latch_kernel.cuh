@@ -124,6 +124,11 @@ __device__ __forceinline__ unsigned long long globaltimer() {
 // compile to LD.E.128 / ST.E.128; these name the global space (LDG.E.128 / STG.E.128 for 4-byte
 // types, .64 for 2-byte ones) with the default cache operations (.ca loads, .wb stores: the same
 // coherence as plain accesses). ``p + i`` must be aligned to 4 * sizeof(S) bytes.
+// Elements from ``p`` to the next address aligned for ld4/st4 (0..3).
+template <class S> __device__ __forceinline__ long long peel4(const S* p) {
+  constexpr uintptr_t A = 4 * sizeof(S);
+  return (long long)(((A - (reinterpret_cast<uintptr_t>(p) & (A - 1))) & (A - 1)) / sizeof(S));
+}
 template <class S> __device__ __forceinline__ void gld4(const S* p, i64 i, typename Compute<S>::type (&r)[4]) {
   ld4(p, i, r);
 }
