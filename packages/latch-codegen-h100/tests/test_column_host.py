@@ -1,7 +1,9 @@
-"""The column path of the reductions (lower_reduce ``column_statements``: sums, means and maxima
-over the leading dims, a warp's lanes over consecutive outputs), compiled as HOST C++ and run on
-256 host threads with a real barrier for ``latch::block_sync``: every output of the tile is the
-reduction of its column, in a fixed order (two runs give the same bits), nothing else written."""
+"""The column and row paths of the reductions (lower_reduce ``column_statements``: sums, means and
+maxima over the leading dims, a warp's lanes over consecutive outputs; ``rows_statements``: a warp
+per row with the row in registers, several rows at once), compiled as HOST C++ and run on 256 host
+threads with real barriers for ``latch::block_sync`` and the warp's shuffles: every output of the
+tile is the reduction of its column or row, in a fixed order (two runs give the same bits),
+nothing else written."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not ins
 
 HARNESS = r"""
 #include <barrier>
+#include <cstdlib>
 #include <cmath>
 #include <cstdint>
 #include <thread>
@@ -40,6 +43,32 @@ struct Ctx { const Task* t; char* const* ops; char* smem; };
 template <class S> inline S ld(const S* p, i64 i) { return p[i]; }
 template <class S, class V> inline void st(S* p, i64 i, V v) { p[i] = (S)v; }
 inline void block_sync() { bar_->arrive_and_wait(); }
+static std::barrier<>* wbar_[8];
+static double wbuf_[8][32];
+static long long vec4_ = 0;
+template <class Op, class T> T warp_reduce(T v) {  // the xor butterfly of __shfl_xor_sync, lane by lane
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  wbuf_[w][l] = (double)v;
+  wbar_[w]->arrive_and_wait();
+  T x[32];
+  for (int i = 0; i < 32; ++i) x[i] = (T)wbuf_[w][i];
+  for (int o = 16; o > 0; o >>= 1) {
+    T y[32];
+    for (int i = 0; i < 32; ++i) y[i] = Op::apply(x[i], x[i ^ o]);
+    for (int i = 0; i < 32; ++i) x[i] = y[i];
+  }
+  wbar_[w]->arrive_and_wait();
+  return x[l];
+}
+template <class S> inline bool aligned4(const S* p, i64 i) {
+  return ((reinterpret_cast<uintptr_t>(p + i)) & (4 * sizeof(S) - 1)) == 0;
+}
+template <class S> inline void gld4(const S* p, i64 i, S (&r)[4]) {
+  if (!aligned4(p, i)) abort();
+  __atomic_add_fetch(&vec4_, 1, __ATOMIC_RELAXED);
+  for (int j = 0; j < 4; ++j) r[j] = p[i + j];
+}
+template <class Acc, class Op, class... A> inline void reduce_warp_per_output(A...) { abort(); }  // the test takes the vector path
 struct SumOp {
   template <class T> static T init() { return T(0); }
   template <class T> static T apply(T a, T b) { return a + b; }
@@ -69,15 +98,33 @@ def _case(name):
         a = g.inp("a", (R, K))
         y = g.op("amax", (a,), (K,), {"dims": (0,), "keepdim": False})
         return g, y, (K,), lambda v: [max(v["a"][r * K + k] for r in range(R)) for k in range(K)]
+    if name == "row_sum_of_squares":  # a (T, 768) row: six groups of four per lane, one row per warp
+        T, K = 37, 768
+        a = g.inp("a", (T, K))
+        y = g.op("sum", (g.op("mul", (a, a), (T, K)),), (T,), {"dims": (1,), "keepdim": False})
+        return g, y, (T,), lambda v: [math.fsum(v["a"][t * K + k] ** 2 for k in range(K)) for t in range(T)]
+    if name == "row_mean_short":  # (T, 64): half the lanes idle, four rows per warp at once
+        T, K = 45, 64
+        a = g.inp("a", (T, K))
+        y = g.op("mean", (a,), (T, 1), {"dims": (1,), "keepdim": True})
+        return g, y, (T, 1), lambda v: [math.fsum(v["a"][t * K:(t + 1) * K]) / K for t in range(T)]
+    if name == "row_amax":
+        T, K = 21, 260
+        a = g.inp("a", (T, K))
+        y = g.op("amax", (a,), (T,), {"dims": (1,), "keepdim": False})
+        return g, y, (T,), lambda v: [max(v["a"][t * K:(t + 1) * K]) for t in range(T)]
     raise KeyError(name)
 
 
-@pytest.mark.parametrize("name", ["sum_rows_of_product", "mean_lead_two", "amax_rows"])
-def test_column_reductions_reduce_each_column_in_a_fixed_order(tmp_path, name):
+@pytest.mark.parametrize("name", ["sum_rows_of_product", "mean_lead_two", "amax_rows", "row_sum_of_squares",
+                                  "row_mean_short", "row_amax"])
+def test_column_and_row_reductions_reduce_in_a_fixed_order(tmp_path, name):
     g, y, oshape, ref = _case(name)
     spec = g.spec([y])
     src = render_body(spec, _lowerings()).source.replace(FUNC, "body")
-    assert "cs_[warp_ * 32 + lane_]" in src and "atomic" not in src  # the column path, no atomics
+    row = name.startswith("row_")
+    marker = "load4v(b_ + r_, v_[u_][k_])" if row else "cs_[warp_ * 32 + lane_]"
+    assert marker in src and "atomic" not in src  # the row / column path, no atomics
     code = HARNESS + src + r"""
 extern "C" void run(char** ops, const int* lo, const int* hi) {
   latch::Task t;
@@ -86,9 +133,12 @@ extern "C" void run(char** ops, const int* lo, const int* hi) {
   latch::Ctx c{&t, ops, (char*)smem};
   std::barrier<> b(LATCH_THREADS);
   bar_ = &b;
+  std::vector<std::barrier<>*> wb;
+  for (int w = 0; w < 8; ++w) wb.push_back(latch::wbar_[w] = new std::barrier<>(32));
   std::vector<std::thread> th;
   for (unsigned k = 0; k < LATCH_THREADS; ++k) th.emplace_back([&c, k] { threadIdx.x = k; body(c); });
   for (auto& x : th) x.join();
+  for (auto* x : wb) delete x;
 }
 """
     (tmp_path / "b.cpp").write_text(code)

@@ -246,6 +246,7 @@ def reduce_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> list[str]:
         p = _Puller(flat, lowerings, names, "  ")
         v = p.pull(xi, ["i"])
         load4, vec_cond, pre = _load4(flat, lowerings, names, xi, acc)
+        load4 = load4 + _load4(flat, lowerings, names, xi, compute_type(x.dtype), "load4v")[0]
     else:
         p = _Puller(spec, lowerings, names, "  ")
         coords = []
@@ -259,7 +260,8 @@ def reduce_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> list[str]:
     return decl + pre + ["  {"] + ["    " + s if s else s for s in stmts.splitlines()] + ["  }"]
 
 
-def _load4(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int, str], xi: int, acc: str):
+def _load4(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int, str], xi: int, acc: str,
+           name: str = "load4"):
     """(statements defining ``load4``, its run-time condition, statements before it): the prologue at
     four consecutive flat indices, the full-shape inputs loaded with ``ld4``, the single-element ones
     once per task."""
@@ -270,7 +272,7 @@ def _load4(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int, str]
     regs = {i: f"s{i}_" for i in scalar}
     for i in full:
         regs[i] = f"r{i}_[j_]"
-    lines = [f"auto load4 = [&](long long i, {acc} (&v4)[4]) {{"]
+    lines = [f"auto {name} = [&](long long i, {acc} (&v4)[4]) {{"]
     for i in full:
         lines += [f"  {compute_type(vals[i].dtype)} r{i}_[4];", f"  latch::gld4({names[i]}, i, r{i}_);"]
     lines += ["  #pragma unroll", "  for (int j_ = 0; j_ < 4; ++j_) {"]

@@ -105,12 +105,71 @@ def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None
     else:
         generic = f"latch::reduce_warp_per_output<{acc}, {op}>(n_out, {R}LL, base, off, load, store);"
         vector = f"latch::reduce_rows_vec4_warp<{acc}, {op}>(n_out, {R}LL, base, load4, store);"
-    if vector is not None and load4 is not None and R % 4 == 0 and row_reduction(dims, x.rank):
+    rows_ok = R % 4 == 0 and row_reduction(dims, x.rank)
+    if load4 is None and rows_ok and vector is not None and compute_type(x.dtype) in ("float", "double"):
+        # a plain reduction: its input read four at a time (the prologue path defines these itself)
+        ct = compute_type(x.dtype)
+        load4 = [f"auto load4 = [&](long long i, {acc} (&v4)[4]) {{",
+                 f"  {ct} r_[4];", f"  latch::gld4({x.ptr}, i, r_);",
+                 "  #pragma unroll", f"  for (int j_ = 0; j_ < 4; ++j_) v4[j_] = ({acc})r_[j_];", "};",
+                 f"auto load4v = [&](long long i, {ct} (&v4)[4]) {{ latch::gld4({x.ptr}, i, v4); }};"]
+        vec_cond = f"latch::aligned4({x.ptr}, 0)"
+    if vector is not None and R < BLOCK_THRESHOLD and load4 is not None and rows_ok and \
+            compute_type(x.dtype) in ("float", "double"):
+        vector = "\n  ".join(rows_statements(acc, compute_type(x.dtype), op, R))
+    if vector is not None and load4 is not None and rows_ok:
         lines += load4
         lines += [f"if ({vec_cond}) {{", "  " + vector, "} else {", "  " + generic, "}"]
     else:
         lines.append(generic)
     return "\n".join(lines)
+
+
+ROW_ACCESSES = 8  # 16-byte loads in flight per lane in a row reduction (over one or several rows)
+
+
+def rows_statements(acc: str, ct: str, op: str, R: int) -> list[str]:
+    """A row reduction of rows of ``R`` contiguous elements (R % 4 == 0, R < BLOCK_THRESHOLD):
+    a warp per row, each lane holding its PER = ceil(R / 128) groups of four of the row in
+    registers, RU rows per warp at once (RU * PER ~ ROW_ACCESSES loads in flight per lane, all
+    issued before any arithmetic), then per row four accumulators in index order, combined in a
+    fixed order and across the warp by xor shuffles: the same bits on every run. ``load4v(i, v)``
+    fills v with elements i..i+3 in compute type ``ct``."""
+    per = -(-R // 128)
+    ru = max(1, min(4, ROW_ACCESSES // per))
+    init_c = f"{op}::template init<{ct}>()"
+    init = f"{op}::template init<{acc}>()"
+    return [
+        "{",
+        "const int lane_ = threadIdx.x & 31, warp_ = threadIdx.x >> 5;",
+        "constexpr int NW_ = LATCH_THREADS / 32;",
+        f"for (long long o0_ = (long long)warp_ * {ru}; o0_ < n_out; o0_ += (long long)NW_ * {ru}) {{",
+        f"  {ct} v_[{ru}][{per}][4];",
+        "  #pragma unroll",
+        f"  for (int u_ = 0; u_ < {ru}; ++u_) {{",
+        "    const long long b_ = o0_ + u_ < n_out ? base(o0_ + u_) : 0LL;",
+        "    #pragma unroll",
+        f"    for (int k_ = 0; k_ < {per}; ++k_) {{",
+        "      const long long r_ = 4LL * lane_ + 128LL * k_;",
+        f"      if (o0_ + u_ < n_out && r_ < {R}LL) load4v(b_ + r_, v_[u_][k_]);",
+        f"      else {{ v_[u_][k_][0] = v_[u_][k_][1] = v_[u_][k_][2] = v_[u_][k_][3] = {init_c}; }}",
+        "    }",
+        "  }",
+        "  #pragma unroll",
+        f"  for (int u_ = 0; u_ < {ru}; ++u_) {{",
+        f"    {acc} a_[4] = {{{init}, {init}, {init}, {init}}};",
+        "    #pragma unroll",
+        f"    for (int k_ = 0; k_ < {per}; ++k_) {{",
+        "      #pragma unroll",
+        f"      for (int j_ = 0; j_ < 4; ++j_) a_[j_] = {op}::apply(a_[j_], ({acc})v_[u_][k_][j_]);",
+        "    }",
+        f"    {acc} t_ = {op}::apply({op}::apply(a_[0], a_[1]), {op}::apply(a_[2], a_[3]));",
+        f"    t_ = latch::warp_reduce<{op}>(t_);",
+        "    if (lane_ == 0 && o0_ + u_ < n_out) store(o0_ + u_, t_);",
+        "  }",
+        "}",
+        "}",
+    ]
 
 
 COLUMN_UNROLL = 8  # independent loads (and accumulators) per thread and iteration of a column reduction
