@@ -9,6 +9,8 @@ optimizer's (AdamW with weight decay, the clip scale and the BF16 copy: ``p, g, 
 out, the scalars once), a residual add, a cast, SwiGLU's gate. Its body:
 
 - loads each single-element input once per task, before the loop;
+- software-pipelines the loop: the next U groups' loads are issued before the current ones are
+  computed and stored (loads in flight while the body computes: AdamW's divisions and square root);
 - peels a head of up to three elements so that the first operand's address is aligned to four
   elements (16 bytes for FP32, 8 for BF16); when every full-shape operand is then aligned (equal
   offsets from aligned bases: odd row lengths included), runs the vector loop: each thread takes U groups of four
@@ -158,18 +160,36 @@ def vector_lines(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int
     L.append(f"{ind}const long long vbeg_ = vec_ ? vlo_ : lo_;")
     L.append(f"{ind}const long long vend_ = vec_ ? vlo_ + ((hi_ - vlo_) / {VEC}LL) * {VEC}LL : lo_;")
     step = VEC * UNROLL
-    L.append(f"{ind}for (long long q_ = vbeg_ + {VEC}LL * threadIdx.x; q_ < vend_; q_ += {step}LL * LATCH_THREADS) {{")
-    i2 = ind + "  "
-    L.append(f"{i2}const long long qs_[{UNROLL}] = {{" + ", ".join(f"q_ + {VEC * u}LL * LATCH_THREADS" for u in range(UNROLL)) + "};")
+    # software pipelined: the loads of the thread's next U groups are issued before the arithmetic
+    # and stores of the current ones, so loads stay in flight while the body computes (every
+    # element is read and written by one thread only: in-place updates are safe)
+    L.append(f"{ind}const long long q0_ = vbeg_ + {VEC}LL * threadIdx.x;")
     for i in full:
-        L.append(f"{i2}{compute_type(vals[i].dtype)} r{i}_[{UNROLL}][{VEC}] = {{}};")
+        L.append(f"{ind}{compute_type(vals[i].dtype)} r{i}_[{UNROLL}][{VEC}] = {{}};")
+    L.append(f"{ind}#pragma unroll")
+    L.append(f"{ind}for (int u_ = 0; u_ < {UNROLL}; ++u_) {{")
+    L.append(f"{ind}  if (q0_ + {VEC}LL * u_ * LATCH_THREADS < vend_) {{")
+    for i in full:
+        L.append(f"{ind}    latch::gld4({names[i]}, q0_ + {VEC}LL * u_ * LATCH_THREADS, r{i}_[u_]);")
+    L.append(f"{ind}  }}")
+    L.append(f"{ind}}}")
+    L.append(f"{ind}for (long long q_ = q0_; q_ < vend_; q_ += {step}LL * LATCH_THREADS) {{")
+    i2 = ind + "  "
+    L.append(f"{i2}const long long qn_ = q_ + {step}LL * LATCH_THREADS;")
+    for i in full:
+        L.append(f"{i2}{compute_type(vals[i].dtype)} c{i}_[{UNROLL}][{VEC}];")
     for i in outs:
         L.append(f"{i2}{compute_type(vals[i].dtype)} o{i}_[{UNROLL}][{VEC}];")
     L.append(f"{i2}#pragma unroll")
     L.append(f"{i2}for (int u_ = 0; u_ < {UNROLL}; ++u_) {{")
-    L.append(f"{i2}  if (qs_[u_] < vend_) {{")
+    L.append(f"{i2}  #pragma unroll")
+    L.append(f"{i2}  for (int j_ = 0; j_ < {VEC}; ++j_) {{")
     for i in full:
-        L.append(f"{i2}    latch::gld4({names[i]}, qs_[u_], r{i}_[u_]);")
+        L.append(f"{i2}    c{i}_[u_][j_] = r{i}_[u_][j_];")
+    L.append(f"{i2}  }}")
+    L.append(f"{i2}  if (qn_ + {VEC}LL * u_ * LATCH_THREADS < vend_) {{")
+    for i in full:
+        L.append(f"{i2}    latch::gld4({names[i]}, qn_ + {VEC}LL * u_ * LATCH_THREADS, r{i}_[u_]);")
     L.append(f"{i2}  }}")
     L.append(f"{i2}}}")
     L.append(f"{i2}#pragma unroll")
@@ -178,7 +198,7 @@ def vector_lines(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int
     L.append(f"{i2}  for (int j_ = 0; j_ < {VEC}; ++j_) {{")
     lane = dict(regs)
     for i in full:
-        lane[i] = f"r{i}_[u_][j_]"
+        lane[i] = f"c{i}_[u_][j_]"
     p = _VecPuller(flat, lowerings, names, i2 + "    ", lane)
     stores = []
     for i in outs:
@@ -189,9 +209,9 @@ def vector_lines(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int
     L.append(f"{i2}}}")
     L.append(f"{i2}#pragma unroll")
     L.append(f"{i2}for (int u_ = 0; u_ < {UNROLL}; ++u_) {{")
-    L.append(f"{i2}  if (qs_[u_] < vend_) {{")
+    L.append(f"{i2}  if (q_ + {VEC}LL * u_ * LATCH_THREADS < vend_) {{")
     for i in outs:
-        L.append(f"{i2}    latch::gst4({names[i]}, qs_[u_], o{i}_[u_]);")
+        L.append(f"{i2}    latch::gst4({names[i]}, q_ + {VEC}LL * u_ * LATCH_THREADS, o{i}_[u_]);")
     L.append(f"{i2}  }}")
     L.append(f"{i2}}}")
     L.append(f"{ind}}}")
