@@ -169,3 +169,14 @@ extern "C" void run(char** ops, const int* lo, const int* hi) {
             assert runs[0][k] == pytest.approx(want[k], rel=1e-5, abs=1e-5), k
         else:
             assert math.isnan(runs[0][k]), k
+
+
+def test_a_row_reduction_with_a_broadcast_prologue_never_reads_the_unplaced_input():
+    """mean(dy * w * x) over rows with a (K,) weight: the prologue is not flat, so the reduction
+    reads through ``load`` (the prologue), never from its input's pointer (which has no memory)."""
+    g = G()
+    T, K = 16, 64
+    dy, w, x = g.inp("dy", (T, K)), g.inp("w", (K,)), g.inp("x", (T, K))
+    y = g.op("mean", (g.op("mul", (g.op("mul", (dy, w), (T, K)), x), (T, K)),), (T, 1), {"dims": (1,), "keepdim": True})
+    src = render_body(g.spec([y]), _lowerings()).source
+    assert "nullptr" not in src and "auto load = [&]" in src

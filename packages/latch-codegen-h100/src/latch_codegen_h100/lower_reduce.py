@@ -106,7 +106,7 @@ def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None
         generic = f"latch::reduce_warp_per_output<{acc}, {op}>(n_out, {R}LL, base, off, load, store);"
         vector = f"latch::reduce_rows_vec4_warp<{acc}, {op}>(n_out, {R}LL, base, load4, store);"
     rows_ok = R % 4 == 0 and row_reduction(dims, x.rank)
-    if load4 is None and rows_ok and vector is not None and compute_type(x.dtype) in ("float", "double"):
+    if load is None and load4 is None and rows_ok and vector is not None and compute_type(x.dtype) in ("float", "double"):
         # a plain reduction: its input read four at a time (the prologue path defines these itself)
         ct = compute_type(x.dtype)
         load4 = [f"auto load4 = [&](long long i, {acc} (&v4)[4]) {{",
