@@ -113,11 +113,24 @@ def _case(name):
         a = g.inp("a", (T, K))
         y = g.op("amax", (a,), (T,), {"dims": (1,), "keepdim": False})
         return g, y, (T,), lambda v: [max(v["a"][t * K:(t + 1) * K]) for t in range(T)]
+    if name == "row_mean_broadcast_prologue":  # RMSNorm backward's mean(dy * w * x), a (K,) weight
+        T, K = 19, 96
+        dy, w, x = g.inp("dy", (T, K)), g.inp("w", (K,)), g.inp("x", (T, K))
+        y = g.op("mean", (g.op("mul", (g.op("mul", (dy, w), (T, K)), x), (T, K)),), (T, 1),
+                 {"dims": (1,), "keepdim": True})
+        return g, y, (T, 1), lambda v: [math.fsum(v["dy"][t * K + k] * v["w"][k] * v["x"][t * K + k]
+                                                  for k in range(K)) / K for t in range(T)]
+    if name == "row_sum_rstd_prologue":  # sum(x * r) over rows with a (T, 1) statistic: one load per four
+        T, K = 23, 128
+        x, r = g.inp("x", (T, K)), g.inp("r", (T, 1))
+        y = g.op("sum", (g.op("mul", (x, r), (T, K)),), (T,), {"dims": (1,), "keepdim": False})
+        return g, y, (T,), lambda v: [math.fsum(v["x"][t * K + k] * v["r"][t] for k in range(K)) for t in range(T)]
     raise KeyError(name)
 
 
 @pytest.mark.parametrize("name", ["sum_rows_of_product", "mean_lead_two", "amax_rows", "row_sum_of_squares",
-                                  "row_mean_short", "row_amax"])
+                                  "row_mean_short", "row_amax", "row_mean_broadcast_prologue",
+                                  "row_sum_rstd_prologue"])
 def test_column_and_row_reductions_reduce_in_a_fixed_order(tmp_path, name):
     g, y, oshape, ref = _case(name)
     spec = g.spec([y])
@@ -152,11 +165,13 @@ extern "C" void run(char** ops, const int* lo, const int* hi) {
         flat[vname] = [float(ctypes.c_float(rng.gauss(0, 1)).value) for _ in range(n)]
         bufs.append((ctypes.c_float * n)(*flat[vname]))
     n_out = math.prod(oshape)
-    # a tile of the outputs: [3, n_out - 2) along the last dim
+    # a tile of the outputs: [3, n - 2) along the one dim longer than 1
+    (dim,) = [d for d, e in enumerate(oshape) if e > 1]
     lo = [0] * len(oshape)
     hi = list(oshape)
-    lo[-1], hi[-1] = 3, oshape[-1] - 2
+    lo[dim], hi[dim] = 3, oshape[dim] - 2
     want = ref(flat)
+    assert hi[dim] - lo[dim] >= 10
     runs = []
     for _ in range(2):
         out = (ctypes.c_float * n_out)(*([float("nan")] * n_out))
@@ -165,7 +180,7 @@ extern "C" void run(char** ops, const int* lo, const int* hi) {
         runs.append(list(out))
     assert [struct.pack("f", a) for a in runs[0]] == [struct.pack("f", a) for a in runs[1]]  # the same bits
     for k in range(n_out):
-        if lo[-1] <= k < hi[-1]:
+        if lo[dim] <= k < hi[dim]:
             assert runs[0][k] == pytest.approx(want[k], rel=1e-5, abs=1e-5), k
         else:
             assert math.isnan(runs[0][k]), k

@@ -275,9 +275,53 @@ def reduce_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> list[str]:
             p.lines.append(f"  const long long x{d} = (i / {st[d]}LL) % {x.shape[d]}LL;")
             coords.append(f"x{d}")
         v = p.pull(xi, broadcast_coords(x.shape, x.shape, coords))
+        if len(x.shape) >= 1 and x.shape[-1] % 4 == 0 and math.prod(x.shape) < 2**31:
+            load4, vec_cond = _load4_pulled(spec, lowerings, names, xi, acc)
     load += p.lines + [f"  return ({acc})({v});", "};"]
     stmts = lower_reduce.reduce_statements(red.op.split("::")[-1], ctx, load, load4, vec_cond)
     return decl + pre + ["  {"] + ["    " + s if s else s for s in stmts.splitlines()] + ["  }"]
+
+
+def _load4_pulled(spec: BodySpec, lowerings: dict[str, Lowering], names: dict[int, str], xi: int, acc: str):
+    """(statements defining ``load4v`` and ``load4``, their run-time condition) for a prologue with
+    broadcasts or views (RMSNorm's ``dy * w * x`` with a (d,) weight): elements i..i+3 of the
+    reduced input (i a multiple of 4, its last dim a multiple of 4), decoded in 32-bit with
+    constant extents, each operand read as fuse.py's ILP path classes it (one 16-byte load, one
+    load for the four, or four loads), all before the arithmetic."""
+    from .fuse import GEN_, VEC_, _IlpPuller
+
+    x = spec.values[xi]
+    ct = compute_type(x.dtype)
+    r = len(x.shape)
+    p = _IlpPuller(spec, lowerings, names, "    ", 4)
+    lane = [f"x{d}" for d in range(r - 1)] + [f"(x{r - 1} + j_)"]
+    v = p.pull_st(xi, lane, VEC_)
+    L = [f"auto load4v = [&](long long i, {ct} (&v4)[4]) {{", "  constexpr int u_ = 0;",
+         "  const int l_ = (int)i;"]
+    acc_ = 1
+    for d in reversed(range(1, r)):
+        L.append(f"  const int x{d} = ({'l_' if acc_ == 1 else f'l_ / {acc_}'}) % {x.shape[d]};")
+        acc_ *= x.shape[d]
+    L.append(f"  const int x0 = {'l_' if acc_ == 1 else f'l_ / {acc_}'};")
+    vec = []
+    for k, reg, vi, off in p.loads.values():
+        st = storage_type(spec.values[vi].dtype)
+        vct = compute_type(spec.values[vi].dtype)
+        if k == VEC_:
+            L += [f"  {vct} {reg}[1][4];", f"  latch::gld4({names[vi]}, {off}, {reg}[0]);"]
+            vec.append(names[vi])
+        elif k == GEN_:
+            L += [f"  {vct} {reg}[1][4];", "  #pragma unroll",
+                  f"  for (int j_ = 0; j_ < 4; ++j_) {reg}[0][j_] = latch::ld<{st}>({names[vi]}, {off});"]
+        else:
+            L.append(f"  {vct} {reg}[1] = {{latch::ld<{st}>({names[vi]}, {off})}};")
+    L += ["  #pragma unroll", "  for (int j_ = 0; j_ < 4; ++j_) {"]
+    L += ["  " + ln for ln in p.lines] + [f"    v4[j_] = ({ct})({v});", "  }", "};",
+                                          f"auto load4 = [&](long long i, {acc} (&v4)[4]) {{",
+                                          f"  {ct} t_[4];", "  load4v(i, t_);", "  #pragma unroll",
+                                          f"  for (int j_ = 0; j_ < 4; ++j_) v4[j_] = ({acc})t_[j_];", "};"]
+    cond = " && ".join(f"latch::aligned4({n}, 0)" for n in dict.fromkeys(vec)) or "true"
+    return L, cond
 
 
 def _load4(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int, str], xi: int, acc: str,
