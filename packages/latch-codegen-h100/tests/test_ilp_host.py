@@ -284,3 +284,24 @@ def test_concat_row_tiles_are_one_16_byte_load_and_store_per_group(build):
     assert rows.count("latch::gld4(") == 1 and rows.count("latch::gst4(") == 1
     assert rows.index("latch::gld4(") < rows.index("latch::gst4(")
     assert "latch::gld4(" not in build("concat_odd_cols")[4]
+
+
+def test_a_standalone_reshape_and_mul_reshape_cast_take_the_flat_vector_path():
+    """The dense transformer's `reshape` copies and `mul+reshape+cast` (a scaled head split written
+    as BF16): a reshape keeps the flat index, so both are flat 16-byte passes."""
+    T = 64
+    g = G()
+    x = g.inp("x", (T, 768))
+    h = g.op("reshape", (x,), (T, 12, 64), {"shape": (T, 12, 64)})
+    src = render_body(g.spec([h]), _lowerings()).source
+    assert "one flat range" in src and "latch::gld4(" in src and "latch::gst4(" in src
+
+    g = G()
+    x, s = g.inp("x", (T, 768)), g.inp("s", ())
+    m = g.op("mul", (x, s), (T, 768))
+    r = g.op("reshape", (m,), (2, T // 2, 12, 64), {"shape": (2, T // 2, 12, 64)})
+    g.nodes.append(Node("ncast", "latch::cast", (r,), ("o",), {"dtype": "bf16"}))
+    g.vals.append(Value("o", (2, T // 2, 12, 64), "bf16"))
+    src = render_body(g.spec(["o"]), _lowerings()).source
+    assert "one flat range" in src and "latch::gld4(" in src and "latch::gst4(" in src
+    assert "% 64" not in src.split("} else {")[0]  # no coordinate decode on the flat path

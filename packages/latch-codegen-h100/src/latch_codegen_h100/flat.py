@@ -87,7 +87,10 @@ def flat_spec(spec: BodySpec, lowerings: dict[str, Lowering], shape: tuple[int, 
             continue
         if skip_last and i == spec.primary:
             values.append(v)  # the reduction's output keeps its shape
-        elif tuple(v.shape) == target or (_numel(v.shape) == n and _reshaped(i, nodes)):
+        elif _numel(v.shape) == n:
+            # the primary's shape, or another of its element count: only a reshape makes one, and
+            # an elementwise op whose operand and result have equal counts broadcasts nothing
+            # (the shapes differ by size-1 dims at most), so the flat order is the same
             values.append(attrs.evolve(v, shape=(n,)))
         elif _numel(v.shape) == 1:
             values.append(attrs.evolve(v, shape=()))
@@ -109,12 +112,6 @@ def flat_spec(spec: BodySpec, lowerings: dict[str, Lowering], shape: tuple[int, 
 
 
 FLAT_VIEW = "latch::reshape"  # squeeze, unsqueeze, flatten and view are captured as reshape
-
-
-def _reshaped(i: int, nodes) -> bool:
-    """Is value ``i`` the input or output of a reshape in ``nodes`` (so its other shape, of the same
-    element count, is only another name for the same flat order)?"""
-    return any(n.op == FLAT_VIEW and (i in n.inputs or i in n.outputs) for n in nodes)
 
 
 class _VecPuller:
