@@ -41,8 +41,9 @@ def test_the_document_compiles_for_sm90a_with_128_bit_accesses(tmp_path, monkeyp
 
 @pytest.mark.skipif(not _have_nvcc(), reason="nvcc not installed")
 def test_reduction_prologues_with_scalars_broadcasts_and_views_compile(tmp_path, monkeypatch):
-    """The three forms of a reduction's prologue (flat with a scalar operand: the four-wide row path;
-    a broadcast operand: coordinates decoded from the flat index; a permute view) build for sm_90a."""
+    """The three forms of a reduction's prologue (flat with a scalar operand; a broadcast operand;
+    a permute view: all three the four-wide row path, the last two through fuse.py's ILP operand
+    classes, with the coordinate-decoding element path beside them) build for sm_90a."""
     from latch_codegen_h100 import build, generate
     from latch_core.document import Document
     from latch_core.ir import BATCH, Graph, GraphSection, Group, Node, Value
@@ -64,6 +65,7 @@ def test_reduction_prologues_with_scalars_broadcasts_and_views_compile(tmp_path,
     groups = {tuple(grp.nodes) for grp in doc.schedule.programs[0].groups}
     assert ("xs.n", "a.n") in groups and ("xw.n", "b.n") in groups and ("t.n", "tr.n", "c.n") in groups
     src = "\n".join(u.source for u in generate(doc).units)
-    assert "reduce_rows_vec4" in src and "% 32LL" in src  # the row path and a decoded coordinate
+    # the row path (rows held in registers: lower_reduce.rows_statements) and a decoded coordinate
+    assert "load4v(b_ + r_, v_[u_][k_])" in src and "% 32LL" in src
     monkeypatch.setenv("LATCH_CACHE_DIR", str(tmp_path / "cache"))
     build(doc, tmp_path / "b")

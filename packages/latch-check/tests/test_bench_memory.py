@@ -125,7 +125,7 @@ def test_generated_bodies_use_vector_accesses_and_no_atomics(small_doc):
     gen = generate(small_doc)
     src = "\n".join(u.source for u in gen.units)
     adam = [blk for blk in src.split("\n// ") if blk.startswith("latch::mul+latch::sub+latch::mul+latch::add")]
-    assert adam and all("latch::ld4(" in b and "latch::st4(" in b for b in adam)
+    assert adam and all("latch::gld4(" in b and "latch::gst4(" in b for b in adam)
     red = [blk for blk in src.split("\n// ") if blk.startswith("latch::mul+latch::sum")]
     assert red and all("auto load = [&]" in b and "((a1) * (a1))" in b for b in red)
     # the partials over contiguous rows (a multiple of 4 long) take the four-wide row path

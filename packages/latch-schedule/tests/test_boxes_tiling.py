@@ -282,11 +282,12 @@ def attrs_evolve(obj, **kw):
 
 def test_column_reductions_split_their_kept_innermost_dim_finely():
     """A norm-weight gradient ((2048, 768) summed over rows) or the clip's per-row partial sums: each
-    output reads a whole column, so the kept innermost dim is cut at 8 elements, not 128 (6 tasks)."""
+    output reads a whole column, so the kept innermost dim is cut at 32 elements (the column body's
+    lanes), not 128 (6 tasks)."""
     x = TensorType((2048, 768), "f32")
     t = tiling.reduction([x], [TensorType((768,), "f32")], {"dims": (0,), "keepdim": False})
     boxes = split((768,), t, 132)
-    assert len(boxes) == 96 and all((hi - lo) == 8 for ((lo, hi),) in boxes)
+    assert len(boxes) == 24 and all((hi - lo) == 32 for ((lo, hi),) in boxes)
     e = tiling.elementwise([TensorType((768,), "f32")], [TensorType((768,), "f32")])
     assert len(split((768,), e, 132)) == 6  # elementwise rows keep 128-element (vector) cuts
 

@@ -18,7 +18,8 @@ so CI schedules, plans, validates and compiles it):
 - ``grad_norm``: the clip's norm alone (4 bytes per parameter).
 - row and elementwise bodies of the transformer update at 32 x 1024 tokens (d 768, SwiGLU hidden
   2048): residual add (also at an odd row length, which exercises the unaligned paths), cast to
-  BF16, SwiGLU forward and backward, GELU forward and backward, RMSNorm forward and backward
+  BF16, SwiGLU forward and backward, GELU forward and backward, the head split (reshape +
+  permute), a select of a stacked QKV, a concatenation, RMSNorm forward and backward
   (weight gradient included), each as ``<body>.x1`` and
   ``<body>.x<R>`` (R independent copies on their own tensors, so nothing stays in the 60 MiB L2);
   time per body ``(t(xR) - t(x1)) / (R - 1)``. Floor: every input read once, every output written
@@ -158,10 +159,11 @@ class Body:
     name: str
     inputs: tuple[tuple[str, tuple[int, ...], str], ...]  # (name, shape, dtype)
     build: object  # (builder, {input name: value}) -> {output name: value}
+    read: float = 1.0  # the share of the inputs' bytes the body must read (a select reads one slice)
 
     def floor_bytes(self, outs: dict[str, tuple[tuple[int, ...], str]]) -> int:
         size = {"f32": 4, "bf16": 2}
-        return (sum(math.prod(s) * size[d] for _, s, d in self.inputs)
+        return (round(self.read * sum(math.prod(s) * size[d] for _, s, d in self.inputs))
                 + sum(math.prod(s) * size[d] for s, d in outs.values()))
 
 
@@ -202,6 +204,17 @@ def bodies(T: int = TOKENS, d: int = D_MODEL, h: int = HIDDEN) -> list[Body]:
         # element-wise fallback all run (a correctness case more than a speed one)
         Body("residual_add.odd", (("x", (T // 8 + 3, d - 1), f32), ("y", (T // 8 + 3, d - 1), f32)),
              lambda b, v: {"o": b.op("add", (v["x"], v["y"]), (T // 8 + 3, d - 1))}),
+        # the view bodies of attention's plumbing (the general fused body's vector/ILP path, and
+        # concat's): the head split (reshape + permute to (B, H, S, Dh)), the middle third of a
+        # stacked QKV, the concatenation of two halves
+        Body("heads.permute", (("x", (T, d), f32),),
+             lambda b, v: {"o": b.op("permute", (b.op("reshape", (v["x"],), (2, T // 2, d // 64, 64),
+                                                      {"shape": (2, T // 2, d // 64, 64)}),),
+                                     (2, d // 64, T // 2, 64), {"perm": (0, 2, 1, 3)})}),
+        Body("qkv.select", (("qkv", (3, T, d), f32),),
+             lambda b, v: {"o": b.op("select", (v["qkv"],), (T, d), {"dim": 0, "index": 1})}, read=1 / 3),
+        Body("concat", (("a", (T, d), f32), ("c", (T, d), f32)),
+             lambda b, v: {"o": b.op("concat", (v["a"], v["c"]), (T, 2 * d), {"dim": 1})}),
         Body("rmsnorm.fwd", (("x", (T, d), f32), ("w", (d,), f32)), lambda b, v: _rmsnorm_fwd(b, v["x"], v["w"], T, d)),
         Body("rmsnorm.bwd", (("x", (T, d), f32), ("w", (d,), f32), ("dy", (T, d), f32)),
              lambda b, v: _rmsnorm_bwd(b, v["x"], v["w"], v["dy"], T, d)),
@@ -417,6 +430,9 @@ def _torch_body(name: str):
         "gelu.bwd": lambda v: torch.ops.aten.gelu_backward(v["dy"], v["x"], approximate="tanh"),
         "rmsnorm.fwd": lambda v: v["x"] * torch.rsqrt((v["x"] * v["x"]).mean(-1, keepdim=True) + 1e-6) * v["w"],
         "rmsnorm.bwd": rms_bwd,
+        "heads.permute": lambda v: v["x"].reshape(2, v["x"].shape[0] // 2, -1, 64).permute(0, 2, 1, 3).contiguous(),
+        "qkv.select": lambda v: v["qkv"][1].clone(),
+        "concat": lambda v: torch.cat((v["a"], v["c"]), 1),
     }
     return table.get(name)
 

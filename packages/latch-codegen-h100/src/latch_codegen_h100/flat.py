@@ -1,20 +1,25 @@
 """Flat fused bodies: an elementwise group over one contiguous range, four elements per access.
 
 A fused elementwise group (``fuse.py``) whose every value has either the primary output's shape or
-a single element, and which holds no view and no op that reads its own coordinates (tril, arange),
+a single element, and which holds no view but contiguous reshapes (squeeze, unsqueeze, flatten: element
+``i`` of a reshape is element ``i`` of its input) and no op that reads its own coordinates (tril, arange),
 computes element ``i`` of every output from element ``i`` of every full-shape input and the
 single-element inputs: the shapes do not matter, only the flat index does. Such a group is the
 optimizer's (AdamW with weight decay, the clip scale and the BF16 copy: ``p, g, m, v`` in, ``p, m, v``
 out, the scalars once), a residual add, a cast, SwiGLU's gate. Its body:
 
 - loads each single-element input once per task, before the loop;
-- when every full-shape operand's address at the tile's first element is aligned to four elements
-  (16 bytes for FP32, 8 for BF16), runs the vector loop: each thread takes U groups of four
+- software-pipelines the loop: the next U groups' loads are issued before the current ones are
+  computed and stored (loads in flight while the body computes: AdamW's divisions and square root);
+- peels a head of up to three elements so that the first operand's address is aligned to four
+  elements (16 bytes for FP32, 8 for BF16); when every full-shape operand is then aligned (equal
+  offsets from aligned bases: odd row lengths included), runs the vector loop: each thread takes U groups of four
   consecutive elements per iteration (``ld4``/``st4``: one 16-byte access per FP32 operand), all
   loads before any store, U chosen so that ~128 bytes of loads per thread are in flight (2 for
   AdamW's four FP32 inputs, 4 for a residual add, 8 for a cast: :func:`unroll_for`);
   intermediates stay in registers;
-- finishes the tail (and an unaligned tile) one element per thread.
+- finishes the head and the tail (and a tile whose operands are misaligned differently) one
+  element per thread.
 
 Every input byte is read once and every output byte written once per task. The tile must span
 every dim but the first (row tiles, what the elementwise tiling gives): the caller checks that at
@@ -66,7 +71,11 @@ def flat_spec(spec: BodySpec, lowerings: dict[str, Lowering], shape: tuple[int, 
     nodes = spec.nodes[:-1] if skip_last else spec.nodes
     for node in nodes:
         low = lowerings.get(node.op)
-        if low is None or low.expr is None or low.view_map is not None or len(node.outputs) != 1:
+        if low is None or len(node.outputs) != 1:
+            return None
+        if node.op == FLAT_VIEW:  # a contiguous reshape keeps the flat index: element i is element i
+            continue
+        if low.expr is None or low.view_map is not None:
             return None
     used = {i for node in nodes for i in node.inputs if i is not None} | {o for node in nodes for o in node.outputs}
     if skip_last:
@@ -78,7 +87,10 @@ def flat_spec(spec: BodySpec, lowerings: dict[str, Lowering], shape: tuple[int, 
             continue
         if skip_last and i == spec.primary:
             values.append(v)  # the reduction's output keeps its shape
-        elif tuple(v.shape) == target:
+        elif _numel(v.shape) == n:
+            # the primary's shape, or another of its element count: only a reshape makes one, and
+            # an elementwise op whose operand and result have equal counts broadcasts nothing
+            # (the shapes differ by size-1 dims at most), so the flat order is the same
             values.append(attrs.evolve(v, shape=(n,)))
         elif _numel(v.shape) == 1:
             values.append(attrs.evolve(v, shape=()))
@@ -90,11 +102,16 @@ def flat_spec(spec: BodySpec, lowerings: dict[str, Lowering], shape: tuple[int, 
     from .fuse import node_info
 
     for node in nodes:
+        if node.op == FLAT_VIEW:
+            continue
         try:
             lowerings[node.op].expr(["x"] * len(node.inputs), node_info(flat, node, ()))
         except (IndexError, KeyError):
             return None
     return flat
+
+
+FLAT_VIEW = "latch::reshape"  # squeeze, unsqueeze, flatten and view are captured as reshape
 
 
 class _VecPuller:
@@ -130,22 +147,46 @@ def vector_lines(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int
     for i in scalar:
         regs[i] = f"s{i}_"
         L.append(f"{ind}const {compute_type(vals[i].dtype)} s{i}_ = latch::ld<{storage_type(vals[i].dtype)}>({names[i]}, 0);")
-    aligned = " && ".join(f"latch::aligned4({names[i]}, lo_)" for i in full + outs)
+    # the vector range starts where the first operand reaches a 4-element boundary (a head of up
+    # to three elements before it): every operand aligned there (the usual case: equal offsets
+    # from aligned bases), else the whole tile runs element by element
+    ref = names[(full + outs)[0]]
+    L.append(f"{ind}const long long vlo_ = lo_ + latch::peel4({ref} + lo_) < hi_ ? lo_ + latch::peel4({ref} + lo_) : hi_;")
+    aligned = " && ".join(f"latch::aligned4({names[i]}, vlo_)" for i in full + outs)
     L.append(f"{ind}const bool vec_ = {aligned};")
-    L.append(f"{ind}const long long vend_ = vec_ ? lo_ + ((hi_ - lo_) / {VEC}LL) * {VEC}LL : lo_;")
+    L.append(f"{ind}const long long vbeg_ = vec_ ? vlo_ : lo_;")
+    L.append(f"{ind}const long long vend_ = vec_ ? vlo_ + ((hi_ - vlo_) / {VEC}LL) * {VEC}LL : lo_;")
     step = VEC * UNROLL
-    L.append(f"{ind}for (long long q_ = lo_ + {VEC}LL * threadIdx.x; q_ < vend_; q_ += {step}LL * LATCH_THREADS) {{")
-    i2 = ind + "  "
-    L.append(f"{i2}const long long qs_[{UNROLL}] = {{" + ", ".join(f"q_ + {VEC * u}LL * LATCH_THREADS" for u in range(UNROLL)) + "};")
+    # software pipelined: the loads of the thread's next U groups are issued before the arithmetic
+    # and stores of the current ones, so loads stay in flight while the body computes (every
+    # element is read and written by one thread only: in-place updates are safe)
+    L.append(f"{ind}const long long q0_ = vbeg_ + {VEC}LL * threadIdx.x;")
     for i in full:
-        L.append(f"{i2}{compute_type(vals[i].dtype)} r{i}_[{UNROLL}][{VEC}] = {{}};")
+        L.append(f"{ind}{compute_type(vals[i].dtype)} r{i}_[{UNROLL}][{VEC}] = {{}};")
+    L.append(f"{ind}#pragma unroll")
+    L.append(f"{ind}for (int u_ = 0; u_ < {UNROLL}; ++u_) {{")
+    L.append(f"{ind}  if (q0_ + {VEC}LL * u_ * LATCH_THREADS < vend_) {{")
+    for i in full:
+        L.append(f"{ind}    latch::gld4({names[i]}, q0_ + {VEC}LL * u_ * LATCH_THREADS, r{i}_[u_]);")
+    L.append(f"{ind}  }}")
+    L.append(f"{ind}}}")
+    L.append(f"{ind}for (long long q_ = q0_; q_ < vend_; q_ += {step}LL * LATCH_THREADS) {{")
+    i2 = ind + "  "
+    L.append(f"{i2}const long long qn_ = q_ + {step}LL * LATCH_THREADS;")
+    for i in full:
+        L.append(f"{i2}{compute_type(vals[i].dtype)} c{i}_[{UNROLL}][{VEC}];")
     for i in outs:
         L.append(f"{i2}{compute_type(vals[i].dtype)} o{i}_[{UNROLL}][{VEC}];")
     L.append(f"{i2}#pragma unroll")
     L.append(f"{i2}for (int u_ = 0; u_ < {UNROLL}; ++u_) {{")
-    L.append(f"{i2}  if (qs_[u_] < vend_) {{")
+    L.append(f"{i2}  #pragma unroll")
+    L.append(f"{i2}  for (int j_ = 0; j_ < {VEC}; ++j_) {{")
     for i in full:
-        L.append(f"{i2}    latch::ld4({names[i]}, qs_[u_], r{i}_[u_]);")
+        L.append(f"{i2}    c{i}_[u_][j_] = r{i}_[u_][j_];")
+    L.append(f"{i2}  }}")
+    L.append(f"{i2}  if (qn_ + {VEC}LL * u_ * LATCH_THREADS < vend_) {{")
+    for i in full:
+        L.append(f"{i2}    latch::gld4({names[i]}, qn_ + {VEC}LL * u_ * LATCH_THREADS, r{i}_[u_]);")
     L.append(f"{i2}  }}")
     L.append(f"{i2}}}")
     L.append(f"{i2}#pragma unroll")
@@ -154,7 +195,7 @@ def vector_lines(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int
     L.append(f"{i2}  for (int j_ = 0; j_ < {VEC}; ++j_) {{")
     lane = dict(regs)
     for i in full:
-        lane[i] = f"r{i}_[u_][j_]"
+        lane[i] = f"c{i}_[u_][j_]"
     p = _VecPuller(flat, lowerings, names, i2 + "    ", lane)
     stores = []
     for i in outs:
@@ -165,14 +206,16 @@ def vector_lines(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int
     L.append(f"{i2}}}")
     L.append(f"{i2}#pragma unroll")
     L.append(f"{i2}for (int u_ = 0; u_ < {UNROLL}; ++u_) {{")
-    L.append(f"{i2}  if (qs_[u_] < vend_) {{")
+    L.append(f"{i2}  if (q_ + {VEC}LL * u_ * LATCH_THREADS < vend_) {{")
     for i in outs:
-        L.append(f"{i2}    latch::st4({names[i]}, qs_[u_], o{i}_[u_]);")
+        L.append(f"{i2}    latch::gst4({names[i]}, q_ + {VEC}LL * u_ * LATCH_THREADS, o{i}_[u_]);")
     L.append(f"{i2}  }}")
     L.append(f"{i2}}}")
     L.append(f"{ind}}}")
-    # the tail (and a tile whose operands are not aligned): one element per thread
-    L.append(f"{ind}for (long long i = vend_ + threadIdx.x; i < hi_; i += LATCH_THREADS) {{")
+    # the head [lo_, vbeg_), the tail [vend_, hi_) (the whole tile when the operands are not
+    # aligned alike: vbeg_ = vend_ = lo_): one element per thread
+    L.append(f"{ind}for (long long k_ = threadIdx.x; k_ < (vbeg_ - lo_) + (hi_ - vend_); k_ += LATCH_THREADS) {{")
+    L.append(f"{i2}const long long i = k_ < vbeg_ - lo_ ? lo_ + k_ : vend_ + (k_ - (vbeg_ - lo_));")
     # full-shape inputs load at i (the plain puller's load), scalars come from their registers
     tail = _Puller(flat, lowerings, names, i2)
     for i in scalar:
@@ -220,6 +263,7 @@ def reduce_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> list[str]:
         p = _Puller(flat, lowerings, names, "  ")
         v = p.pull(xi, ["i"])
         load4, vec_cond, pre = _load4(flat, lowerings, names, xi, acc)
+        load4 = load4 + _load4(flat, lowerings, names, xi, compute_type(x.dtype), "load4v")[0]
     else:
         p = _Puller(spec, lowerings, names, "  ")
         coords = []
@@ -228,12 +272,57 @@ def reduce_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> list[str]:
             p.lines.append(f"  const long long x{d} = (i / {st[d]}LL) % {x.shape[d]}LL;")
             coords.append(f"x{d}")
         v = p.pull(xi, broadcast_coords(x.shape, x.shape, coords))
+        if len(x.shape) >= 1 and x.shape[-1] % 4 == 0 and math.prod(x.shape) < 2**31:
+            load4, vec_cond = _load4_pulled(spec, lowerings, names, xi, acc)
     load += p.lines + [f"  return ({acc})({v});", "};"]
     stmts = lower_reduce.reduce_statements(red.op.split("::")[-1], ctx, load, load4, vec_cond)
     return decl + pre + ["  {"] + ["    " + s if s else s for s in stmts.splitlines()] + ["  }"]
 
 
-def _load4(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int, str], xi: int, acc: str):
+def _load4_pulled(spec: BodySpec, lowerings: dict[str, Lowering], names: dict[int, str], xi: int, acc: str):
+    """(statements defining ``load4v`` and ``load4``, their run-time condition) for a prologue with
+    broadcasts or views (RMSNorm's ``dy * w * x`` with a (d,) weight): elements i..i+3 of the
+    reduced input (i a multiple of 4, its last dim a multiple of 4), decoded in 32-bit with
+    constant extents, each operand read as fuse.py's ILP path classes it (one 16-byte load, one
+    load for the four, or four loads), all before the arithmetic."""
+    from .fuse import GEN_, VEC_, _IlpPuller
+
+    x = spec.values[xi]
+    ct = compute_type(x.dtype)
+    r = len(x.shape)
+    p = _IlpPuller(spec, lowerings, names, "    ", 4)
+    lane = [f"x{d}" for d in range(r - 1)] + [f"(x{r - 1} + j_)"]
+    v = p.pull_st(xi, lane, VEC_)
+    L = [f"auto load4v = [&](long long i, {ct} (&v4)[4]) {{", "  constexpr int u_ = 0;",
+         "  const int l_ = (int)i;"]
+    acc_ = 1
+    for d in reversed(range(1, r)):
+        L.append(f"  const int x{d} = ({'l_' if acc_ == 1 else f'l_ / {acc_}'}) % {x.shape[d]};")
+        acc_ *= x.shape[d]
+    L.append(f"  const int x0 = {'l_' if acc_ == 1 else f'l_ / {acc_}'};")
+    vec = []
+    for k, reg, vi, off in p.loads.values():
+        st = storage_type(spec.values[vi].dtype)
+        vct = compute_type(spec.values[vi].dtype)
+        if k == VEC_:
+            L += [f"  {vct} {reg}[1][4];", f"  latch::gld4({names[vi]}, {off}, {reg}[0]);"]
+            vec.append(names[vi])
+        elif k == GEN_:
+            L += [f"  {vct} {reg}[1][4];", "  #pragma unroll",
+                  f"  for (int j_ = 0; j_ < 4; ++j_) {reg}[0][j_] = latch::ld<{st}>({names[vi]}, {off});"]
+        else:
+            L.append(f"  {vct} {reg}[1] = {{latch::ld<{st}>({names[vi]}, {off})}};")
+    L += ["  #pragma unroll", "  for (int j_ = 0; j_ < 4; ++j_) {"]
+    L += ["  " + ln for ln in p.lines] + [f"    v4[j_] = ({ct})({v});", "  }", "};",
+                                          f"auto load4 = [&](long long i, {acc} (&v4)[4]) {{",
+                                          f"  {ct} t_[4];", "  load4v(i, t_);", "  #pragma unroll",
+                                          f"  for (int j_ = 0; j_ < 4; ++j_) v4[j_] = ({acc})t_[j_];", "};"]
+    cond = " && ".join(f"latch::aligned4({n}, 0)" for n in dict.fromkeys(vec)) or "true"
+    return L, cond
+
+
+def _load4(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int, str], xi: int, acc: str,
+           name: str = "load4"):
     """(statements defining ``load4``, its run-time condition, statements before it): the prologue at
     four consecutive flat indices, the full-shape inputs loaded with ``ld4``, the single-element ones
     once per task."""
@@ -244,9 +333,9 @@ def _load4(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int, str]
     regs = {i: f"s{i}_" for i in scalar}
     for i in full:
         regs[i] = f"r{i}_[j_]"
-    lines = [f"auto load4 = [&](long long i, {acc} (&v4)[4]) {{"]
+    lines = [f"auto {name} = [&](long long i, {acc} (&v4)[4]) {{"]
     for i in full:
-        lines += [f"  {compute_type(vals[i].dtype)} r{i}_[4];", f"  latch::ld4({names[i]}, i, r{i}_);"]
+        lines += [f"  {compute_type(vals[i].dtype)} r{i}_[4];", f"  latch::gld4({names[i]}, i, r{i}_);"]
     lines += ["  #pragma unroll", "  for (int j_ = 0; j_ < 4; ++j_) {"]
     p = _VecPuller(flat, lowerings, names, "    ", regs)
     v = p.pull(xi, ["j_"])

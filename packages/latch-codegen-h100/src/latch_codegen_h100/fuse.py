@@ -13,6 +13,9 @@ the primary's index); anything else is refused with the output named.
 
 from __future__ import annotations
 
+import math
+import re
+
 from .bodies import IN, OUT, BodySpec, _ptr_decl
 from .cgen import dot, strides
 from .lowering import Lowering, LoweringError, NodeInfo, compute_type, load_expr, storage_type
@@ -200,16 +203,222 @@ def fused_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> list[str]:
         inner *= d
     if flat is not None and len(target) < 2:  # a 1-d tile is the flat range
         return decl + vector_lines(flat, lowerings, names, inner)
-    if len(target) < 2:
+    if len(target) < 1:
         loop, coords = tile_loop_open(len(target))
         return decl + loop + loop_body(coords) + ["  }"]
-    full = " && ".join(f"c.t->lo[{d}] == 0 && c.t->hi[{d}] == {n}" for d, n in enumerate(target) if d > 0)
+    full = " && ".join(f"c.t->lo[{d}] == 0 && c.t->hi[{d}] == {n}" for d, n in enumerate(target) if d > 0) or "true"
     slow, scoords = tile_loop_open(len(target), "    ")
     ind = lambda lines: ["  " + x for x in lines]  # noqa: E731
     if flat is not None:  # row tiles take the flat vector path (flat.py)
         return (decl + [f"  if ({full}) {{  // the tile spans every dim but the first: one flat range"]
                 + vector_lines(flat, lowerings, names, inner, "    ")
                 + ["  } else {"] + slow + ind(loop_body(scoords)) + ["    }", "  }"])
+    # row tiles take the vector/ILP path when its vector operands are aligned, else one element per
+    # thread with the constant-extent decode; other tiles the general loop
+    ilp, cond = ilp_lines(spec, lowerings, names, "    ")
     fast, fcoords = _const_loop(target, "    ")
-    return (decl + [f"  if ({full}) {{  // the tile spans every dim but the first"] + fast + ind(loop_body(fcoords))
+    return (decl + [f"  if (({full}) && ({cond})) {{  // row tiles: U groups of W elements per thread"] + ilp
+            + [f"  }} else if ({full}) {{  // row tiles, operands not aligned for the vector accesses"]
+            + fast + ind(loop_body(fcoords))
             + ["    }", "  } else {"] + slow + ind(loop_body(scoords)) + ["    }", "  }"])
+
+
+# --------------------------------------------------------------------------------------------
+# The vector/ILP path of the general fused body (row tiles: the tile spans every dim but the first)
+#
+# Each thread takes U groups of W consecutive elements along the primary's innermost dim (W = 4 when
+# that extent is a multiple of 4, else 1) per iteration: first every load of every group (so
+# U x operands accesses are in flight per thread), then the arithmetic in registers, then the
+# stores. Each group input read is classified by how its flat offset moves across the W lanes:
+#   VEC    offset(lane j) = offset(lane 0) + j, offset(lane 0) a multiple of W: one ld4 (16 bytes
+#          for FP32) per group (the output's own coordinates, a reshape, a slice of leading dims or
+#          aligned columns, a broadcast of leading dims, a permute that keeps the last dim);
+#   BCAST  the same element for every lane (a (T, 1) row statistic): one load per group;
+#   GEN    anything else (a permute that moves the innermost dim): W loads, still before compute.
+# The classification follows the pull chain from the output (VEC at its own coordinates) through
+# each view's rule below; when unsure it answers GEN, which is correct for any index map.
+
+VEC_, BCAST_, GEN_ = "vec", "bcast", "gen"
+ILP_IN_FLIGHT, ILP_MIN_U, ILP_MAX_U = 128, 2, 8
+_BYTES = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1, "u8": 1, "bool": 1}
+_LANE = re.compile(r"\bj_\b")
+
+
+def _view_state(op: str, st: str, info: NodeInfo, W: int) -> str:
+    """The state of a view's input given its output's (module comment above)."""
+    if st != VEC_:
+        return st  # BCAST stays BCAST (coordinates independent of the lane), GEN stays GEN
+    so, si = tuple(info.out_shapes[0]), tuple(info.in_shapes[0])
+    if op == "latch::reshape":  # flat order is kept: the input's flat offset is the output's
+        return VEC_ if si and si[-1] % W == 0 else GEN_
+    if not si:
+        return BCAST_
+    last = len(si) - 1
+    if op == "latch::permute":
+        return VEC_ if tuple(info.attr("perm"))[-1] % len(si) == last else GEN_
+    if op == "latch::expand":
+        if si[-1] == 1 and so[-1] != 1:
+            return BCAST_
+        return VEC_ if si[-1] == so[-1] else GEN_
+    if op == "latch::slice":
+        if info.attr("dim") % len(si) != last:
+            return VEC_
+        ok = info.attr("step") == 1 and info.attr("start") % W == 0 and si[-1] % W == 0
+        return VEC_ if ok else GEN_
+    if op == "latch::select":
+        return GEN_ if info.attr("dim") % len(si) == last else VEC_
+    return GEN_
+
+
+def _operand_state(st: str, shape, out_shape) -> str:
+    """The state of an elementwise node's (broadcast) operand given its output's."""
+    if st != VEC_:
+        return st
+    if len(shape) == 0 or (shape[-1] == 1 and out_shape[-1] != 1):
+        return BCAST_
+    return VEC_
+
+
+class _IlpPuller(_Puller):
+    """The fused puller for one lane ``j_`` of one group ``u_``: group inputs come from registers
+    that the load phase fills (``self.loads``, one entry per distinct access)."""
+
+    def __init__(self, spec, lowerings, names, indent, W: int):
+        super().__init__(spec, lowerings, names, indent)
+        self.W = W
+        self.loads: dict[tuple, tuple[str, str, int, str]] = {}  # key -> (kind, reg, value, offset)
+
+    def _coord_vars(self, coords):
+        # no temporaries: the load phase evaluates the same expressions outside the lane loop
+        return [c if c.isidentifier() or c.endswith("LL") else f"({c})" for c in coords]
+
+    def _access(self, vi: int, offset: str, st: str) -> str:
+        if st in (VEC_, BCAST_):
+            offset = _LANE.sub("0", offset)
+        key = (vi, st, offset)
+        if key not in self.loads:
+            self.loads[key] = (st, f"r{len(self.loads)}_", vi, offset)
+        kind, reg, _, _ = self.loads[key]
+        return f"{reg}[u_]" if kind == BCAST_ else f"{reg}[u_][j_]"
+
+    def pull_st(self, vi: int, coords: list[str], st: str) -> str:
+        coords = self._coord_vars(list(coords))
+        key = (vi, tuple(coords), st)
+        if key in self.memo:
+            return self.memo[key]
+        v = self.spec.values[vi]
+        if v.kind == IN:
+            name = self._access(vi, dot(coords, strides(v.shape)), st)
+            self.memo[key] = name
+            return name
+        n = self.producer.get(vi)
+        if n is None:
+            raise LoweringError(f"group value {vi} is neither an input nor computed by a node of the group")
+        low = self.low[n.op]
+        info = node_info(self.spec, n, coords)
+        if low.view_map is not None:
+            src = next(i for i in n.inputs if i is not None)
+            sst = _view_state(n.op, st, info, self.W)
+            if n.op == "latch::reshape" and self.spec.values[src].kind == IN:
+                # a reshape of a group input: its element is at the output's flat offset
+                name = self._access(src, dot(coords, strides(v.shape)), st)
+            else:
+                name = self.pull_st(src, low.view_map(list(coords), info), sst)
+            self.memo[key] = name
+            return name
+        if low.expr is None:
+            raise LoweringError(f"{n.op} has no elementwise or view form")
+        if len(n.outputs) != 1:
+            raise LoweringError(f"{n.op} has {len(n.outputs)} outputs; the elementwise form computes one")
+        args = []
+        for i in n.inputs:
+            if i is None:
+                args.append("")
+                continue
+            shp = self.spec.values[i].shape
+            args.append(self.pull_st(i, broadcast_coords(shp, v.shape, coords), _operand_state(st, shp, v.shape)))
+        expr = low.expr(args, info)
+        name = self._fresh("v")
+        ct = compute_type(v.dtype)
+        self.lines.append(f"{self.ind}const {ct} {name} = ({ct})({expr});")
+        self.memo[key] = name
+        return name
+
+
+def _decode(shape, var: str, ind: str, itype: str) -> tuple[list[str], list[str]]:
+    """Coordinates ``x0..`` of flat element ``var`` of the contiguous ``shape`` (constant extents:
+    the divisions become multiplies)."""
+    r = len(shape)
+    lines, coords, acc = [], [""] * r, 1
+    for d in reversed(range(1, r)):
+        div = f"{var} / {acc}" if acc != 1 else var
+        lines.append(f"{ind}const {itype} x{d} = ({div}) % {shape[d]};")
+        coords[d] = f"x{d}"
+        acc *= shape[d]
+    lines.append(f"{ind}const {itype} x0 = {var} / {acc};" if acc != 1 else f"{ind}const {itype} x0 = {var};")
+    coords[0] = "x0"
+    return lines, coords
+
+
+def ilp_lines(spec: BodySpec, lowerings: dict[str, Lowering], names: dict[int, str], ind: str = "    ") -> list[str]:
+    """Statements of the vector/ILP path over the task's rows [lo[0], hi[0]) (the tile must span every
+    dim but the first; the caller checks). Every element of the tile is computed and stored once."""
+    target = tuple(spec.values[spec.primary].shape)
+    inner = math.prod(target[1:])
+    W = 4 if target[-1] % 4 == 0 else 1
+    wide = math.prod(target) >= 2**31 or any(math.prod(v.shape) >= 2**31 for v in spec.values)
+    itype = "long long" if wide else "int"
+    lane = [f"x{d}" for d in range(len(target) - 1)] + [f"(x{len(target) - 1} + j_)" if W > 1 else f"x{len(target) - 1}"]
+    p = _IlpPuller(spec, lowerings, names, ind + "      ", W)
+    outs = [i for i, v in enumerate(spec.values) if v.kind == OUT]
+    stores = [f"{ind}      o{i}_[u_][j_] = {p.pull_st(i, lane, VEC_ if W > 1 else GEN_)};" for i in outs]
+    loads = list(p.loads.values())
+    per_group = sum((1 if k == BCAST_ else W) * _BYTES.get(spec.values[vi].dtype, 4) for k, _, vi, _ in loads) or 4 * W
+    U = max(ILP_MIN_U, min(ILP_MAX_U, -(-ILP_IN_FLIGHT // per_group)))
+    dec, _ = _decode(target, "l_", ind + "    ", itype)
+    step = W * U
+    L = [f"{ind}const {itype} n_ = ({itype})((long long)c.t->hi[0] - c.t->lo[0]) * {inner};",
+         f"{ind}const {itype} base_ = ({itype})c.t->lo[0] * {inner};"]
+    for k, reg, vi, _ in loads:
+        ct = compute_type(spec.values[vi].dtype)
+        L.append(f"{ind}{ct} {reg}[{U}]" + ("" if k == BCAST_ else f"[{W}]") + " = {};")
+    for i in outs:
+        L.append(f"{ind}{compute_type(spec.values[i].dtype)} o{i}_[{U}][{W}];")
+    L.append(f"{ind}for ({itype} q_ = {W} * ({itype})threadIdx.x; q_ < n_; q_ += {step} * LATCH_THREADS) {{")
+    i2 = ind + "  "
+    # the load phase: every access of every group, nothing computed yet
+    L += [f"{i2}#pragma unroll", f"{i2}for (int u_ = 0; u_ < {U}; ++u_) {{",
+          f"{i2}  if (q_ + u_ * {W} * LATCH_THREADS < n_) {{",
+          f"{i2}    const {itype} l_ = base_ + q_ + u_ * {W} * LATCH_THREADS;"]
+    L += dec
+    for k, reg, vi, off in loads:
+        st = storage_type(spec.values[vi].dtype)
+        if k == VEC_ and W == 4:
+            L.append(f"{i2}    latch::gld4({names[vi]}, {off}, {reg}[u_]);")
+        elif k == BCAST_:
+            L.append(f"{i2}    {reg}[u_] = latch::ld<{st}>({names[vi]}, {off});")
+        else:
+            L += [f"{i2}    #pragma unroll", f"{i2}    for (int j_ = 0; j_ < {W}; ++j_) "
+                  f"{reg}[u_][j_] = latch::ld<{st}>({names[vi]}, {off});"]
+    L += [f"{i2}  }}", f"{i2}}}"]
+    # the arithmetic, lane by lane, in registers
+    L += [f"{i2}#pragma unroll", f"{i2}for (int u_ = 0; u_ < {U}; ++u_) {{",
+          f"{i2}  const {itype} l_ = base_ + q_ + u_ * {W} * LATCH_THREADS;"]
+    L += dec
+    L += [f"{i2}  #pragma unroll", f"{i2}  for (int j_ = 0; j_ < {W}; ++j_) {{"]
+    L += p.lines + stores
+    L += [f"{i2}  }}", f"{i2}}}"]
+    # the stores (the output's flat offset is l_)
+    L += [f"{i2}#pragma unroll", f"{i2}for (int u_ = 0; u_ < {U}; ++u_) {{",
+          f"{i2}  if (q_ + u_ * {W} * LATCH_THREADS < n_) {{",
+          f"{i2}    const {itype} l_ = base_ + q_ + u_ * {W} * LATCH_THREADS;"]
+    for i in outs:
+        st = storage_type(spec.values[i].dtype)
+        if W == 4:
+            L.append(f"{i2}    latch::gst4({names[i]}, l_, o{i}_[u_]);")
+        else:
+            L.append(f"{i2}    latch::st<{st}>({names[i]}, l_, o{i}_[u_][0]);")
+    L += [f"{i2}  }}", f"{i2}}}", f"{ind}}}"]
+    vec = [(names[vi], "0") for k, _, vi, _ in loads if k == VEC_] + [(names[i], "0") for i in outs]
+    cond = " && ".join(f"latch::aligned4({p_}, {o})" for p_, o in dict.fromkeys(vec)) if W == 4 else "true"
+    return L, cond

@@ -42,11 +42,6 @@ def row_reduction(dims, rank: int) -> bool:
     return bool(dims) and sorted(d % rank for d in dims) == list(range(rank - len(dims), rank))
 
 
-def column_reduction(dims, rank: int) -> bool:
-    """Is the input's innermost dim kept (consecutive outputs adjacent in memory: a column sum)?"""
-    return bool(dims) and rank > 1 and (rank - 1) not in {d % rank for d in dims}
-
-
 def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None,
                       load4: list[str] | None = None, vec_cond: str = "false") -> str:
     """The body's statements. ``load``: statements defining the lambda ``load(long long i)`` (element
@@ -96,10 +91,10 @@ def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None
     lines.append(f"  latch::st<{out.ctype}>({out.ptr}, {cgen.dot([f'z{k}' for k in range(out.rank)], ost)}, "
                  f"({compute_type(out.dtype)})({val}));")
     lines.append("};")
-    if R > THREAD_THRESHOLD and column_reduction(dims, x.rank):
-        generic = f"latch::reduce_columns<{acc}, {op}>(n_out, {R}LL, base, off, load, store, ({acc}*){ctx.smem});"
-        vector = None
-    elif R >= BLOCK_THRESHOLD:
+    if column_reduction(dims, x.rank) and R > THREAD_THRESHOLD:
+        lines += column_statements(acc, op, f"({acc}*){ctx.smem}", R)
+        return "\n".join(lines)
+    if R >= BLOCK_THRESHOLD:
         generic = (f"latch::reduce_block_per_output<{acc}, {op}>(n_out, {R}LL, base, off, load, store, "
                    f"({acc}*){ctx.smem});")
         vector = f"latch::reduce_rows_vec4_block<{acc}, {op}>(n_out, {R}LL, base, load4, store, ({acc}*){ctx.smem});"
@@ -110,12 +105,129 @@ def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None
     else:
         generic = f"latch::reduce_warp_per_output<{acc}, {op}>(n_out, {R}LL, base, off, load, store);"
         vector = f"latch::reduce_rows_vec4_warp<{acc}, {op}>(n_out, {R}LL, base, load4, store);"
-    if vector is not None and load4 is not None and R % 4 == 0 and row_reduction(dims, x.rank):
+    rows_ok = R % 4 == 0 and row_reduction(dims, x.rank)
+    if load is None and load4 is None and rows_ok and vector is not None and compute_type(x.dtype) in ("float", "double"):
+        # a plain reduction: its input read four at a time (the prologue path defines these itself)
+        ct = compute_type(x.dtype)
+        load4 = [f"auto load4 = [&](long long i, {acc} (&v4)[4]) {{",
+                 f"  {ct} r_[4];", f"  latch::gld4({x.ptr}, i, r_);",
+                 "  #pragma unroll", f"  for (int j_ = 0; j_ < 4; ++j_) v4[j_] = ({acc})r_[j_];", "};",
+                 f"auto load4v = [&](long long i, {ct} (&v4)[4]) {{ latch::gld4({x.ptr}, i, v4); }};"]
+        vec_cond = f"latch::aligned4({x.ptr}, 0)"
+    if vector is not None and R < BLOCK_THRESHOLD and load4 is not None and rows_ok and \
+            compute_type(x.dtype) in ("float", "double"):
+        vector = "\n  ".join(rows_statements(acc, compute_type(x.dtype), op, R))
+    if vector is not None and load4 is not None and rows_ok:
         lines += load4
         lines += [f"if ({vec_cond}) {{", "  " + vector, "} else {", "  " + generic, "}"]
     else:
         lines.append(generic)
     return "\n".join(lines)
+
+
+ROW_ACCESSES = 8  # 16-byte loads in flight per lane in a row reduction (over one or several rows)
+
+
+def rows_statements(acc: str, ct: str, op: str, R: int) -> list[str]:
+    """A row reduction of rows of ``R`` contiguous elements (R % 4 == 0, R < BLOCK_THRESHOLD):
+    a warp per row, each lane holding its PER = ceil(R / 128) groups of four of the row in
+    registers, RU rows per warp at once (RU * PER ~ ROW_ACCESSES loads in flight per lane, all
+    issued before any arithmetic), then per row four accumulators in index order, combined in a
+    fixed order and across the warp by xor shuffles: the same bits on every run. ``load4v(i, v)``
+    fills v with elements i..i+3 in compute type ``ct``."""
+    per = -(-R // 128)
+    ru = max(1, min(4, ROW_ACCESSES // per))
+    init_c = f"{op}::template init<{ct}>()"
+    init = f"{op}::template init<{acc}>()"
+    return [
+        "{",
+        "const int lane_ = threadIdx.x & 31, warp_ = threadIdx.x >> 5;",
+        "constexpr int NW_ = LATCH_THREADS / 32;",
+        f"for (long long o0_ = (long long)warp_ * {ru}; o0_ < n_out; o0_ += (long long)NW_ * {ru}) {{",
+        f"  {ct} v_[{ru}][{per}][4];",
+        "  #pragma unroll",
+        f"  for (int u_ = 0; u_ < {ru}; ++u_) {{",
+        "    const long long b_ = o0_ + u_ < n_out ? base(o0_ + u_) : 0LL;",
+        "    #pragma unroll",
+        f"    for (int k_ = 0; k_ < {per}; ++k_) {{",
+        "      const long long r_ = 4LL * lane_ + 128LL * k_;",
+        f"      if (o0_ + u_ < n_out && r_ < {R}LL) load4v(b_ + r_, v_[u_][k_]);",
+        f"      else {{ v_[u_][k_][0] = v_[u_][k_][1] = v_[u_][k_][2] = v_[u_][k_][3] = {init_c}; }}",
+        "    }",
+        "  }",
+        "  #pragma unroll",
+        f"  for (int u_ = 0; u_ < {ru}; ++u_) {{",
+        f"    {acc} a_[4] = {{{init}, {init}, {init}, {init}}};",
+        "    #pragma unroll",
+        f"    for (int k_ = 0; k_ < {per}; ++k_) {{",
+        "      #pragma unroll",
+        f"      for (int j_ = 0; j_ < 4; ++j_) a_[j_] = {op}::apply(a_[j_], ({acc})v_[u_][k_][j_]);",
+        "    }",
+        f"    {acc} t_ = {op}::apply({op}::apply(a_[0], a_[1]), {op}::apply(a_[2], a_[3]));",
+        f"    t_ = latch::warp_reduce<{op}>(t_);",
+        "    if (lane_ == 0 && o0_ + u_ < n_out) store(o0_ + u_, t_);",
+        "  }",
+        "}",
+        "}",
+    ]
+
+
+COLUMN_UNROLL = 8  # independent loads (and accumulators) per thread and iteration of a column reduction
+
+
+def column_reduction(dims, rank: int) -> bool:
+    """Do ``dims`` reduce the leading dims (each output element a column: consecutive outputs are
+    consecutive in memory, the reduced index strides over whole rows)?"""
+    return bool(dims) and len(dims) < rank and sorted(d % rank for d in dims) == list(range(len(dims)))
+
+
+def column_statements(acc: str, op: str, scratch: str, R: int) -> list[str]:
+    """A column reduction (``n_out`` outputs, ``R`` rows; ``base``, ``off``, ``load``, ``store`` as
+    the other paths define them): the 32 lanes of a warp take 32 consecutive outputs (one 128-byte
+    access per row), the warps split the rows (warp w takes rows w, w + W, ...), each thread keeps
+    COLUMN_UNROLL accumulators fed by independent loads, combined in index order, and the warps'
+    partials are combined in warp order through shared memory: a fixed order, the same bits on every
+    run, no atomics."""
+    U = COLUMN_UNROLL
+    init = f"{op}::template init<{acc}>()"
+    return [
+        "{",
+        f"  {acc}* cs_ = {scratch};",
+        "  const int lane_ = threadIdx.x & 31, warp_ = threadIdx.x >> 5;",
+        "  constexpr int NW_ = LATCH_THREADS / 32;",
+        "  static_assert(LATCH_THREADS <= 256, \"the column partials fill 256 x 8 bytes of scratch\");",
+        "  for (long long o0_ = 0; o0_ < n_out; o0_ += 32) {",
+        "    const long long o = o0_ + lane_;",
+        f"    {acc} a_[{U}];",
+        "    #pragma unroll",
+        f"    for (int k_ = 0; k_ < {U}; ++k_) a_[k_] = {init};",
+        "    if (o < n_out) {",
+        "      const long long b_ = base(o);",
+        "      long long r_ = warp_;",
+        f"      for (; r_ + {U - 1}LL * NW_ < {R}LL; r_ += {U}LL * NW_) {{",
+        f"        {acc} v_[{U}];",
+        "        #pragma unroll",
+        f"        for (int k_ = 0; k_ < {U}; ++k_) v_[k_] = load(b_ + off(r_ + k_ * NW_));",
+        "        #pragma unroll",
+        f"        for (int k_ = 0; k_ < {U}; ++k_) a_[k_] = {op}::apply(a_[k_], v_[k_]);",
+        "      }",
+        f"      for (; r_ < {R}LL; r_ += NW_) a_[0] = {op}::apply(a_[0], load(b_ + off(r_)));",
+        "    }",
+        f"    {acc} t_ = a_[0];",
+        "    #pragma unroll",
+        f"    for (int k_ = 1; k_ < {U}; ++k_) t_ = {op}::apply(t_, a_[k_]);",
+        "    latch::block_sync();  // the previous round's partials are read",
+        "    cs_[warp_ * 32 + lane_] = t_;",
+        "    latch::block_sync();",
+        "    if (warp_ == 0 && o < n_out) {",
+        f"      {acc} s_ = cs_[lane_];",
+        "      for (int w_ = 1; w_ < NW_; ++w_) s_ = " + f"{op}::apply(s_, cs_[w_ * 32 + lane_]);",
+        "      store(o, s_);",
+        "    }",
+        "  }",
+        "  latch::block_sync();  // the scratch is free for the next body",
+        "}",
+    ]
 
 
 def acc_type(op: str, dtype: str) -> str:
@@ -124,9 +236,8 @@ def acc_type(op: str, dtype: str) -> str:
 
 
 def _smem(ctx: BodyContext) -> int:
-    from .codegen import THREADS
-
-    return max(33, THREADS) * 8  # block_reduce's 33 words, or reduce_columns' one per thread
+    # block_reduce's 33 doubles, or a column reduction's partials (one per consumer thread)
+    return max(33 * 8, 256 * 8)
 
 
 def lowerings() -> list[Lowering]:

@@ -8,6 +8,8 @@ element is read from exactly one operand, chosen by its coordinate along ``dim``
 
 from __future__ import annotations
 
+import math
+
 from . import cgen
 from .lowering import BodyContext, Lowering, NodeInfo, compute_type
 
@@ -84,7 +86,73 @@ def _loop(ctx: BodyContext) -> list[str]:
     return lines
 
 
+CONCAT_UNROLL = 4  # groups of four elements per thread and iteration (all loads before the stores)
+
+
+def _concat_rows(ctx: BodyContext) -> list[str] | None:
+    """Row tiles of a concatenation, vectorised: each thread takes CONCAT_UNROLL groups of four
+    consecutive output elements per iteration; the group's coordinate along ``dim`` picks ONE
+    operand (every boundary along ``dim`` is a multiple of four when ``dim`` is the last dim), so
+    the group is one 16-byte load from it and one 16-byte store, all loads of the iteration issued
+    before its stores. None when the shapes or dtypes do not allow it (the element loop serves)."""
+    out = ctx.outputs[0]
+    dim = ctx.attr("dim") % out.rank
+    last = out.rank - 1
+    if out.rank < 1 or out.shape[-1] % 4 or any(x.dtype != out.dtype for x in ctx.inputs):
+        return None
+    if dim == last and any(x.shape[dim] % 4 for x in ctx.inputs):
+        return None
+    if math.prod(out.shape) >= 2**31:
+        return None
+    U = CONCAT_UNROLL
+    inner = math.prod(out.shape[1:])
+    ct = compute_type(out.dtype)
+    full = " && ".join(f"c.t->lo[{d}] == 0 && c.t->hi[{d}] == {n}" for d, n in enumerate(out.shape) if d > 0) or "true"
+    aligned = " && ".join(f"latch::aligned4({p}, 0)" for p in [x.ptr for x in ctx.inputs] + [out.ptr])
+    L = [f"if (({full}) && ({aligned})) {{",
+         f"  const int n_ = (int)((long long)c.t->hi[0] - c.t->lo[0]) * {inner};",
+         f"  const int base_ = (int)c.t->lo[0] * {inner};",
+         f"  {ct} r_[{U}][4];",
+         f"  for (int q_ = 4 * (int)threadIdx.x; q_ < n_; q_ += {4 * U} * LATCH_THREADS) {{",
+         "    #pragma unroll",
+         f"    for (int u_ = 0; u_ < {U}; ++u_) {{",
+         f"      const int l_ = base_ + q_ + u_ * 4 * LATCH_THREADS;",
+         "      if (q_ + u_ * 4 * LATCH_THREADS < n_) {"]
+    acc = 1
+    for d in reversed(range(out.rank)):
+        div = f"l_ / {acc}" if acc != 1 else "l_"
+        L.append(f"        const int y{d} = ({div}) % {out.shape[d]};" if d else f"        const int y0 = {div};")
+        acc *= out.shape[d]
+    ys = [f"y{d}" for d in range(out.rank)]
+    L.append(f"        const {ctx.inputs[0].ctype}* p_; long long o_;")
+    lo, n_in = 0, len(ctx.inputs)
+    for k, x in enumerate(ctx.inputs):
+        hi = lo + x.shape[dim]
+        cs = list(ys)
+        cs[dim] = f"(y{dim} - {lo})" if lo else ys[dim]
+        pick = f"{{ p_ = {x.ptr}; o_ = {cgen.dot(cs, cgen.strides(x.shape))}; }}"
+        if k == n_in - 1:
+            L.append(f"        {'else ' if k else ''}{pick}")
+        else:
+            L.append(f"        {'else ' if k else ''}if (y{dim} < {hi}) {pick}")
+        lo = hi
+    L += ["        latch::gld4(p_, o_, r_[u_]);", "      }", "    }",
+          "    #pragma unroll", f"    for (int u_ = 0; u_ < {U}; ++u_) {{",
+          "      if (q_ + u_ * 4 * LATCH_THREADS < n_) {",
+          f"        latch::gst4({out.ptr}, base_ + q_ + u_ * 4 * LATCH_THREADS, r_[u_]);", "      }", "    }",
+          "  }", "} else {"]
+    return L
+
+
 def _concat_body(ctx: BodyContext) -> str:
+    rows = _concat_rows(ctx)
+    general = _concat_elements(ctx)
+    if rows is None:
+        return general
+    return "\n".join(rows + ["  " + x for x in general.splitlines()] + ["}"])
+
+
+def _concat_elements(ctx: BodyContext) -> str:
     out = ctx.outputs[0]
     dim = ctx.attr("dim")
     ys = [f"y{d}" for d in range(out.rank)]

@@ -67,6 +67,8 @@ class SassReport:
     registers: int
     stack: int
     utmastg: int = 0  # TMA stores (the matmul epilogue through shared memory)
+    ldg128: int = 0  # 16-byte global loads (LDG.E.128: the vector paths of the memory-bound bodies)
+    stg128: int = 0  # 16-byte global stores
 
     def lines(self) -> list[str]:
         g = ", ".join(f"{k} x{v}" for k, v in sorted(self.hgmma.items())) or "none"
@@ -77,6 +79,7 @@ class SassReport:
             f"UTMASTG (TMA stores)          {self.utmastg}",
             f"SYNCS (mbarrier operations)   {self.syncs}",
             f"USETMAXREG                    grow to {list(self.setmaxreg_alloc)}, shrink to {list(self.setmaxreg_dealloc)}",
+            f"LDG.E.128 / STG.E.128         {self.ldg128} / {self.stg128}",
             f"local memory (LDL / STL)      {self.local_loads} / {self.local_stores}",
             f"kernel registers / stack      {self.registers} / {self.stack} bytes",
         ]
@@ -133,6 +136,8 @@ def parse(sass: str, resources: str) -> SassReport:
         local_loads=sum(1 for x in instrs if re.search(r"\bLDL\b", x)),
         local_stores=sum(1 for x in instrs if re.search(r"\bSTL\b", x)),
         registers=int(m.group(1)) if m else -1, stack=int(m.group(2)) if m else -1,
+        ldg128=sum(1 for x in instrs if re.search(r"\bLDG\.E\S*\.128\b", x)),
+        stg128=sum(1 for x in instrs if re.search(r"\bSTG\.E\S*\.128\b", x)),
     )
 
 

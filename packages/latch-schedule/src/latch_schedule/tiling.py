@@ -332,10 +332,10 @@ def tiling_for(spec: OpSpec | None, in_types: Sequence[TensorType | None], out_t
 # Choosing tiles
 
 ALIGN = 128  # a split innermost dim is cut at multiples of this many elements (vector loads)
-# ...but a reduction's kept innermost dim at multiples of 8 (32 bytes of FP32: one sector per row):
-# each of its output elements reads a whole column, so 128 would leave a norm-weight gradient's
-# (768,) output, or the clip's per-row partial sums, as 6 tasks of ~85 us (run 14).
-REDUCTION_ALIGN = 8
+# ...but a reduction's kept innermost dim at multiples of 32 (the column body's 32 lanes, one
+# 128-byte row each): each of its output elements reads a whole column, so 128 left a norm-weight
+# gradient's (768,) output, or the clip's per-row partial sums, as 6 tasks of ~85 us (run 14).
+REDUCTION_ALIGN = 32
 
 
 def split(shape: Sequence[int], tiling: Tiling, target: int) -> list[Box]:

@@ -53,43 +53,6 @@ __device__ __forceinline__ void reduce_block_per_output(long long n_out, long lo
   }
 }
 
-// Column reductions (the input's innermost dim is kept: a bias or norm-weight gradient, sum over
-// rows of a [rows, 768] operand): consecutive outputs are adjacent in memory, so the threads run
-// ACROSS outputs (W lanes, one output each, coalesced) and down the reduced rows (G = threads / W
-// row groups, group g taking rows g, g + G, ... with four accumulators for four loads in flight);
-// then each output's G partials are combined in group order through shared memory. The order is
-// fixed by the code: the same bits on every run. ``scratch`` holds LATCH_THREADS accumulators.
-template <class Acc, class Op, class Base, class Off, class Load, class Store>
-__device__ __forceinline__ void reduce_columns(long long n_out, long long R, Base base, Off off, Load load,
-                                               Store store, Acc* scratch) {
-  const int W = n_out >= 32 ? 32 : (n_out >= 16 ? 16 : 8);
-  const int G = LATCH_THREADS / W;
-  const int c = threadIdx.x % W, g = threadIdx.x / W;
-  for (long long o0 = 0; o0 < n_out; o0 += W) {
-    const long long o = o0 + c;
-    Acc a[4] = {Op::template init<Acc>(), Op::template init<Acc>(), Op::template init<Acc>(), Op::template init<Acc>()};
-    if (o < n_out) {
-      const long long b = base(o);
-      long long r = g;
-      for (; r + 3LL * G < R; r += 4LL * G) {
-        const Acc v0 = load(b + off(r)), v1 = load(b + off(r + G)), v2 = load(b + off(r + 2LL * G)),
-                  v3 = load(b + off(r + 3LL * G));
-        a[0] = Op::apply(a[0], v0); a[1] = Op::apply(a[1], v1);
-        a[2] = Op::apply(a[2], v2); a[3] = Op::apply(a[3], v3);
-      }
-      for (int j = 0; r < R; r += G, ++j) a[j] = Op::apply(a[j], load(b + off(r)));
-    }
-    latch::block_sync();  // scratch may still be read by the previous chunk
-    scratch[threadIdx.x] = Op::apply(Op::apply(a[0], a[1]), Op::apply(a[2], a[3]));
-    latch::block_sync();
-    if (g == 0 && o < n_out) {
-      Acc acc = scratch[c];
-      for (int k = 1; k < G; ++k) acc = Op::apply(acc, scratch[k * W + c]);
-      store(o, acc);
-    }
-  }
-}
-
 // Row reductions over contiguous memory, four elements per access: ``load4(i, v)`` fills v[0..3]
 // with the input elements at offsets i..i+3 (i a multiple of 4 from an aligned row start: the caller
 // checks R % 4 == 0 and the operands' alignment). Each thread keeps four accumulators (one per
