@@ -261,8 +261,9 @@ if want dense; then
     say "dense transformer, full size ($dsched)"
     timeout "${LATCH_GPU_DENSE_S:-420}" "$PY" -m latch_core.cli compile examples/transformer.py --target gpu "${DENSE[@]}" \
         --scheduler "$dsched" --steps 1 --torch-column --bench --strongest --no-eager --iters 5 \
-        --dir "$WORK/build/dense-$dsched" > "$WORK/dense.log" 2>&1
+        --dir "$WORK/build/dense-$dsched" > "$OUT/dense-$dsched.log" 2>&1
     rc=$?
+    cp "$OUT/dense-$dsched.log" "$WORK/dense.log"  # in $OUT as it runs: a call cut by its time limit keeps it
     { echo "===== dense transformer $dsched (exit $rc)"; cat "$WORK/dense.log"; } >> "$OUT/examples.log"
     grep -E "^(GATES|BENCH|STRONGEST)|capture |build |schedule |FAIL" "$WORK/dense.log" | head -20
     [ $rc -eq 0 ] || { echo "gpu_check: dense exited $rc; last lines:"; tail -25 "$WORK/dense.log"; }
