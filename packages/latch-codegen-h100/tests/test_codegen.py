@@ -54,7 +54,8 @@ def test_fused_group_is_one_body_with_intermediates_in_registers():
     body = body[:body.index("\n}\n")]
     stores = [ln for ln in body.splitlines() if "latch::st<" in ln]
     assert len(stores) == 2 and all("(out0," in ln for ln in stores)  # one per loop path, group output only
-    assert "if (c.t->lo[1] == 0 && c.t->hi[1] == 16)" in body  # the row-tile fast path
+    # the contiguous-tile fast path: row tiles, or one row of dim 0 cut along dim 1
+    assert "if ((c.t->lo[1] == 0 && c.t->hi[1] == 16) || (((long long)c.t->hi[0] - c.t->lo[0]) == 1))" in body
     assert "latch::ew::relu_" in body
 
 

@@ -228,12 +228,15 @@ def _inside(shape, lo, hi):
 
 
 @pytest.mark.parametrize("name", CASES)
-@pytest.mark.parametrize("tile", ["all", "rows", "box", "shifted"])
+@pytest.mark.parametrize("tile", ["all", "rows", "box", "shifted", "contig"])
 def test_every_element_of_the_tile_once_and_right(build, name, tile):
     shape = build(name)[2]
     lo, hi, shift = [0] * len(shape), list(shape), 0
     if tile in ("rows", "box"):
         lo[0], hi[0] = 1, shape[0] - (2 if shape[0] > 3 else 0)
+    if tile == "contig" and len(shape) >= 2:  # one row block of dim 1: contiguous, not a row tile
+        lo[0], hi[0] = 1, 2
+        lo[1], hi[1] = (1, shape[1] - 1) if len(shape) >= 3 else (4, shape[1])
     if tile == "box":  # not spanning the trailing dims: the general coordinate loop
         lo[-1], hi[-1] = 1, shape[-1] - 1
     if tile == "shifted":  # base pointers not 16-byte aligned: the element-by-element row loop
@@ -248,6 +251,8 @@ def test_every_element_of_the_tile_once_and_right(build, name, tile):
             else:
                 assert math.isnan(got[o][i]), (o, i)
     vector_case = name not in SCALAR_ONLY
+    if tile == "contig" and vector_case and len(shape) >= 2 and shape[-1] % 4 == 0 and shape[1] > 2:
+        assert vec > 0  # a contiguous tile takes the 16-byte path too (the dense model's (1, 16, 768) tiles)
     if tile in ("all", "rows") and vector_case:
         assert vec > 0  # the 16-byte path ran (at least the output's stores)
     if tile == "box" or (tile == "shifted" and name not in FLAT):

@@ -17,6 +17,29 @@ def strides(shape) -> list[int]:
     return list(reversed(out))
 
 
+def contiguous_tile(shape, itype: str = "long long") -> tuple[str, str, str]:
+    """(condition, first, count) for the task's tile of a row-major ``shape``: the condition holds
+    when the tile is ONE contiguous range of memory (extent 1 in the dims before some dim k, the
+    whole of every dim after it: a row tile is k = 0, and a (1, 16, 768) tile of a (2, 1024, 768)
+    output is k = 1), ``first`` is its first element's flat offset and ``count`` its elements.
+    The fast bodies take every contiguous tile, not only row tiles: the elementwise tiling splits a
+    (2, 1024, 768) activation into (1, 16, 768) tiles, which the row-tile test sent to the general
+    loop."""
+    r = len(shape)
+    if r == 0:
+        return "true", "0", "1"
+    ext = lambda d: f"((long long)c.t->hi[{d}] - c.t->lo[{d}])"  # noqa: E731
+    st = strides(shape)
+    conds = []
+    for k in range(r):
+        parts = [f"{ext(d)} == 1" for d in range(k)] + \
+                [f"c.t->lo[{d}] == 0 && c.t->hi[{d}] == {shape[d]}" for d in range(k + 1, r)]
+        conds.append("(" + (" && ".join(parts) or "true") + ")")
+    first = " + ".join(f"({itype})c.t->lo[{d}] * ({itype}){st[d]}" for d in range(r))
+    count = " * ".join(f"({itype}){ext(d)}" for d in range(r))
+    return " || ".join(conds), f"({first})", f"({count})"
+
+
 def dot(coords, strides_) -> str:
     terms = []
     for c, s in zip(coords, strides_):

@@ -135,14 +135,22 @@ def _regs(flat: BodySpec) -> tuple[list[int], list[int], list[int]]:
 
 
 def vector_lines(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int, str], inner: int,
-                 ind: str = "  ") -> list[str]:
-    """Statements of the flat body over elements [lo[0] * inner, hi[0] * inner) of every operand."""
+                 ind: str = "  ", shape: tuple[int, ...] | None = None) -> list[str]:
+    """Statements of the flat body over elements [lo[0] * inner, hi[0] * inner) of every operand,
+    or, given the primary's ``shape``, over the task's contiguous tile of it (the caller checks
+    :func:`latch_codegen_h100.cgen.contiguous_tile`'s condition)."""
     from .fuse import _Puller
 
     full, scalar, outs = _regs(flat)
     vals = flat.values
     UNROLL = unroll_for(flat)
-    L = [f"{ind}const long long lo_ = (long long)c.t->lo[0] * {inner}LL, hi_ = (long long)c.t->hi[0] * {inner}LL;"]
+    if shape is not None:
+        from .cgen import contiguous_tile
+
+        _, first, count = contiguous_tile(shape)
+        L = [f"{ind}const long long lo_ = {first}, hi_ = lo_ + {count};"]
+    else:
+        L = [f"{ind}const long long lo_ = (long long)c.t->lo[0] * {inner}LL, hi_ = (long long)c.t->hi[0] * {inner}LL;"]
     regs: dict[int, str] = {}
     for i in scalar:
         regs[i] = f"s{i}_"

@@ -159,8 +159,11 @@ def _const_loop(shape, indent: str = "  ") -> tuple[list[str], list[str]]:
     inner = 1
     for d in shape[1:]:
         inner *= d
-    lines = [f"{indent}const long long n = ((long long)c.t->hi[0] - c.t->lo[0]) * {inner}LL;",
-             f"{indent}const long long base_ = (long long)c.t->lo[0] * {inner}LL;",
+    from .cgen import contiguous_tile
+
+    _, first, count = contiguous_tile(shape)
+    lines = [f"{indent}const long long n = {count};",
+             f"{indent}const long long base_ = {first};",
              f"{indent}for (long long i = threadIdx.x; i < n; i += LATCH_THREADS) {{",
              f"{indent}  const long long l_ = base_ + i;"]
     acc = 1
@@ -206,17 +209,21 @@ def fused_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> list[str]:
     if len(target) < 1:
         loop, coords = tile_loop_open(len(target))
         return decl + loop + loop_body(coords) + ["  }"]
-    full = " && ".join(f"c.t->lo[{d}] == 0 && c.t->hi[{d}] == {n}" for d, n in enumerate(target) if d > 0) or "true"
+    from .cgen import contiguous_tile
+
+    full, first, _ = contiguous_tile(target)
     slow, scoords = tile_loop_open(len(target), "    ")
     ind = lambda lines: ["  " + x for x in lines]  # noqa: E731
-    if flat is not None:  # row tiles take the flat vector path (flat.py)
+    if flat is not None:  # contiguous tiles (row tiles among them) take the flat vector path (flat.py)
         return (decl + [f"  if ({full}) {{  // the tile spans every dim but the first: one flat range"]
-                + vector_lines(flat, lowerings, names, inner, "    ")
+                + vector_lines(flat, lowerings, names, inner, "    ", shape=tuple(target))
                 + ["  } else {"] + slow + ind(loop_body(scoords)) + ["    }", "  }"])
     # row tiles take the vector/ILP path when its vector operands are aligned, else one element per
     # thread with the constant-extent decode; other tiles the general loop
     ilp, cond = ilp_lines(spec, lowerings, names, "    ")
     fast, fcoords = _const_loop(target, "    ")
+    if target[-1] % 4 == 0:  # groups of four start at multiples of four (a tile cut along the last dim)
+        cond = f"({cond}) && ({first}) % 4 == 0"
     return (decl + [f"  if (({full}) && ({cond})) {{  // row tiles: U groups of W elements per thread"] + ilp
             + [f"  }} else if ({full}) {{  // row tiles, operands not aligned for the vector accesses"]
             + fast + ind(loop_body(fcoords))
@@ -377,8 +384,11 @@ def ilp_lines(spec: BodySpec, lowerings: dict[str, Lowering], names: dict[int, s
     U = max(ILP_MIN_U, min(ILP_MAX_U, -(-ILP_IN_FLIGHT // per_group)))
     dec, _ = _decode(target, "l_", ind + "    ", itype)
     step = W * U
-    L = [f"{ind}const {itype} n_ = ({itype})((long long)c.t->hi[0] - c.t->lo[0]) * {inner};",
-         f"{ind}const {itype} base_ = ({itype})c.t->lo[0] * {inner};"]
+    from .cgen import contiguous_tile
+
+    _, first, count = contiguous_tile(target, itype)
+    L = [f"{ind}const {itype} n_ = {count};",
+         f"{ind}const {itype} base_ = {first};"]
     for k, reg, vi, _ in loads:
         ct = compute_type(spec.values[vi].dtype)
         L.append(f"{ind}{ct} {reg}[{U}]" + ("" if k == BCAST_ else f"[{W}]") + " = {};")

@@ -105,13 +105,14 @@ def _concat_rows(ctx: BodyContext) -> list[str] | None:
     if math.prod(out.shape) >= 2**31:
         return None
     U = CONCAT_UNROLL
-    inner = math.prod(out.shape[1:])
     ct = compute_type(out.dtype)
-    full = " && ".join(f"c.t->lo[{d}] == 0 && c.t->hi[{d}] == {n}" for d, n in enumerate(out.shape) if d > 0) or "true"
+    from .cgen import contiguous_tile
+
+    full, first, count = contiguous_tile(out.shape, "int")
     aligned = " && ".join(f"latch::aligned4({p}, 0)" for p in [x.ptr for x in ctx.inputs] + [out.ptr])
-    L = [f"if (({full}) && ({aligned})) {{",
-         f"  const int n_ = (int)((long long)c.t->hi[0] - c.t->lo[0]) * {inner};",
-         f"  const int base_ = (int)c.t->lo[0] * {inner};",
+    L = [f"if (({full}) && ({aligned}) && ({first}) % 4 == 0) {{",
+         f"  const int n_ = {count};",
+         f"  const int base_ = {first};",
          f"  {ct} r_[{U}][4];",
          f"  for (int q_ = 4 * (int)threadIdx.x; q_ < n_; q_ += {4 * U} * LATCH_THREADS) {{",
          "    #pragma unroll",
