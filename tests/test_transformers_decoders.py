@@ -11,8 +11,10 @@ embeddings, (1 + w) RMSNorm, GELU-tanh), Phi3 (fused qkv and gate/up projections
 after the blocks, q/k norms over all heads), StableLM (LayerNorm with bias, partial rotary), OLMoE
 (an MoE other than Mixtral: q/k norms, softmax router without renormalisation), GPT-NeoX (fused
 interleaved qkv, parallel residual, partial rotary), Falcon (multi-query attention written as
-``qkv[..., [-2], :]``: an index counted from the end), Qwen3 (q/k RMSNorm per head) and StarCoder2
-(biased LayerNorm, GELU MLP). results/hf.md has the whole table, refusals included.
+``qkv[..., [-2], :]``: an index counted from the end), Qwen2 (biased q/k/v projections) and Apertus
+(xIELU activation: softplus). results/hf.md has the whole table (more families that pass unchanged,
+the ones that need eager attention, the refusals); the single lowerings each of them needed are
+tested in packages/latch-capture/tests/test_decoder_lowerings.py.
 """
 
 import sys
@@ -44,8 +46,8 @@ FAMILIES = {
               {"intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2}),
     "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", "modeling_gpt_neox.py", {"num_key_value_heads": None}),
     "falcon": ("FalconConfig", "FalconForCausalLM", "modeling_falcon.py", {"num_key_value_heads": None}),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", "modeling_qwen3.py", {"head_dim": 8}),
-    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", "modeling_starcoder2.py", {}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "modeling_qwen2.py", {}),
+    "apertus": ("ApertusConfig", "ApertusForCausalLM", "modeling_apertus.py", {}),
 }
 
 
