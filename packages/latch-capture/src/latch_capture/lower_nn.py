@@ -173,8 +173,9 @@ def _one_index(lw: Lowerer, x: str, indices) -> tuple[int, str]:
 
 def _wrap_known(lw: Lowerer, idx: str, size: int) -> str:
     """x[..., idx] counts a negative index from the end (Falcon's ``qkv[..., [-2], :]``); index_select
-    does not. An index known at capture time is wrapped here; one computed from data is taken as is
-    (it comes from arange/argsort/topk-like ops, which give indices in [0, size))."""
+    does not. An index known at capture time is wrapped here. One computed from the batch is taken
+    as is: latch::index_select's contract is indices in [0, size) (what argsort/topk/route_order and
+    token ids give); a negative one there is not wrapped (a known gap, results/hf.md)."""
     v = lw.known_value(idx)
     if v is None or not bool((v < 0).any()):
         return idx
