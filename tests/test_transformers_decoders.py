@@ -14,7 +14,7 @@ interleaved qkv, parallel residual, partial rotary), Falcon (multi-query attenti
 ``qkv[..., [-2], :]``: an index counted from the end), Qwen2 (biased q/k/v projections) and Apertus
 (xIELU activation: softplus). results/hf.md has the whole table (more families that pass unchanged,
 the ones that need eager attention, the refusals); the single lowerings each of them needed are
-tested in packages/latch-capture/tests/test_decoder_lowerings.py.
+tested in tests/test_capture_decoder_lowerings.py.
 """
 
 import sys
