@@ -38,6 +38,7 @@ HINTS: dict[str, str] = {
     "aten.bernoulli": _RANDOM, "aten.native_dropout": _RANDOM, "aten.rand": _RANDOM, "aten.randn": _RANDOM,
     "aten.randint": _RANDOM, "aten.rand_like": _RANDOM, "aten.randn_like": _RANDOM, "aten.normal": _RANDOM,
     "aten.uniform": _RANDOM, "aten.randperm": _RANDOM, "aten.multinomial": _RANDOM,
+    "aten.exponential": _RANDOM, "aten.geometric": _RANDOM, "aten.cauchy": _RANDOM, "aten.log_normal": _RANDOM,
 }
 
 

@@ -237,6 +237,27 @@ def fill(lw: Lowerer, a: dict) -> str:
     return lw.full(out.shape, scalar_for(v, out.dtype), out.dtype)
 
 
+def softplus(lw: Lowerer, a: dict) -> str:
+    """softplus(x, beta, threshold) as torch's kernel computes it: x where beta * x > threshold,
+    else log1p(exp(beta * x)) / beta (apertus' xIELU activation)."""
+    dtype = lw.out_type().dtype
+    x = lw.cast(a["self"], dtype)
+    bx = apply_binary(lw, "mul", x, a["beta"], dtype)
+    soft = apply_binary(lw, "div", lw.emit1("latch::log1p", [lw.emit1("latch::exp", [bx])]), a["beta"], dtype)
+    big = apply_binary(lw, "gt", bx, a["threshold"], dtype)
+    return lw.emit1("latch::where", [big, x, soft])
+
+
+def softplus_backward(lw: Lowerer, a: dict) -> str:
+    """d softplus: grad where beta * x > threshold, else grad * sigmoid(beta * x)."""
+    dtype = lw.out_type().dtype
+    g, x = lw.cast(a["grad_output"], dtype), lw.cast(a["self"], dtype)
+    bx = apply_binary(lw, "mul", x, a["beta"], dtype)
+    soft = lw.emit1("latch::mul", [g, lw.emit1("latch::sigmoid", [bx])])
+    big = apply_binary(lw, "gt", bx, a["threshold"], dtype)
+    return lw.emit1("latch::where", [big, g, soft])
+
+
 def creation(value_arg: str | None, default: Any):
     """zeros/ones/full/empty and their _like/new_ forms: a latch::full of torch's result type.
     ``empty`` is filled with 0 (any content is a valid value of uninitialised memory)."""
@@ -281,6 +302,8 @@ def TABLE() -> dict:
     t["aten.silu_backward"] = activation_backward("silu_backward", "self")
     t["aten.sigmoid_backward"] = activation_backward("sigmoid_backward", "output")
     t["aten.tanh_backward"] = activation_backward("tanh_backward", "output")
+    t["aten.softplus"] = softplus
+    t["aten.softplus_backward"] = softplus_backward
     t["aten.threshold_backward"] = activation_backward("threshold_backward", "self", ("threshold",))
     for n in ("clamp", "clamp_min", "clamp_max"):
         t[f"aten.{n}"] = clamp
@@ -309,6 +332,7 @@ def TABLE() -> dict:
     t["aten.new_zeros"] = creation(None, 0)
     t["aten.new_ones"] = creation(None, 1)
     t["aten.new_empty"] = creation(None, 0)
+    t["aten.new_empty_strided"] = creation(None, 0)
     t["aten.full"] = creation("fill_value", None)
     t["aten.full_like"] = creation("fill_value", None)
     t["aten.new_full"] = creation("fill_value", None)

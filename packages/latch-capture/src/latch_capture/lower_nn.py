@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import torch
+
 from latch_ops.nn import REDUCTIONS
 
 from .lower import Lowerer
@@ -156,22 +158,36 @@ def index_add(lw: Lowerer, a: dict) -> str:
     return lw.emit1("latch::index_add", [x, idx, lw.cast(src, dtype)], {"dim": _dim(lw, x, a["dim"])})
 
 
-def _one_index(lw: Lowerer, indices) -> tuple[int, str]:
+def _one_index(lw: Lowerer, x: str, indices) -> tuple[int, str]:
     """(dim, index tensor) of x[..., idx] with exactly one index tensor after leading Nones."""
     present = [(d, i) for d, i in enumerate(indices) if i is not None]
     if len(present) != 1 or any(i is not None for i in indices[: present[0][0]]):
         raise lw.fail("advanced indexing with several index tensors",
                       "index one dim at a time (x[idx], x[:, idx]) or use torch.gather / index_select")
     d, idx = present[0]
+    size = lw.type(x).shape[d]
     if lw.type(idx).dtype == "bool":
         raise lw.fail("boolean-mask indexing", "use torch.where with the mask (static shapes)")
-    return d, idx
+    return d, _wrap_known(lw, idx, size)
+
+
+def _wrap_known(lw: Lowerer, idx: str, size: int) -> str:
+    """x[..., idx] counts a negative index from the end (Falcon's ``qkv[..., [-2], :]``); index_select
+    does not. An index known at capture time is wrapped here. One computed from the batch is taken
+    as is: latch::index_select's contract is indices in [0, size) (what argsort/topk/route_order and
+    token ids give); a negative one there is not wrapped (a known gap, results/hf.md)."""
+    v = lw.known_value(idx)
+    if v is None or not bool((v < 0).any()):
+        return idx
+    if bool((v < -size).any() | (v >= size).any()):
+        raise lw.fail(f"index {v.reshape(-1).tolist()} out of range for a dim of size {size}", "fix the index")
+    return lw.fold(f"{idx}_wrapped", torch.where(v < 0, v + size, v))
 
 
 def index(lw: Lowerer, a: dict) -> str:
     """x[..., idx, ...] with one integer index tensor: index_select on the flattened index."""
     x = a["self"]
-    d, idx = _one_index(lw, a["indices"])
+    d, idx = _one_index(lw, x, a["indices"])
     it = lw.type(idx)
     flat = lw.reshape(idx, (it.numel,))
     sel = lw.emit1("latch::index_select", [x, flat], {"dim": d})
@@ -182,7 +198,7 @@ def index_put(lw: Lowerer, a: dict) -> str:
     """x[..., idx, ...] = values (or += with accumulate) with one integer index tensor."""
     x, values = a["self"], a["values"]
     xt = lw.type(x)
-    d, idx = _one_index(lw, a["indices"])
+    d, idx = _one_index(lw, x, a["indices"])
     it = lw.type(idx)
     n = it.numel
     flat = lw.reshape(idx, (n,))

@@ -30,6 +30,17 @@ def expand(lw: Lowerer, a: dict) -> str:
     return lw.expand(a["self"], lw.out_type().shape)
 
 
+def repeat(lw: Lowerer, a: dict) -> str:
+    """x.repeat(r0, r1, ...): x (with leading 1s for extra repeats) as [1, s0, 1, s1, ...], expanded
+    to [r0, s0, r1, s1, ...] and merged pairwise (GPT-J's position table)."""
+    reps = [int(r) for r in a["repeats"]]
+    shape = (1,) * (len(reps) - len(lw.type(a["self"]).shape)) + tuple(lw.type(a["self"]).shape)
+    inter = [d for s in shape for d in (1, s)]
+    wide = [d for r, s in zip(reps, shape) for d in (r, s)]
+    x = lw.expand(lw.reshape(a["self"], inter), wide)
+    return lw.reshape(x, lw.out_type().shape)
+
+
 def permute(lw: Lowerer, a: dict) -> str:
     nd = len(lw.type(a["self"]).shape)
     return lw.permute(a["self"], [_dim(d, nd) for d in a["dims"]])
@@ -203,9 +214,11 @@ def mm(lw: Lowerer, a: dict) -> str:
 
 
 def addmm(lw: Lowerer, a: dict) -> str:
-    """beta * bias + alpha * (mat1 @ mat2) as matmul, scalings and a broadcast add."""
+    """beta * bias + alpha * (mat1 @ mat2) as matmul, scalings and a broadcast add; baddbmm (batch1,
+    batch2: Bloom's ALiBi scores) the same over a batch."""
     out = lw.out_type()
-    prod = lw.emit1("latch::matmul", [a["mat1"], a["mat2"]])
+    x, y = (a["mat1"], a["mat2"]) if "mat1" in a else (a["batch1"], a["batch2"])
+    prod = lw.emit1("latch::matmul", [x, y])
     if a.get("alpha", 1) != 1:
         prod = apply_binary(lw, "mul", prod, a["alpha"], out.dtype)
     beta, bias = a.get("beta", 1), a["self"]
@@ -320,6 +333,8 @@ def TABLE() -> dict:
     t["aten.mm"] = mm
     t["aten.bmm"] = mm
     t["aten.addmm"] = addmm
+    t["aten.baddbmm"] = addmm
+    t["aten.repeat"] = repeat
     t["aten.mv"] = mv
     t["aten.dot"] = dot
     for n in ("sum", "mean", "amax", "amin"):

@@ -306,7 +306,12 @@ def library_hint(model, err: CaptureError) -> str | None:
     experts = getattr(cfg, "_experts_implementation", None)
     attn = getattr(cfg, "_attn_implementation", None)
     where = err.source or ""
-    if experts == "eager" and "data-dependent" in err.what:
+    if "data-dependent" in err.what and getattr(cfg, "layerdrop", None) is not None and getattr(model, "training", False):
+        return (f"transformers' LayerDrop (config.layerdrop={cfg.layerdrop}) draws torch.rand in training mode and "
+                "skips a layer through a Python if on it, which a static graph cannot hold (even at layerdrop=0): "
+                "with layerdrop=0 and dropout 0 in the config, put the model in eval() mode before capture "
+                "(model.eval(); the update and its gradients are the same), which skips the draw")
+    if experts == "eager" and "data-dependent" in err.what and _switchable_experts(model):
         return ('transformers\' experts_implementation="eager" loops over the experts a batch hits (nonzero, shapes '
                 'from data), which a static graph cannot hold: use the default experts_implementation="grouped_mm" '
                 'or "batched_mm" (from_pretrained(..., experts_implementation="grouped_mm"), or '
@@ -315,11 +320,27 @@ def library_hint(model, err: CaptureError) -> str | None:
         return ("transformers builds its attention mask from the batch's attention_mask here; Latch's attention "
                 "takes causal or full attention only (no padding masks yet): for unpadded batches drop "
                 "attention_mask from the model's inputs (the causal mask is built without it)")
+    window = getattr(cfg, "sliding_window", None)
+    if "neither causal nor full" in err.what and window and getattr(cfg, "use_sliding_window", True) is not False:
+        return (f"the model's config sets sliding_window={window}, shorter than the sequence, so its attention mask "
+                "is a band, and Latch's attention takes causal or full attention only (no sliding windows yet): "
+                f"train on sequences of at most {window} tokens (the window mask is then the causal one), or set "
+                "sliding_window=None in the config where the model allows it (full causal attention)")
     if attn not in (None, "sdpa", "eager") and ("attention" in where or "attention" in (err.op or "")):
         return (f'transformers\' attn_implementation="{attn}" calls kernels Latch cannot capture: use '
                 'attn_implementation="sdpa" (the default) or "eager" (from_pretrained(..., attn_implementation="sdpa"), '
                 'or model.set_attn_implementation("sdpa"))')
     return None
+
+
+def _switchable_experts(model) -> bool:
+    """Whether the model's experts go through transformers' switchable experts implementations (a
+    model with its own dispatch, e.g. JetMoE's ``.tolist()`` of per-expert counts, has no switch)."""
+    can = getattr(type(model), "_can_set_experts_implementation", None)
+    try:
+        return bool(can()) if callable(can) else False
+    except Exception:  # transformers' source heuristic failed: no switch to name
+        return False
 
 
 def _check_forward_state(fs, spec: CaptureInputs) -> dict:
