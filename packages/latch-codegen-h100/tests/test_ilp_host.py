@@ -125,6 +125,10 @@ def _case(name):
         x = g.inp("x", (T, d, 2))
         y = g.op("add", (g.op("select", (x,), (T, d), {"dim": 2, "index": 1}),), (T, d), {"scalar": 0.5})
         return g, [y], (T, d), lambda v: [[v["x"][2 * i + 1] + 0.5 for i in range(T * d)]]
+    if name == "select_1d":  # (8, 6) select dim 1 index 2: a 1-d output, its tiles start anywhere
+        x = g.inp("x", (8, 6))
+        y = g.op("add", (g.op("select", (x,), (8,), {"dim": 1, "index": 2}),), (8,), {"scalar": 1.0})
+        return g, [y], (8,), lambda v: [[v["x"][6 * i + 2] + 1.0 for i in range(8)]]
     if name == "expand_rows":  # (1, d) expanded to (T, d) and a (T, 1) expanded to (T, d)
         T, d = 12, 20
         a, b = g.inp("a", (1, d)), g.inp("b", (T, 1))
@@ -153,9 +157,9 @@ def _case(name):
 
 CASES = ["rms_scale", "rms_scale_odd", "reshape_heads", "reshape_heads_w", "permute_keep_last", "transpose_last", "slice_cols_add",
          "slice_cols_unaligned", "select_lead", "select_last", "expand_rows", "concat_cols", "concat_rows",
-         "concat_odd_cols"]
+         "concat_odd_cols", "select_1d"]
 FLAT = {"reshape_heads"}  # a reshape of the same element count: flat.py's path
-SCALAR_ONLY = {"rms_scale_odd", "concat_odd_cols"}  # no 16-byte access possible
+SCALAR_ONLY = {"rms_scale_odd", "concat_odd_cols", "select_1d"}  # no 16-byte access possible
 
 
 @pytest.fixture(scope="module")
