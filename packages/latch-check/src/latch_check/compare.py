@@ -112,37 +112,40 @@ def _split(res):
     return res[0], dict(res[1])
 
 
-def eager_update(example: Example, params: dict, state: Any, batches: list[tuple[Any, Any]],
-                 hyper: Mapping[str, float]) -> tuple[dict, dict, Any]:
-    """One eager FP64 update over the given microbatches.
+def microbatch_update(example: Example, params: dict, state: Any, batches: list, hyper_t: Mapping[str, Any],
+                      buffers: Mapping[str, Any], forward, *, loop_context=contextlib.nullcontext,
+                      metric=lambda v: v.detach()) -> tuple[dict, dict, Any]:
+    """The update every reference runs (the FP64 one here, PyTorch's own in qualify.py): per
+    microbatch the optimizer's forward state, ``forward(leaves, buffers, inputs, targets) -> (loss,
+    metrics)`` under grad and its gradients (in the parameters' dtypes), accumulated and averaged
+    over the microbatches; then the optimizer's update. ``loop_context()`` wraps the microbatches
+    only; ``metric`` maps each metric tensor to its output.
 
     Returns ``(outputs by value name, new params, new state)``; outputs use the captured names:
-    ``loss``, ``grad.<p>``, ``new.<p>``, ``new.<state entry>``, ``metric.<m>``.
-    """
-    model, opt = example.model, example.optimizer
-    buffers = {n: _f64(b) for n, b in model.named_buffers()}
-    hyper_t = {n: torch.tensor(float(v), dtype=torch.float64) for n, v in hyper.items()}
+    ``loss``, ``grad.<p>``, ``new.<p>``, ``new.<state entry>``, ``metric.<m>``, and the zeroed
+    microbatch accumulators."""
+    opt = example.optimizer
     K = len(batches)
     acc: dict[str, torch.Tensor] = {}
     loss_acc = None
     metrics: dict = {}
-    with _default_dtype(torch.float64), Float64Everywhere():
+    with loop_context():
         for inputs, targets in batches:
             fs = dict(opt.forward_state(dict(params), state, dict(hyper_t))) if opt.forward_state else {}
             leaves = {n: fs.get(n, p).detach().requires_grad_() for n, p in params.items()}
             bufs = {n: fs.get(n, b) for n, b in buffers.items()}
             with torch.enable_grad():
-                loss, metrics = _split(example.objective(_call(model, leaves, bufs, _f64(inputs)), _f64(targets)))
+                loss, metrics = forward(leaves, bufs, inputs, targets)
                 grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
             for (n, p), g in zip(params.items(), grads):
-                g = torch.zeros_like(p) if g is None else g
+                g = torch.zeros_like(p) if g is None else g.to(p.dtype)
                 acc[n] = g if n not in acc else acc[n] + g
             loss = loss.detach()
             loss_acc = loss if loss_acc is None else loss_acc + loss
-        if K > 1:
-            acc = {n: g / K for n, g in acc.items()}
-            loss_acc = loss_acc / K
-        res = opt.update(dict(params), dict(acc), state, dict(hyper_t))
+    if K > 1:
+        acc = {n: g / K for n, g in acc.items()}
+        loss_acc = loss_acc / K
+    res = opt.update(dict(params), dict(acc), state, dict(hyper_t))
     new_params, new_state = res[0], res[1]
     opt_metrics = dict(res[2]) if len(res) == 3 else {}
     out: dict[str, torch.Tensor] = {"loss": loss_acc}
@@ -150,11 +153,25 @@ def eager_update(example: Example, params: dict, state: Any, batches: list[tuple
     out.update({f"new.{n}": p for n, p in new_params.items()})
     flat_state, _ = _tree.flatten(dict(new_state), "", "new_state")
     out.update({f"new.{n}": t for n, t in flat_state})
-    out.update({f"metric.{k}": v.detach() for k, v in {**metrics, **opt_metrics}.items()})
+    out.update({f"metric.{k}": metric(v) for k, v in {**metrics, **opt_metrics}.items()})
     for n, p in params.items():  # microbatch accumulators are zero after an update
         out[f"new.grad_acc.{n}"] = torch.zeros_like(p)
     out["new.loss_acc"] = torch.zeros_like(loss_acc)
     return out, {n: p.detach() for n, p in new_params.items()}, _detach(new_state)
+
+
+def eager_update(example: Example, params: dict, state: Any, batches: list[tuple[Any, Any]],
+                 hyper: Mapping[str, float]) -> tuple[dict, dict, Any]:
+    """One eager FP64 update over the given microbatches (:func:`microbatch_update`)."""
+    model = example.model
+    buffers = {n: _f64(b) for n, b in model.named_buffers()}
+    hyper_t = {n: torch.tensor(float(v), dtype=torch.float64) for n, v in hyper.items()}
+
+    def forward(leaves, bufs, inputs, targets):
+        return _split(example.objective(_call(model, leaves, bufs, _f64(inputs)), _f64(targets)))
+
+    with _default_dtype(torch.float64), Float64Everywhere():
+        return microbatch_update(example, params, state, batches, hyper_t, buffers, forward)
 
 
 def _detach(x):

@@ -32,7 +32,7 @@ import torch
 
 from latch_capture import tree as _tree
 
-from .compare import _call, _split
+from .compare import _call, _split, microbatch_update
 from .torch_native import torch_native
 
 
@@ -47,57 +47,26 @@ def _to(x: Any, device, dtype=None) -> Any:
     return x
 
 
-def _detach(x):
-    if isinstance(x, torch.Tensor):
-        return x.detach()
-    if isinstance(x, Mapping):
-        return {k: _detach(v) for k, v in x.items()}
-    return x
-
-
 def _step(example, params: dict, state: Any, batches: list, hyper: Mapping[str, float], *, bf16: bool,
           native: bool, device) -> tuple[dict, dict, Any]:
-    model, opt = example.model, example.optimizer
+    """PyTorch's own update (:func:`latch_check.compare.microbatch_update`): FP32 master values on
+    ``device``, the forward under BF16 autocast when ``bf16``, Latch's ops as PyTorch's own when
+    ``native``."""
+    model = example.model
     dev = torch.device(device)
     buffers = {n: _to(b, dev) for n, b in model.named_buffers()}
     hyper_t = {n: torch.tensor(float(v), dtype=torch.float32, device=dev) for n, v in hyper.items()}
-    K = len(batches)
-    acc: dict[str, torch.Tensor] = {}
-    loss_acc, metrics = None, {}
-    ctx = torch_native(model) if native else contextlib.nullcontext()
-    with ctx:
-        for inputs, targets in batches:
-            fs = dict(opt.forward_state(dict(params), state, dict(hyper_t))) if opt.forward_state else {}
-            leaves = {n: fs.get(n, p).detach().requires_grad_() for n, p in params.items()}
-            bufs = {n: fs.get(n, b) for n, b in buffers.items()}
-            with torch.enable_grad():
-                with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
-                    out = _call(model, leaves, bufs, _to(inputs, dev))
-                    loss, metrics = _split(example.objective(out, _to(targets, dev)))
-                loss = loss.float()
-                grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
-            for (n, p), g in zip(params.items(), grads):
-                g = torch.zeros_like(p) if g is None else g.to(p.dtype)
-                acc[n] = g if n not in acc else acc[n] + g
-            loss = loss.detach()
-            loss_acc = loss if loss_acc is None else loss_acc + loss
-    if K > 1:
-        acc = {n: g / K for n, g in acc.items()}
-        loss_acc = loss_acc / K
-    res = opt.update(dict(params), dict(acc), state, dict(hyper_t))
-    new_params, new_state = res[0], res[1]
-    opt_metrics = dict(res[2]) if len(res) == 3 else {}
-    out = {"loss": loss_acc}
-    out.update({f"grad.{n}": g for n, g in acc.items()})
-    out.update({f"new.{n}": p for n, p in new_params.items()})
-    flat_state, _ = _tree.flatten(dict(new_state), "", "new_state")
-    out.update({f"new.{n}": t for n, t in flat_state})
-    out.update({f"metric.{k}": v.detach().float() for k, v in {**metrics, **opt_metrics}.items()})
-    for n, p in params.items():  # microbatch accumulators are zero after an update
-        out[f"new.grad_acc.{n}"] = torch.zeros_like(p)
-    out["new.loss_acc"] = torch.zeros_like(loss_acc)
-    return ({k: v.detach() for k, v in out.items()}, {n: p.detach() for n, p in new_params.items()},
-            _detach(new_state))
+
+    def forward(leaves, bufs, inputs, targets):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+            out = _call(model, leaves, bufs, _to(inputs, dev))
+            loss, metrics = _split(example.objective(out, _to(targets, dev)))
+        return loss.float(), metrics
+
+    ctx = (lambda: torch_native(model)) if native else contextlib.nullcontext
+    out, new_params, new_state = microbatch_update(example, params, state, batches, hyper_t, buffers, forward,
+                                                   loop_context=ctx, metric=lambda v: v.detach().float())
+    return {k: v.detach() for k, v in out.items()}, new_params, new_state
 
 
 def torch_update(example, params: Mapping[str, torch.Tensor], state: Any, batches: list,
