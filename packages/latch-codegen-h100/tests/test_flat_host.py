@@ -64,6 +64,33 @@ namespace ew { inline float sqrt_(float x) { return std::sqrt(x); } }
 """
 
 
+# Every thread of a block runs the body in turn on one task's tile: ``run(ops, lo, hi)`` returns the
+# 16-byte accesses made, ``stores()`` the elements stored.
+RUNNER = r"""
+extern "C" long long run(char** ops, const int* lo, const int* hi) {
+  latch::Task t;
+  for (int d = 0; d < 8; ++d) { t.lo[d] = lo[d]; t.hi[d] = hi[d]; }
+  latch::Ctx c{&t, ops};
+  latch::vec_accesses = 0;
+  latch::stores = 0;
+  for (unsigned k = 0; k < LATCH_THREADS; ++k) { threadIdx.x = k; body(c); }
+  return latch::vec_accesses;
+}
+extern "C" long long stores() { return latch::stores; }
+"""
+
+
+def host_library(code: str, d) -> ctypes.CDLL:
+    """``code`` (a harness and a body named ``body``) with :data:`RUNNER`, compiled as host C++ in
+    directory ``d`` and loaded."""
+    (d / "b.cpp").write_text(code + RUNNER)
+    subprocess.run(["g++", "-O1", "-std=c++17", "-w", "-shared", "-fPIC", str(d / "b.cpp"), "-o", str(d / "b.so")],
+                   check=True)
+    lib = ctypes.CDLL(str(d / "b.so"))
+    lib.run.restype = ctypes.c_longlong
+    lib.stores.restype = ctypes.c_longlong
+    return lib
+
 def _group(shape):
     """out = sqrt((x * s + y)^2 + 1) and t = x * s: two outputs, a scalar, the AdamW shape of body."""
     vals = [Value("x", shape, "f32", BATCH), Value("y", shape, "f32", BATCH), Value("s", (), "f32", BATCH)]
@@ -96,25 +123,7 @@ def lib(tmp_path_factory):
         spec = group_spec(g, grp)
         src = render_body(spec, _lowerings()).source.replace(FUNC, "body")
         assert "latch::gld4(" in src  # the flat path was chosen
-        code = HARNESS + src + r"""
-extern "C" long long run(char** ops, const int* lo, const int* hi) {
-  latch::Task t;
-  for (int d = 0; d < 8; ++d) { t.lo[d] = lo[d]; t.hi[d] = hi[d]; }
-  latch::Ctx c{&t, ops};
-  latch::vec_accesses = 0;
-  latch::stores = 0;
-  for (unsigned k = 0; k < LATCH_THREADS; ++k) { threadIdx.x = k; body(c); }
-  return latch::vec_accesses;
-}
-extern "C" long long stores() { return latch::stores; }
-"""
-        d = tmp_path_factory.mktemp("flat")
-        (d / "b.cpp").write_text(code)
-        subprocess.run(["g++", "-O1", "-std=c++17", "-w", "-shared", "-fPIC", str(d / "b.cpp"), "-o", str(d / "b.so")],
-                       check=True)
-        libs[shape] = ctypes.CDLL(str(d / "b.so"))
-        libs[shape].run.restype = ctypes.c_longlong
-        libs[shape].stores.restype = ctypes.c_longlong
+        libs[shape] = host_library(HARNESS + src, tmp_path_factory.mktemp("flat"))
         return libs[shape]
 
     return get

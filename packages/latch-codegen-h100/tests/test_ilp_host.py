@@ -10,7 +10,6 @@ import ctypes
 import math
 import random
 import shutil
-import subprocess
 
 import pytest
 
@@ -19,7 +18,7 @@ from latch_codegen_h100.codegen import _lowerings
 from latch_core.ir import BATCH, Graph, Group, Node, Value
 from latch_core.sections import FusionGroup
 
-from test_flat_host import HARNESS
+from test_flat_host import HARNESS, host_library
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
@@ -172,25 +171,7 @@ def build(tmp_path_factory):
         g, outs, shape, ref = _case(name)
         spec = g.spec(outs)
         src = render_body(spec, _lowerings()).source.replace(FUNC, "body")
-        code = HARNESS + HARNESS_EXTRA + src + r"""
-extern "C" long long run(char** ops, const int* lo, const int* hi) {
-  latch::Task t;
-  for (int d = 0; d < 8; ++d) { t.lo[d] = lo[d]; t.hi[d] = hi[d]; }
-  latch::Ctx c{&t, ops};
-  latch::vec_accesses = 0;
-  latch::stores = 0;
-  for (unsigned k = 0; k < LATCH_THREADS; ++k) { threadIdx.x = k; body(c); }
-  return latch::vec_accesses;
-}
-extern "C" long long stores() { return latch::stores; }
-"""
-        d = tmp_path_factory.mktemp(name)
-        (d / "b.cpp").write_text(code)
-        subprocess.run(["g++", "-O1", "-std=c++17", "-w", "-shared", "-fPIC", str(d / "b.cpp"), "-o", str(d / "b.so")],
-                       check=True)
-        lib = ctypes.CDLL(str(d / "b.so"))
-        lib.run.restype = ctypes.c_longlong
-        lib.stores.restype = ctypes.c_longlong
+        lib = host_library(HARNESS + HARNESS_EXTRA + src, tmp_path_factory.mktemp(name))
         cache[name] = (g, outs, shape, ref, src, lib)
         return cache[name]
 
