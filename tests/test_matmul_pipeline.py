@@ -188,7 +188,8 @@ def test_split_k_simulates_correctly_and_deterministically(then):
     assert s >= 2 and g.value(part.outputs[0]).shape == (s, 128, 256)
     assert part.attr("config").startswith("wgmma_") and part.attr("out_dtype") == "f32"
     tail = [n.op for n in g.nodes if n.name.startswith("mm") and n.name != "mm2"]
-    assert tail == (["latch::matmul", "latch::sum", "latch::cast"] if then else ["latch::matmul", "latch::sum"])
+    assert tail == (["latch::matmul"] + ["latch::select"] * s + ["latch::add"] * (s - 1)
+                    + (["latch::cast"] if then else []))
     rows = dict(doc.graph.meta("matmul_configs"))["update"]
     row = dict(next(r for r in rows if dict(r)["node"] == "mm"))
     assert row["split_k"] == s and row["tiles"] < 132 * row["waves"] + 1

@@ -21,7 +21,7 @@ def test_split_variants_where_the_model_splits_and_nowhere_else():
     # the variant is the other choice: whole (split-K off); the timed program itself is split
     g = doc.graph.program(f"{split_name('lm_head.dgrad.2048')}.x1")
     ops = [n.op for n in g.nodes]
-    assert ops.count("latch::matmul") == 1 and "latch::sum" not in ops
+    assert ops.count("latch::matmul") == 1 and "latch::add" not in ops
     assert not any(n.attr("split_k") for n in g.nodes) and g.nodes[0].attr("config")
     # renamed apart: every value and node of the variant carries its own name; inputs are shared
     assert all(v.name.startswith(split_name("lm_head.dgrad.2048")) or v.name.startswith("lm_head.dgrad.2048.")
@@ -29,7 +29,7 @@ def test_split_variants_where_the_model_splits_and_nowhere_else():
     assert {o for grp in g.outputs for o in grp.values} == {f"{split_name('lm_head.dgrad.2048')}.x1.out0"}
     plain = doc.graph.program("lm_head.dgrad.2048.x1")
     part = next(n for n in plain.nodes if n.op == "latch::matmul")
-    assert part.attr("split_k") > 1 and part.attr("config") and "latch::sum" in [n.op for n in plain.nodes]
+    assert part.attr("split_k") > 1 and part.attr("config") and "latch::add" in [n.op for n in plain.nodes]
     assert doc.schedule is not None and doc.memory is not None
 
 

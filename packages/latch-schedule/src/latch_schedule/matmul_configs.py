@@ -22,7 +22,18 @@ the reduction reads the ``S`` partials in a fixed order, no atomics)::
 
     %y.partial = matmul(a, b){..., split_k=S, out_dtype=f32, config}     # [S, *B, M, N]
     %y         = sum(%y.partial){dims=(0,)}                                # (node keeps its name)
-    # or, when y is not f32:  %y.sum = sum(...); %y = cast(%y.sum){dtype}
+
+written as the chain ``((%p0 + %p1) + %p2) + ...`` of ``select`` views of the partials (then a
+``cast`` where y is not f32), not as ``latch::sum`` over dim 0 (then a cast): the chain is
+elementwise, so fusion makes it ONE group (views read in place, the adds and the cast in
+registers) and the fused body's contiguous-tile paths read it with 16-byte loads; the reduction
+body then a separate cast took two phases (two barriers) and ran the sum one column lane per output
+(results/gpu.md run 18: the three split products ~13-18 us slower than in run 13)::
+
+    %y.partial = matmul(a, b){..., split_k=S, out_dtype=f32, config}     # [S, *B, M, N]
+    %y.p<i>    = select(%y.partial){dim=0, index=i}                       # i < S, views
+    %y         = add(...add(%y.p0, %y.p1)..., %y.p<S-1>)                   # fixed order
+    # or, when y is not f32:  %y.acc = add(...); %y = cast(%y.acc){dtype}
 
 A node that already records a ``config`` (a document scheduled before) is left as it is; a node
 with ``split_k`` set keeps its factor. Without registered configurations nothing is recorded and
@@ -125,20 +136,36 @@ def choose_configs(graph: Graph, *, cost: CostModel | None = None, num_sms: int 
         pattr = dict(attr, config=cfg.name, split_k=s, out_dtype="f32")
         nodes.append(Node(fresh_name(names, f"{node.name}.partial"), MATMUL, node.inputs, (part,), pattr,
                           source=node.source))
-        red = {"dims": (0,), "keepdim": False}
-        if "accum_dtype" in attr:
-            red["accum_dtype"] = "f32"
-        if y.dtype == "f32":
-            nodes.append(Node(node.name, "latch::sum", (part,), (y.name,), red, source=node.source))
-        else:
-            total = fresh_name(names, f"{y.name}.sum")
-            values.append(Value(total, y.shape, "f32"))
-            nodes.append(Node(fresh_name(names, f"{node.name}.sum"), "latch::sum", (part,), (total,), red,
-                              source=node.source))
-            nodes.append(Node(node.name, "latch::cast", (total,), (y.name,), {"dtype": y.dtype}, source=node.source))
+        nodes.extend(split_sum(names, values, node, part, s, y))
     if not changed:
         return graph, []
     return attrs.evolve(graph, values=values, nodes=nodes), report
+
+
+def split_sum(names: set, values: list, node: Node, part: str, s: int, y: Value) -> list[Node]:
+    """The nodes that sum the ``s`` partials ``part`` ([s, *y.shape], f32) into ``y`` (keeping
+    ``node``'s name on the last one) in a fixed order: select views, a chain of adds, a cast where
+    ``y`` is not f32. Appends the new values to ``values`` and their names to ``names``."""
+    out: list[Node] = []
+    views = []
+    for i in range(s):
+        v = fresh_name(names, f"{y.name}.p{i}")
+        values.append(Value(v, y.shape, "f32"))
+        out.append(Node(fresh_name(names, f"{node.name}.p{i}"), "latch::select", (part,), (v,),
+                        {"dim": 0, "index": i}, source=node.source))
+        views.append(v)
+    acc = views[0]
+    for i in range(1, s):
+        last = i == s - 1 and y.dtype == "f32"
+        v = y.name if last else fresh_name(names, f"{y.name}.acc{i}")
+        if not last:
+            values.append(Value(v, y.shape, "f32"))
+        out.append(Node(node.name if last else fresh_name(names, f"{node.name}.acc{i}"), "latch::add",
+                        (acc, views[i]), (v,), {}, source=node.source))
+        acc = v
+    if y.dtype != "f32":
+        out.append(Node(node.name, "latch::cast", (acc,), (y.name,), {"dtype": y.dtype}, source=node.source))
+    return out
 
 
 def configs_document(doc: Document, *, cost: CostModel | None = None, num_sms: int = 132,
