@@ -256,6 +256,8 @@ fi
 # update time against the strongest control (the compiled model, fused AdamW, the whole update in
 # one CUDA graph) in the same process.
 if want dense; then
+    # LATCH_GPU_DENSE_TRAINED (default 200): also gate one update at the state after that many eager
+    # FP32 updates (docs/GATES.md: where the update is gated; 0: the fresh state only).
     # LATCH_GPU_DENSE_SCHEDULERS (default: barrier): one compile per strategy; the second one's
     # build is a cache hit (the bodies are the same), so it costs the run and the gates only.
     DENSE=(--set d_model=768 --set layers=8 --set heads=12 --set vocab=49152 --set seq=1024 --set batch=2
@@ -263,7 +265,8 @@ if want dense; then
     for dsched in ${LATCH_GPU_DENSE_SCHEDULERS:-barrier}; do
     say "dense transformer, full size ($dsched)"
     timeout "${LATCH_GPU_DENSE_S:-420}" "$PY" -m latch_core.cli compile examples/transformer.py --target gpu "${DENSE[@]}" \
-        --scheduler "$dsched" --steps 1 --torch-column --bench --strongest --no-eager --iters 5 \
+        --scheduler "$dsched" --steps 1 --torch-column --trained "${LATCH_GPU_DENSE_TRAINED:-200}" \
+        --bench --strongest --no-eager --iters 5 \
         --dir "$WORK/build/dense-$dsched" > "$OUT/dense-$dsched.log" 2>&1
     rc=$?
     cp "$OUT/dense-$dsched.log" "$WORK/dense.log"  # in $OUT as it runs: a call cut by its time limit keeps it
