@@ -85,7 +85,21 @@ if want matmul; then
     rc=$?
     { echo "===== bench-matmul (exit $rc)"; cat "$WORK/matmul.log"; } >> "$OUT/examples.log"
     tail -40 "$WORK/matmul.log"
-    { echo "  MATMUL (exit $rc):"; sed -n '/^case /,$p' "$WORK/matmul.log" | sed 's/^/    /'; } >> "$SUMMARY"
+    { echo "  MATMUL (exit $rc):"; grep -E "ring" "$WORK/matmul.log" | sed 's/^/    /'
+      sed -n '/^case /,$p' "$WORK/matmul.log" | sed 's/^/    /'; } >> "$SUMMARY"
+    # LATCH_GPU_MATMUL_EPI="8 ...": the same cases again with every product's epilogue_slots set
+    # (shared-memory output boxes per consumer warp; more slots, fewer ring stages), one build each
+    for slots in ${LATCH_GPU_MATMUL_EPI:-}; do
+        say "bench-matmul --epilogue-slots $slots"
+        LATCH_SPIN_TIMEOUT_S=5 timeout "${LATCH_GPU_MATMUL_S:-300}" "$PY" -m latch_core.cli bench-matmul \
+            --tokens "${LATCH_GPU_TOKENS:-2048,32768}" --epilogue-slots "$slots" --dir "$WORK/build/bench-matmul-e$slots" \
+            --json "$OUT/matmul-e$slots.json" ${LATCH_GPU_MATMUL_ARGS:-} > "$WORK/matmul-e$slots.log" 2>&1
+        rc=$?
+        { echo "===== bench-matmul --epilogue-slots $slots (exit $rc)"; cat "$WORK/matmul-e$slots.log"; } >> "$OUT/examples.log"
+        grep -E "ring|^row" "$WORK/matmul-e$slots.log" | head -3
+        { echo "  MATMUL epilogue_slots=$slots (exit $rc):"; grep -E "ring" "$WORK/matmul-e$slots.log" | sed 's/^/    /'
+          sed -n '/^case /,$p' "$WORK/matmul-e$slots.log" | sed 's/^/    /'; } >> "$SUMMARY"
+    done
 fi
 
 # Issue 11: the LM head fused with cross-entropy (memory.fuse_cross_entropy, latch_xent.cuh) and the

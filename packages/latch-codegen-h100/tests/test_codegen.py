@@ -206,7 +206,7 @@ def test_products_store_through_tma_where_the_tile_is_whole_128_byte_rows():
     gen = generate(H.planned([g]), jobs=1)
     bodies = {b["ops"][0] + ":" + str(b["tensor_maps"]): b for b in gen.manifest["bodies"]}
     src = "\n".join(u.source for u in gen.units[1:])
-    assert src.count("latch::GemmStoreTma<__nv_bfloat16> epi{") == 1  # wide: BN 128
+    assert src.count("latch::GemmStoreTma<__nv_bfloat16, 2> epi{") == 1  # wide: BN 128, 2 slots per warp
     assert src.count("latch::GemmStore<__nv_bfloat16> epi{") == 1  # narrow: BN 96
     assert src.count("latch::GemmStore<float> epi{") == 1  # the split partial
     maps = sorted(b["tensor_maps"] for b in gen.manifest["bodies"])
@@ -214,3 +214,26 @@ def test_products_store_through_tma_where_the_tile_is_whole_128_byte_rows():
     assert max(b["smem"] for b in gen.manifest["bodies"]) == 16384
     tm = gen.manifest["programs"]["update"]["tmaps"]
     assert {"value": "y", "dims": [128, 256], "box": [64, 8]} in [{k: t[k] for k in ("value", "dims", "box")} for t in tm]
+
+
+def test_epilogue_slots_take_shared_memory_from_the_ring():
+    """``epilogue_slots`` = 8 stages a whole 128 x 256 BF16 tile's boxes per warp (64 KiB of scratch),
+    so the ring of 48 KiB stages drops from 4 stages to 3; the default (2 slots: 16 KiB) keeps 4."""
+    bf = "bf16"
+
+    def ring(slots):
+        attrs = {"trans_b": True, "operand_dtype": bf, "accum_dtype": "f32", "config": "wgmma_128x256x64"}
+        if slots:
+            attrs["epilogue_slots"] = slots
+        values = [Value("x", (256, 128), bf, "batch"), Value("w", (512, 128), bf, "batch"), Value("y", (256, 512), bf)]
+        g = H.graph("update", values, [("mm", "latch::matmul", ("x", "w"), ("y",), attrs)], [("batch", ["x", "w"])],
+                    [("out", ["y"])])
+        gen = generate(H.planned([g]), jobs=1)
+        src = "\n".join(u.source for u in gen.units[1:])
+        return gen.manifest["ring"], src
+
+    r2, s2 = ring(None)
+    r8, s8 = ring(8)
+    assert "latch::GemmStoreTma<__nv_bfloat16, 2> epi{" in s2 and "latch::GemmStoreTma<__nv_bfloat16, 8> epi{" in s8
+    assert (r2["stages"], r2["stage_bytes"], r2["scratch"]) == (4, 49152, 16384)
+    assert (r8["stages"], r8["stage_bytes"], r8["scratch"]) == (3, 49152, 65536)

@@ -87,6 +87,8 @@ BAD = [
     ([T(3, 4), T(4, 5)], {"split_k": 1}, "'split_k' must be an int >= 2"),
     ([T(3, 4), T(4, 5)], {"split_k": 8}, "split_k=8 exceeds the contraction length K=4"),
     ([T(3, 4), T(4, 5)], {"config": 3}, "'config' must be"),
+    ([T(3, 4), T(4, 5)], {"epilogue_slots": 9}, "'epilogue_slots' must be an int in 1..8"),
+    ([T(3, 4), T(4, 5)], {"epilogue_slots": True}, "'epilogue_slots' must be an int in 1..8"),
 ]
 
 

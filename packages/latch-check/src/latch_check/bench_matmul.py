@@ -95,7 +95,8 @@ def repeats(c: Case, target_s: float = 300e-6, rate: float = 500e12) -> int:
     return max(2, min(16, round(target_s / (c.flops / rate))))
 
 
-def _program(c: Case, name: str, copies: int, out_dtype: str, config: str | None = None) -> Graph:
+def _program(c: Case, name: str, copies: int, out_dtype: str, config: str | None = None,
+             epilogue_slots: int | None = None) -> Graph:
     a, b = f"{c.name}.a", f"{c.name}.b"
     values = [Value(a, c.a_shape, "bf16", BATCH), Value(b, c.b_shape, "bf16", BATCH)]
     nodes, outs = [], []
@@ -103,6 +104,8 @@ def _program(c: Case, name: str, copies: int, out_dtype: str, config: str | None
               "accum_dtype": "f32"}
     if config:
         attrs_["config"] = config
+    if epilogue_slots:
+        attrs_["epilogue_slots"] = epilogue_slots
     for r in range(copies):
         o = f"{name}.out{r}"
         values.append(Value(o, (c.m, c.n), out_dtype))
@@ -126,19 +129,21 @@ def sweep_configs(c: Case) -> list[str]:
     return [f"wgmma_128x{n}x64" for n in ns if n <= max(64, 2 * c.n)]
 
 
-def matmul_document(case_list: Iterable[Case], sweep: bool = False) -> Document:
+def matmul_document(case_list: Iterable[Case], sweep: bool = False, epilogue_slots: int | None = None) -> Document:
     """The benchmark's graph section: per case ``<case>.check``, ``<case>.x1``, ``<case>.xR`` with the
     configuration the schedule chooses; with ``sweep``, also ``<case>@<config>.x1`` / ``.xR`` for
-    every configuration of :func:`sweep_configs` (calibrating the cost model)."""
+    every configuration of :func:`sweep_configs` (calibrating the cost model). ``epilogue_slots``:
+    every product's ``epilogue_slots`` attribute (latch_ops.matmul; None: the body's default)."""
     progs = []
+    e = epilogue_slots
     for c in case_list:
-        progs.append(_program(c, f"{c.name}.check", 1, "f32"))
-        progs.append(_program(c, f"{c.name}.x1", 1, "bf16"))
-        progs.append(_program(c, f"{c.name}.x{repeats(c)}", repeats(c), "bf16"))
+        progs.append(_program(c, f"{c.name}.check", 1, "f32", epilogue_slots=e))
+        progs.append(_program(c, f"{c.name}.x1", 1, "bf16", epilogue_slots=e))
+        progs.append(_program(c, f"{c.name}.x{repeats(c)}", repeats(c), "bf16", epilogue_slots=e))
         if sweep:
             for cfg in sweep_configs(c):
-                progs.append(_program(c, f"{c.name}@{cfg}.x1", 1, "bf16", cfg))
-                progs.append(_program(c, f"{c.name}@{cfg}.x{repeats(c)}", repeats(c), "bf16", cfg))
+                progs.append(_program(c, f"{c.name}@{cfg}.x1", 1, "bf16", cfg, e))
+                progs.append(_program(c, f"{c.name}@{cfg}.x{repeats(c)}", repeats(c), "bf16", cfg, e))
     return Document(graph=GraphSection(progs, (), {"example": "bench_matmul"}))
 
 
@@ -315,7 +320,10 @@ def format_table(rows: list[dict]) -> str:
 @click.option("--sweep", is_flag=True, help="also time every wgmma configuration of each case (cost-model calibration)")
 @click.option("--split-k/--no-split-k", default=True, show_default=True,
               help="where the cost model splits a product, also time it unsplit (rows <case>@split: the other choice)")
-def bench_matmul_command(tokens, only, build_dir, iters, json_path, sweep, split_k):
+@click.option("--epilogue-slots", type=click.IntRange(1, 8), default=None,
+              help="1 KiB output boxes each consumer warp stages before waiting for the copy engine (default: "
+                   "the body's, 2); more slots take shared memory from the ring's stages")
+def bench_matmul_command(tokens, only, build_dir, iters, json_path, sweep, split_k, epilogue_slots):
     """Time TinyMoE-200M's dense matrix products as Latch tasks against torch.mm in a CUDA graph."""
     import json
 
@@ -335,7 +343,8 @@ def bench_matmul_command(tokens, only, build_dir, iters, json_path, sweep, split
     # long before one large one.
     groups = case_groups(case_list)
     t0 = time.perf_counter()
-    docs = {k: plan_document(matmul_document(cs, sweep), sms, split_k=split_k) for k, cs in groups.items()}
+    docs = {k: plan_document(matmul_document(cs, sweep, epilogue_slots), sms, split_k=split_k)
+            for k, cs in groups.items()}
     t1 = time.perf_counter()
     dirs = {k: Path(build_dir) / k for k in groups}
     with ThreadPoolExecutor(max_workers=len(groups)) as ex:
@@ -346,8 +355,14 @@ def bench_matmul_command(tokens, only, build_dir, iters, json_path, sweep, split
                f"{t1 - t0:.1f} s, build {t2 - t1:.1f} s")
     for k, d in docs.items():
         st = dict(d.build.stats)
+        ring = {}
+        try:
+            ring = json.loads((dirs[k] / "manifest.json").read_text()).get("ring", {})
+        except (OSError, ValueError):
+            pass
         click.echo(f"  {k}: {st.get('cached')}, compile {st.get('compile_seconds', 0):.1f} s, "
-                   f"{st.get('functions')} functions, spills {st.get('spill_stores', 0)}/{st.get('spill_loads', 0)} bytes")
+                   f"{st.get('functions')} functions, spills {st.get('spill_stores', 0)}/{st.get('spill_loads', 0)} bytes, "
+                   f"ring {ring.get('stages', '?')} stages x {ring.get('stage_bytes', '?')} B + scratch {ring.get('scratch', '?')} B")
         try:
             from latch_codegen_h100 import SassError, sass_report
 

@@ -130,7 +130,15 @@ def _wgmma_args(ctx: BodyContext) -> tuple[_Mm, int, str]:
 
 
 TMA_STORE_DTYPES = {"bf16": 2, "f16": 2, "f32": 4}
-TMA_STORE_SMEM = 8 * 2048  # latch_gemm.cuh GEMM_TMA_STORE_SMEM: 2 KiB per consumer warp
+EPILOGUE_SLOTS = 2  # latch_gemm.cuh GemmStoreTma: 1 KiB boxes staged per consumer warp (node attr epilogue_slots)
+
+
+def epilogue_slots(ctx: BodyContext) -> int:
+    return int(ctx.attr("epilogue_slots") or EPILOGUE_SLOTS)
+
+
+def tma_store_smem(slots: int) -> int:
+    return 8 * 1024 * slots  # latch_gemm.cuh gemm_tma_store_smem: SLOTS KiB per consumer warp
 
 
 def tma_store(mm: _Mm, bn: int) -> bool:
@@ -147,7 +155,7 @@ def _wgmma_body(ctx: BodyContext) -> str:
     lines += head
     regs = f"{{{out.ptr} + c_off, c.args[1], m_hi, n_hi, (c.args[1] & 1) == 0}}"
     if tma_store(mm, bn):
-        lines.append(f"  latch::GemmStoreTma<{out.ctype}> epi{{{regs}, {ctx.tmap(2)}, {ctx.smem}, (int)c.args[0], "
+        lines.append(f"  latch::GemmStoreTma<{out.ctype}, {epilogue_slots(ctx)}> epi{{{regs}, {ctx.tmap(2)}, {ctx.smem}, (int)c.args[0], "
                      "(int)c.args[1], &c.async_stores};")
     else:
         lines.append(f"  latch::GemmStore<{out.ctype}> epi{regs};")
@@ -256,7 +264,7 @@ def _smem(ctx: BodyContext) -> int:
     if not _is_wgmma(ctx):
         return _simt_smem(ctx)
     mm, bn, _ = _wgmma_args(ctx)
-    return TMA_STORE_SMEM if tma_store(mm, bn) else 0
+    return tma_store_smem(epilogue_slots(ctx)) if tma_store(mm, bn) else 0
 
 
 def lowerings() -> list[Lowering]:

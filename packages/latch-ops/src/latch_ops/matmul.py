@@ -1,6 +1,7 @@
 """Matrix products: ``latch::matmul``.
 
-    matmul(a, b) {trans_a?, trans_b?, out_dtype?, split_k?, operand_dtype?, accum_dtype?, config?} -> out
+    matmul(a, b) {trans_a?, trans_b?, out_dtype?, split_k?, operand_dtype?, accum_dtype?, config?,
+                  epilogue_slots?} -> out
 
 Operands as stored (``*B`` the batch dims, the same for both):
 
@@ -20,6 +21,9 @@ Attributes set by later stages: the numerical policy's ``operand_dtype`` (e.g. "
 ``accum_dtype`` ("f32"), and the scheduler's ``config`` (the chosen body configuration's name,
 ``latch_core.configs``). The FP64 reference ignores all three and computes at whatever float width
 it is given (the output at :func:`latch_ops.common.ref_dtype` of ``out_dtype``).
+``epilogue_slots`` (1..8, default 2; the tensor-core body only) is how many 1 KiB boxes of output
+each consumer warp stages in shared memory before it must wait for the copy engine to read one
+(latch_gemm.cuh ``GemmStoreTma``): more slots, more shared memory, fewer stages in the ring.
 """
 
 from __future__ import annotations
@@ -84,6 +88,9 @@ def _infer(inputs, attrs):
         v = attrs.get(key)
         if v is not None and v not in FLOAT_DTYPES:
             raise ShapeError(f"{OP}: attribute {key!r} must be a float dtype {sorted(FLOAT_DTYPES)}, got {v!r}")
+    slots = attrs.get("epilogue_slots")
+    if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= 8):
+        raise ShapeError(f"{OP}: attribute 'epilogue_slots' must be an int in 1..8, got {slots!r}")
     cfg = attrs.get("config")
     if cfg is not None and not isinstance(cfg, str):
         raise ShapeError(f"{OP}: attribute 'config' must be a body configuration's name, got {cfg!r}")
@@ -123,7 +130,7 @@ def _ref(inputs, attrs):
 MATMUL_SPEC = spec(
     "matmul",
     "matmul(a[*B,M,K] | a[*B,K,M] (trans_a), b[*B,K,N] | b[*B,N,K] (trans_b)) {trans_a?, trans_b?, out_dtype?, "
-    "split_k?, operand_dtype?, accum_dtype?, config?} -> out[*B,M,N] | out[S,*B,M,N] (split_k=S)",
+    "split_k?, operand_dtype?, accum_dtype?, config?, epilogue_slots?} -> out[*B,M,N] | out[S,*B,M,N] (split_k=S)",
     _infer, _ref, tags={MATMUL}, num_inputs=(2, 2), cost=_cost,
     doc="batched matrix product over equal batch dims; operands optionally stored transposed, split-K partials",
     torch_ops=("aten.mm", "aten.bmm", "aten.addmm (with latch::add)"))

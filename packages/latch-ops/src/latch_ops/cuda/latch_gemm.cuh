@@ -116,13 +116,17 @@ template <class TC> struct GemmStore {
   __device__ __forceinline__ void finish() const {}
 };
 
-// The epilogue through shared memory and TMA stores. Each consumer warp owns 2 KiB of the body's
-// scratch (GEMM_TMA_STORE_SMEM in all, 1024-aligned): two 1 KiB halves, each one 128-byte-swizzled
-// box of 8 rows x 128 bytes (64 BF16 / 32 FP32 columns), the rows 16 w + 8 h .. + 8 of the warp's
-// accumulators (h = 0, 1). Per box: lane 0 waits until the store that last read its half is done
-// reading (bulk_wait_read<1>: halves alternate, one bulk group per stored box; <0> after a box that
-// lay wholly outside the output and was skipped), the warp writes the half, fences it to the async
-// proxy, and lane 0 issues the TMA store and commits. No named barrier: each warp's boxes are its own.
+// The epilogue through shared memory and TMA stores. Each consumer warp owns SLOTS KiB of the body's
+// scratch (gemm_tma_store_smem(SLOTS) in all, 1024-aligned): SLOTS slots of 1 KiB, each one
+// 128-byte-swizzled box of 8 rows x 128 bytes (64 BF16 / 32 FP32 columns) of the warp's accumulators
+// (rows 16 w + 8 h .. + 8, h = 0, 1). The warp's stored boxes take the slots in turn; before it writes
+// a slot that an earlier box of this body used (``stored >= SLOTS``), lane 0 waits until at most
+// SLOTS - 1 of its bulk groups are still reading (bulk_wait_read<SLOTS - 1>: one group per stored
+// box, so the one that last read this slot, SLOTS boxes ago, is done). Then the warp writes the
+// slot, fences it to the async proxy, and lane 0 issues the TMA store and commits. No named
+// barrier: each warp's boxes are its own. SLOTS = 2 keeps the ring at 4 stages of the 128 x 256
+// configuration; SLOTS = 8 holds a whole 128 x 256 BF16 tile's boxes (no wait within a tile: the
+// stores drain while the next tile's products run) at the cost of a stage.
 // Hand-off to the worker (latch_kernel_main.cuh): the body's first TMA epilogue waits until every
 // earlier bulk store of this block completed (bulk_wait<0>: the tasks before this one are then
 // really finished), and the body ends with its shared-memory sources read (bulk_wait_read<0>, so
@@ -130,16 +134,17 @@ template <class TC> struct GemmStore {
 // flight, so the worker counts this task as finished only once a later wait covers them.
 // Sub-tiles the task's box does not cover whole (never, when the box is the configuration's tile
 // or ends at the tensor's edge) take the register path; TMA clips boxes at the tensor's edges.
-constexpr int GEMM_TMA_STORE_SMEM = 8 * 2048;
+constexpr int gemm_tma_store_smem(int slots) { return 8 * 1024 * slots; }
 
-template <class TC> struct GemmStoreTma {
+template <class TC, int SLOTS = 2> struct GemmStoreTma {
+  static_assert(SLOTS >= 1 && SLOTS <= 8, "1..8 slots of 1 KiB per consumer warp");
   GemmStore<TC> regs;  // the register path (and the box: regs.m_hi, regs.n_hi)
   const void* map;     // the output's tensor map: dims (N, M), box (128 / sizeof(TC), 8), 128-byte swizzle
-  char* buf;           // GEMM_TMA_STORE_SMEM bytes of shared memory, 1024-aligned
+  char* buf;           // gemm_tma_store_smem(SLOTS) bytes of shared memory, 1024-aligned
   int M, N;            // the output's extents
   int* async_stores;   // Ctx::async_stores
-  bool waited = false;       // this body's first TMA epilogue has waited for every earlier store
-  bool last_stored = false;  // this warp's previous box was stored (its bulk group is the newest)
+  bool waited = false;  // this body's first TMA epilogue has waited for every earlier store
+  int stored = 0;       // boxes this warp stored in this body (its bulk groups, in order)
 
   // (a, b) rounded to TC at shared-memory address ``addr`` (st.shared: a generic store would go
   // through the address translation and cost more)
@@ -168,40 +173,34 @@ template <class TC> struct GemmStoreTma {
       if (lane == 0) sm90::bulk_wait<0>();
       waited = true;
     }
-    char* wbuf = buf + 2048 * (4 * wg + warp);
+    char* wbuf = buf + 1024 * SLOTS * (4 * wg + warp);
     const int r = lane >> 2, q4 = lane & 3;
     const int row0 = m0 + 64 * wg + 16 * warp;
 #pragma unroll
     for (int q = 0; q < (BN % CW == 0 ? BN / CW : 1); ++q) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        char* half = wbuf + 1024 * h;
         const int rr = row0 + 8 * h, cc = n0 + q * CW;
-        if (rr >= M || cc >= N) {  // the box lies outside the output (warp-uniform): nothing to write
-          last_stored = false;
-          continue;
+        if (rr >= M || cc >= N) continue;  // the box lies outside the output (warp-uniform): nothing to write
+        char* slot = wbuf + 1024 * (stored % SLOTS);
+        if (stored >= SLOTS) {  // this slot's last reader is the group SLOTS boxes ago
+          if (lane == 0) sm90::bulk_wait_read<SLOTS - 1>();
+          __syncwarp();
         }
-        // The store that last read this half is the newest group but one when the other half's
-        // box was stored last, else possibly the newest.
-        if (lane == 0) {
-          if (last_stored) sm90::bulk_wait_read<1>();
-          else sm90::bulk_wait_read<0>();
-        }
-        __syncwarp();
 #pragma unroll
         for (int jj = 0; jj < JPC; ++jj) {
           const int j = q * JPC + jj;
           const int byte = (int)sizeof(TC) * (8 * jj + 2 * q4);
-          put(sm90::smem_addr(half) + 128 * r + (((byte >> 4) ^ r) << 4) + (byte & 15), acc[4 * j + 2 * h],
+          put(sm90::smem_addr(slot) + 128 * r + (((byte >> 4) ^ r) << 4) + (byte & 15), acc[4 * j + 2 * h],
               acc[4 * j + 2 * h + 1], (TC*)nullptr);
         }
         sm90::fence_proxy_async_shared();
         __syncwarp();
         if (lane == 0) {
-          sm90::tma_store_2d(map, half, cc, rr);
+          sm90::tma_store_2d(map, slot, cc, rr);
           sm90::bulk_commit();
         }
-        last_stored = true;
+        ++stored;
       }
     }
   }
