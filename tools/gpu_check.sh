@@ -78,7 +78,7 @@ row "latch gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(head -1 "$OUT/gpu.txt")
 # The matrix products of TinyMoE-200M's dense path as Latch tasks (TMA + wgmma bodies on the worker)
 # against torch.mm in a CUDA graph: correctness (FP32 output vs torch's FP32 product of the same BF16
 # operands) and time per product (latch_check/bench_matmul.py). LATCH_GPU_TOKENS picks the sizes.
-if want matmul; then
+if want matmul && [ "${LATCH_GPU_MATMUL_DEFAULT:-1}" = 1 ]; then
     say "bench-matmul"
     LATCH_SPIN_TIMEOUT_S=5 timeout "${LATCH_GPU_MATMUL_S:-300}" "$PY" -m latch_core.cli bench-matmul --tokens "${LATCH_GPU_TOKENS:-2048,32768}" \
         --dir "$WORK/build/bench-matmul" --json "$OUT/matmul.json" ${LATCH_GPU_MATMUL_ARGS:-} > "$WORK/matmul.log" 2>&1
@@ -87,8 +87,11 @@ if want matmul; then
     tail -40 "$WORK/matmul.log"
     { echo "  MATMUL (exit $rc):"; grep -E "ring" "$WORK/matmul.log" | sed 's/^/    /'
       sed -n '/^case /,$p' "$WORK/matmul.log" | sed 's/^/    /'; } >> "$SUMMARY"
-    # LATCH_GPU_MATMUL_EPI="8 ...": the same cases again with every product's epilogue_slots set
-    # (shared-memory output boxes per consumer warp; more slots, fewer ring stages), one build each
+fi
+# LATCH_GPU_MATMUL_EPI="8 ...": the same cases again with every product's epilogue_slots set
+# (shared-memory output boxes per consumer warp; more slots, fewer ring stages), one build each;
+# LATCH_GPU_MATMUL_DEFAULT=0 skips the default run above.
+if want matmul; then
     for slots in ${LATCH_GPU_MATMUL_EPI:-}; do
         say "bench-matmul --epilogue-slots $slots"
         LATCH_SPIN_TIMEOUT_S=5 timeout "${LATCH_GPU_MATMUL_S:-300}" "$PY" -m latch_core.cli bench-matmul \
