@@ -125,7 +125,11 @@ def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None
     return "\n".join(lines)
 
 
-ROW_ACCESSES = 8  # 16-byte loads in flight per lane in a row reduction (over one or several rows)
+# 16-byte loads in flight per lane in a row reduction (over one or several rows): 16 x 16 B x 256
+# threads = 64 KiB per SM (the clip's sum of squares over 768-rows ran at ~31% of the bytes floor
+# with 6, ~24 KiB, and nothing in flight while a warp reduced)
+ROW_ACCESSES = 16
+ROW_MAX_RU = 16  # rows one warp holds at once (short rows)
 
 
 def rows_statements(acc: str, ct: str, op: str, R: int) -> list[str]:
@@ -136,7 +140,7 @@ def rows_statements(acc: str, ct: str, op: str, R: int) -> list[str]:
     fixed order and across the warp by xor shuffles: the same bits on every run. ``load4v(i, v)``
     fills v with elements i..i+3 in compute type ``ct``."""
     per = -(-R // 128)
-    ru = max(1, min(4, ROW_ACCESSES // per))
+    ru = max(1, min(ROW_MAX_RU, ROW_ACCESSES // per))
     init_c = f"{op}::template init<{ct}>()"
     init = f"{op}::template init<{acc}>()"
     return [
