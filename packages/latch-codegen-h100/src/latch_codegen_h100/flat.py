@@ -16,7 +16,7 @@ out, the scalars once), a residual add, a cast, SwiGLU's gate. Its body:
   offsets from aligned bases: odd row lengths included), runs the vector loop: each thread takes U groups of four
   consecutive elements per iteration (``ld4``/``st4``: one 16-byte access per FP32 operand), all
   loads before any store, U chosen so that ~192 bytes of loads per thread are in flight (3 for
-  AdamW's four FP32 inputs, 6 for a residual add, 8 for a cast: :func:`unroll_for`),
+  AdamW's four FP32 inputs, 6 for a residual add, 12 for a cast: :func:`unroll_for`),
   addressed by 32-bit offsets from per-operand base pointers at the vector range's start;
   intermediates stay in registers;
 - finishes the head and the tail (and a tile whose operands are misaligned differently) one
@@ -43,8 +43,8 @@ from .lowering import Lowering, LoweringError, compute_type, storage_type
 VEC = 4  # elements per access
 # Accesses per operand per thread and iteration: enough that each thread has ~IN_FLIGHT bytes of
 # loads outstanding (256 threads x 192 B = 48 KiB per SM: one SM's share of 4.27 TB/s is ~32 KB
-# per us, and loaded HBM latency is above 1 us), between 2 and 8 (registers).
-IN_FLIGHT, MIN_UNROLL, MAX_UNROLL = 192, 2, 8
+# per us, and loaded HBM latency is above 1 us), between 2 and 12 (registers).
+IN_FLIGHT, MIN_UNROLL, MAX_UNROLL = 192, 2, 12
 _SIZE = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1, "u8": 1, "bool": 1}
 
 
