@@ -30,13 +30,20 @@ __device__ __forceinline__ float rcp_(float x) {  // 1 ulp, full range (subnorma
 }
 __device__ __forceinline__ double rcp_(double x) { return 1.0 / x; }
 __device__ __forceinline__ float div_(float a, float b) {
-  // div.full.f32's method: a denominator outside [2^-126, 2^126] is scaled (with the numerator)
-  // into it, then a * (1 / b) with the MUFU reciprocal: 2 ulp; b = 0, inf, NaN give IEEE's results.
+  // A denominator outside [2^-126, 2^126] is scaled (with the numerator) into it (div.full.f32's
+  // method), q = a * (1 / b) with the MUFU reciprocal, then one FMA correction of the residual
+  // (a - b q) / b: an exact quotient comes out exact and the rest within an ulp, branch-free. The
+  // correction is skipped where it is undefined (q infinite or NaN, b zero or infinite), which
+  // leaves IEEE's results for b = 0, inf, NaN and a = inf, NaN.
   const float ab = fabsf(b);
   const float s = ab > 0x1p126f ? 0.25f : (ab < 0x1p-126f ? 0x1p24f : 1.0f);
+  const float as = a * s, bs = b * s;
   float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b * s));
-  return (a * s) * r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(bs));
+  const float q = as * r;
+  const float e = fmaf(-bs, q, as);
+  const bool ok = fabsf(q) < __int_as_float(0x7f800000) && bs != 0.0f && fabsf(bs) < __int_as_float(0x7f800000);
+  return ok ? fmaf(e, r, q) : q;
 }
 __device__ __forceinline__ double div_(double a, double b) { return a / b; }
 __device__ __forceinline__ float sqrt_(float x) {
