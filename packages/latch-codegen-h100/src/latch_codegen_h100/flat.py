@@ -48,11 +48,17 @@ IN_FLIGHT, MIN_UNROLL, MAX_UNROLL = 192, 2, 12
 _SIZE = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1, "u8": 1, "bool": 1}
 
 
+DATA_REGS = 96  # registers of loaded and computed elements per thread the unroll may use (of 224)
+
+
 def unroll_for(flat: BodySpec) -> int:
-    """Accesses per operand and iteration of the vector loop (module docstring)."""
-    full, _, _ = _regs(flat)
+    """Accesses per operand and iteration of the vector loop (module docstring): enough for
+    IN_FLIGHT bytes of loads, at most what DATA_REGS registers hold of every full-shape operand's
+    and output's elements (a one-input body with several outputs stays small)."""
+    full, _, outs = _regs(flat)
     per_step = sum(VEC * _SIZE.get(flat.values[i].dtype, 4) for i in full) or VEC * 4
-    return max(MIN_UNROLL, min(MAX_UNROLL, -(-IN_FLIGHT // per_step)))
+    regs = max(MIN_UNROLL, DATA_REGS // (VEC * max(1, len(full) + len(outs))))
+    return max(MIN_UNROLL, min(MAX_UNROLL, regs, -(-IN_FLIGHT // per_step)))
 
 
 def _numel(shape) -> int:
