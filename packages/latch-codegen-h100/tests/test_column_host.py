@@ -223,3 +223,80 @@ def test_a_row_reduction_with_a_broadcast_prologue_never_reads_the_unplaced_inpu
     y = g.op("mean", (g.op("mul", (g.op("mul", (dy, w), (T, K)), x), (T, K)),), (T, 1), {"dims": (1,), "keepdim": True})
     src = render_body(g.spec([y]), _lowerings()).source
     assert "nullptr" not in src and "auto load = [&]" in src
+
+
+def _device_template(name: str) -> str:
+    """The text of template ``name`` in latch_reduce.cuh (the real device code), for the host."""
+    from pathlib import Path
+
+    import latch_ops
+
+    text = (Path(latch_ops.__file__).parent / "cuda" / "latch_reduce.cuh").read_text()
+    start = text.index("template", text.index("#define REDUCE_BLOCK_UNROLL"))
+    start = text.rindex("#define REDUCE_BLOCK_UNROLL", 0, start)
+    body_start = text.index(f"void {name}(", start)
+    depth, i = 0, text.index("{", body_start)
+    while True:
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[start:i + 1]
+        i += 1
+
+
+def test_a_long_row_reduction_keeps_eight_loads_in_flight_and_sums_in_index_order(tmp_path):
+    """A full reduction's second level (rows longer than BLOCK_THRESHOLD: the whole block on one
+    row, latch_reduce.cuh ``reduce_rows_vec4_block``) issues eight 16-byte loads per thread before
+    accumulating them; compiled from the header's own text on 256 host threads: every row right,
+    the same bits twice, every element read once through the 16-byte access."""
+    T, K = 3, 4 * 256 * 8 * 3 + 4 * 256 * 5 + 16  # three unrolled rounds, five single steps, a short one
+    g = G()
+    a = g.inp("a", (T, K))
+    y = g.op("sum", (a,), (T,), {"dims": (1,), "keepdim": False})
+    src = render_body(g.spec([y]), _lowerings()).source.replace(FUNC, "body")
+    assert "latch::reduce_rows_vec4_block<double, latch::SumOp>" in src
+    block = r"""
+namespace latch {
+template <class Acc, class Op, class... A> inline void reduce_block_per_output(A...) { abort(); }  // the vector path runs
+static double bred_[256];
+template <class Op, class T> T block_reduce(T v, T*) {  // thread order, on the host
+  bred_[threadIdx.x] = (double)v;
+  block_sync();
+  T s = (T)bred_[0];
+  for (int i = 1; i < LATCH_THREADS; ++i) s = Op::apply(s, (T)bred_[i]);
+  block_sync();
+  return s;
+}
+""" + _device_template("reduce_rows_vec4_block") + "\n}  // namespace latch\n"
+    code = HARNESS + block + src + r"""
+extern "C" void run(char** ops, const int* lo, const int* hi) {
+  latch::Task t;
+  for (int d = 0; d < 8; ++d) { t.lo[d] = lo[d]; t.hi[d] = hi[d]; }
+  static double smem[1024];
+  latch::Ctx c{&t, ops, (char*)smem};
+  std::barrier<> b(LATCH_THREADS);
+  bar_ = &b;
+  std::vector<std::thread> th;
+  for (unsigned k = 0; k < LATCH_THREADS; ++k) th.emplace_back([&c, k] { threadIdx.x = k; body(c); });
+  for (auto& x : th) x.join();
+}
+extern "C" long long vec4() { long long v = latch::vec4_; latch::vec4_ = 0; return v; }
+"""
+    assert "for (int k = 0; k < U; ++k) load4(b + r + S * k, v[k]);" in code
+    (tmp_path / "b.cpp").write_text(code)
+    subprocess.run(["g++", "-O1", "-std=c++20", "-w", "-shared", "-fPIC", "-pthread", str(tmp_path / "b.cpp"), "-o",
+                    str(tmp_path / "b.so")], check=True)
+    lib = ctypes.CDLL(str(tmp_path / "b.so"))
+    lib.vec4.restype = ctypes.c_longlong
+    rng = random.Random(5)
+    x = [float(ctypes.c_float(rng.gauss(0, 1)).value) for _ in range(T * K)]
+    buf = (ctypes.c_float * (T * K))(*x)
+    runs = []
+    for _ in range(2):
+        out = (ctypes.c_float * T)(*([float("nan")] * T))
+        ptrs = (ctypes.c_void_p * 2)(ctypes.addressof(buf), ctypes.addressof(out))
+        lib.run(ptrs, (ctypes.c_int * 8)(*([0] * 8)), (ctypes.c_int * 8)(*([T] + [0] * 7)))
+        runs.append(list(out))
+        assert lib.vec4() == T * K // 4
+    assert [struct.pack("f", v) for v in runs[0]] == [struct.pack("f", v) for v in runs[1]]
+    for t in range(T):
+        assert runs[0][t] == pytest.approx(math.fsum(x[t * K:(t + 1) * K]), rel=1e-6, abs=1e-4), t
