@@ -253,18 +253,18 @@ def column_statements(acc: str, op: str, scratch: str, R: int) -> list[str]:
 
 
 COLUMN_GROUPS = 8  # groups of four consecutive outputs per pass of the vector column path (32 outputs)
-COLUMN_VEC_UNROLL = 4  # 16-byte loads (rows) in flight per thread in the vector column path
+COLUMN_VEC_UNROLL = 8  # rows whose 16-byte accesses a thread of the vector column path has in flight
 
 
 def column_vec_statements(acc: str, op: str, scratch: str, R: int) -> list[str]:
     """A column reduction whose outputs are consecutive in memory (the kept dim is the innermost),
     four outputs per thread: thread t takes the group of four outputs ``t % 8`` of a pass of 32
-    and the row slice ``t / 8`` (rows s, s + 32, ...), COLUMN_VEC_UNROLL rows per iteration, each
-    one 16-byte access per operand (``load4``: the fused prologue at four consecutive columns),
-    each with its own accumulators combined in index order; then the 32 row slices' partials in
-    slice order through shared memory (32 x 32 accumulators). A fixed order: the same bits on every
-    run, no atomics. The caller checks that the tile's outputs start at a multiple of four, come in
-    whole fours, and that the operands are aligned."""
+    and the row slice ``t / 8`` (rows s, s + 32, ...), COLUMN_VEC_UNROLL rows' 16-byte accesses
+    per operand (``load4``: the fused prologue at four consecutive columns) issued before they are
+    accumulated, in row order, into the thread's four accumulators; then the 32 row slices'
+    partials in slice order through shared memory (32 x 32 accumulators). A fixed order: the same
+    bits on every run, no atomics. The caller checks that the tile's outputs start at a multiple of
+    four, come in whole fours, and that the operands are aligned."""
     U, GP = COLUMN_VEC_UNROLL, COLUMN_GROUPS
     init = f"{op}::template init<{acc}>()"
     return [
@@ -275,9 +275,7 @@ def column_vec_statements(acc: str, op: str, scratch: str, R: int) -> list[str]:
         "  const int gi_ = threadIdx.x % GP_, rs_ = threadIdx.x / GP_;",
         "  for (long long o0_ = 0; o0_ < n_out; o0_ += 4 * GP_) {",
         "    const long long o_ = o0_ + 4 * gi_;",
-        f"    {acc} a_[{U}][4];",
-        "    #pragma unroll",
-        f"    for (int k_ = 0; k_ < {U}; ++k_) {{ a_[k_][0] = a_[k_][1] = a_[k_][2] = a_[k_][3] = {init}; }}",
+        f"    {acc} a_[4] = {{{init}, {init}, {init}, {init}}};",
         "    if (o_ < n_out) {",
         "      const long long b_ = base(o_);",
         "      long long r_ = rs_;",
@@ -288,24 +286,19 @@ def column_vec_statements(acc: str, op: str, scratch: str, R: int) -> list[str]:
         "        #pragma unroll",
         f"        for (int k_ = 0; k_ < {U}; ++k_) {{",
         "          #pragma unroll",
-        f"          for (int j_ = 0; j_ < 4; ++j_) a_[k_][j_] = {op}::apply(a_[k_][j_], v_[k_][j_]);",
+        f"          for (int j_ = 0; j_ < 4; ++j_) a_[j_] = {op}::apply(a_[j_], v_[k_][j_]);",
         "        }",
         "      }",
         f"      for (; r_ < {R}LL; r_ += RW_) {{",
         f"        {acc} v_[4];",
         "        load4(b_ + off(r_), v_);",
         "        #pragma unroll",
-        f"        for (int j_ = 0; j_ < 4; ++j_) a_[0][j_] = {op}::apply(a_[0][j_], v_[j_]);",
+        f"        for (int j_ = 0; j_ < 4; ++j_) a_[j_] = {op}::apply(a_[j_], v_[j_]);",
         "      }",
         "    }",
         "    latch::block_sync();  // the previous pass's partials are read",
         "    #pragma unroll",
-        "    for (int j_ = 0; j_ < 4; ++j_) {",
-        f"      {acc} t_ = a_[0][j_];",
-        "      #pragma unroll",
-        f"      for (int k_ = 1; k_ < {U}; ++k_) t_ = {op}::apply(t_, a_[k_][j_]);",
-        "      cs_[rs_ * (4 * GP_) + 4 * gi_ + j_] = t_;",
-        "    }",
+        "    for (int j_ = 0; j_ < 4; ++j_) cs_[rs_ * (4 * GP_) + 4 * gi_ + j_] = a_[j_];",
         "    latch::block_sync();",
         "    if (threadIdx.x < 4 * GP_ && o0_ + threadIdx.x < n_out) {",
         f"      {acc} s_ = cs_[threadIdx.x];",
