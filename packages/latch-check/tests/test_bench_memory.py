@@ -131,6 +131,11 @@ def test_generated_bodies_use_vector_accesses_and_no_atomics(small_doc):
     # the partials over contiguous rows (a multiple of 4 long) take the four-wide row path
     assert any("latch::reduce_rows_vec4_" in b for b in red)
     assert not re.search(r"\batomic", "\n".join(red + adam))
+    # the AdamW pass computes with the branch-free division and square root (no IEEE slow paths)
+    assert all("latch::ew::div_(" in b and "latch::ew::sqrt_(" in b for b in adam)
+    # RMSNorm's weight gradient (a column sum of dy * x * r) reads four columns per 16-byte access
+    dw = [blk for blk in src.split("\n// ") if blk.startswith("latch::mul+latch::mul+latch::sum")]
+    assert dw and all("load4(b_ + off(r_ + k_ * RW_), v_[k_])" in b for b in dw)
 
 
 

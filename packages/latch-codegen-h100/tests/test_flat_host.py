@@ -170,7 +170,8 @@ def _inside(shape, lo, hi):
     ((64, 48), (3, 0), (17, 48), 0),      # row tiles of a 2-d value (flat range rows * 48)
     ((64, 47), (3, 0), (17, 47), 0),      # an odd row length
     ((64, 48), (3, 5), (17, 40), 0),      # a column tile: the general (coordinate) path
-    ((9000,), (0,), (9000,), 0),          # more than 2 x 4 x 256 elements: the loop goes round
+    ((9000,), (0,), (9000,), 0),          # more than 6 x 4 x 256 elements: the loop goes round
+    ((30011,), (2,), (30011,), 0),        # several rounds, a head of 2, a partial last round
 ])
 def test_every_element_of_the_tile_once_and_nothing_else(lib, shape, lo, hi, shift):
     t, out, et, eo, vec = _run(lib, shape, lo, hi, shift)
@@ -203,9 +204,88 @@ def test_operands_misaligned_differently_run_element_by_element(lib, shape, lo, 
             assert math.isnan(out[i]), i
 
 
-def test_the_unroll_keeps_about_128_bytes_of_loads_per_thread_in_flight():
+def test_the_unroll_keeps_about_192_bytes_of_loads_per_thread_in_flight():
     from latch_codegen_h100.flat import flat_spec, unroll_for
 
     g, grp = _group((64, 48))
     flat = flat_spec(group_spec(g, grp), _lowerings())
-    assert unroll_for(flat) == 4  # two FP32 full-shape inputs: 2 x 16 B per step, 4 steps
+    assert unroll_for(flat) == 6  # two FP32 full-shape inputs: 2 x 16 B per step, 6 steps
+
+
+# --------------------------------------------------------------------------------------------
+# AdamW with weight decay and the clip scale, as examples/_optim.py captures it (one fused group per
+# parameter: p, g, m, v in, new p, m, v out IN PLACE, four per-task scalars): the flat body over a
+# tile of a 2-d weight, run in place on the host.
+
+ADAM_HARNESS = HARNESS.replace(
+    "namespace ew { inline float sqrt_(float x) { return std::sqrt(x); } }",
+    "namespace ew { inline float sqrt_(float x) { return std::sqrt(x); }\n"
+    "inline float div_(float a, float b) { return a / b; }\n"
+    "inline float rcp_(float a) { return 1.0f / a; } }")
+
+
+def _adamw_group(shape):
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    vals = [Value(n, shape, "f32", BATCH) for n in ("p", "g", "m", "v")]
+    vals += [Value(n, (), "f32", BATCH) for n in ("coef", "step_size", "decay", "sqrt_bias2")]
+    nodes, k = [], 0
+
+    def n(op, ins, attrs=None, out=None):
+        nonlocal k
+        k += 1
+        name = out or f"t{k}"
+        vals.append(Value(name, shape, "f32"))
+        nodes.append(Node(f"n{k}", f"latch::{op}", ins, (name,), attrs or {}))
+        return name
+
+    g = n("mul", ("g", "coef"))
+    m2 = n("add", ("m", n("mul", (n("sub", (g, "m")),), {"scalar": 1 - b1})), out="new_m")
+    v2 = n("add", (n("mul", ("v",), {"scalar": b2}), n("mul", (n("mul", (g,), {"scalar": 1 - b2}), g))), out="new_v")
+    pd = n("mul", ("p", "decay"))
+    denom = n("add", (n("div", (n("sqrt", (v2,)), "sqrt_bias2")),), {"scalar": eps})
+    p2 = n("sub", (pd, n("div", (n("mul", ("step_size", m2)), denom))), out="new_p")
+    ins = ("p", "g", "m", "v", "coef", "step_size", "decay", "sqrt_bias2")
+    graph = Graph("adam", vals, nodes, (Group("batch", ins),), (Group("metrics", (m2, v2, p2)),))
+    return graph, FusionGroup(0, [x.name for x in nodes], ins, (m2, v2, p2), p2, "k")
+
+
+def test_adamw_takes_the_flat_path_in_place_with_three_groups_in_flight_and_branch_free_math(tmp_path):
+    from latch_codegen_h100.flat import flat_spec, unroll_for
+
+    shape = (40, 768)
+    graph, grp = _adamw_group(shape)
+    spec = group_spec(graph, grp, aliased=True)
+    assert unroll_for(flat_spec(spec, _lowerings())) == 3  # 4 FP32 inputs x 16 B x 3 = 192 B per thread
+    src = render_body(spec, _lowerings()).source.replace(FUNC, "body")
+    assert "latch::gld4(" in src and "latch::gst4(" in src
+    # the divisions and the square root are the branch-free forms; 32-bit offsets in the vector loop
+    assert src.count("latch::ew::div_(") >= 2 and "latch::ew::sqrt_(" in src and " / (" not in src.split("} else {")[0]
+    assert "const int nq_" in src
+    lib = host_library(ADAM_HARNESS + src, tmp_path)
+    n = math.prod(shape)
+    rng = random.Random(1)
+    p, g, m, v = ([rng.gauss(0, s) for _ in range(n)] for s in (0.02, 1e-3, 1e-3, 1.0))
+    v = [abs(x) * 1e-6 for x in v]
+    coef, step_size, decay, sb2 = 0.07, 3e-4 / (1 - 0.9 ** 10), 1 - 3e-4 * 0.1, math.sqrt(1 - 0.999 ** 10)
+    bufs = [(ctypes.c_float * n)(*x) for x in (p, g, m, v)] + [(ctypes.c_float * 1)(x) for x in (coef, step_size, decay, sb2)]
+    P, G, M, V = (list(b) for b in bufs[:4])  # the float32 inputs
+    addr = [ctypes.addressof(b) for b in bufs] + [ctypes.addressof(bufs[i]) for i in (2, 3, 0)]  # outputs m, v, p in place
+    ptrs = (ctypes.c_void_p * len(addr))(*addr)
+    lo, hi = (3, 0), (37, 768)  # a row tile: elements [2304, 28416), an aligned vector range, several rounds
+    lo8 = (ctypes.c_int * 8)(*(list(lo) + [0] * 6))
+    hi8 = (ctypes.c_int * 8)(*(list(hi) + [0] * 6))
+    vec = lib.run(ptrs, lo8, hi8)
+    assert lib.stores() == 3 * (hi[0] - lo[0]) * 768 and vec > 0
+    c = float(ctypes.c_float(coef).value)
+    for i in range(n):
+        inside = lo[0] * 768 <= i < hi[0] * 768
+        if not inside:  # untouched
+            assert (bufs[0][i], bufs[2][i], bufs[3][i]) == (P[i], M[i], V[i]), i
+            continue
+        gg = G[i] * c
+        em = M[i] + (gg - M[i]) * 0.1
+        ev = V[i] * 0.999 + 0.001 * gg * gg
+        ep = P[i] * decay - step_size * em / (math.sqrt(ev) / sb2 + 1e-8)
+        assert bufs[2][i] == pytest.approx(em, rel=1e-5, abs=1e-12), i
+        assert bufs[3][i] == pytest.approx(ev, rel=1e-5, abs=1e-16), i
+        assert bufs[0][i] == pytest.approx(ep, rel=1e-5, abs=1e-9), i

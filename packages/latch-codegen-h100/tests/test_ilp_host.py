@@ -94,6 +94,16 @@ def _case(name):
                             out.append(v["x"][b * st[0] + s * st[1] + h * st[2] + dd] + 1.0)
             return [out]
         return g, [y], (B, H, S, D), ref
+    if name == "heads_split":  # bench-memory's heads.permute: (T, 96) -> (2, T/2, 3, 32) -> (2, 3, T/2, 32)
+        T, H, D = 20, 3, 32
+        x = g.inp("x", (T, H * D))
+        r = g.op("reshape", (x,), (2, T // 2, H, D), {"shape": (2, T // 2, H, D)})
+        y = g.op("permute", (r,), (2, H, T // 2, D), {"perm": (0, 2, 1, 3)})
+
+        def ref(v):
+            return [[v["x"][(b * (T // 2) + s) * H * D + h * D + dd]
+                     for b in range(2) for h in range(H) for s in range(T // 2) for dd in range(D)]]
+        return g, [y], (2, H, T // 2, D), ref
     if name == "transpose_last":  # (R, C) -> (C, R): the innermost dim moves (GEN loads)
         R, C = 12, 16
         x = g.inp("x", (R, C))
@@ -154,7 +164,7 @@ def _case(name):
     raise KeyError(name)
 
 
-CASES = ["rms_scale", "rms_scale_odd", "reshape_heads", "reshape_heads_w", "permute_keep_last", "transpose_last", "slice_cols_add",
+CASES = ["rms_scale", "rms_scale_odd", "reshape_heads", "reshape_heads_w", "permute_keep_last", "heads_split", "transpose_last", "slice_cols_add",
          "slice_cols_unaligned", "select_lead", "select_last", "expand_rows", "concat_cols", "concat_rows",
          "concat_odd_cols", "select_1d"]
 FLAT = {"reshape_heads"}  # a reshape of the same element count: flat.py's path
@@ -295,3 +305,21 @@ def test_a_standalone_reshape_and_mul_reshape_cast_take_the_flat_vector_path():
     src = render_body(g.spec(["o"]), _lowerings()).source
     assert "one flat range" in src and "latch::gld4(" in src and "latch::gst4(" in src
     assert "% 64" not in src.split("} else {")[0]  # no coordinate decode on the flat path
+
+
+def test_the_head_split_cut_in_one_head_row_ranges_takes_the_16_byte_path(build):
+    """bench-memory's heads.permute output (2, 12, 16384, 64) is tiled (1, 1, n, 64) from any row:
+    a contiguous tile, so the ILP path (one 16-byte load and store per group of four) runs; run 16
+    measured it at 8% of its floor in the one-element general loop."""
+    _, _, shape, _, src, _ = build("heads_split")
+    lo, hi = [1, 2, 3, 0], [2, 3, shape[2] - 2, shape[3]]
+    got, want, vec, stores, shape = _run(build, "heads_split", lo, hi)
+    inside = _inside(shape, lo, hi)
+    assert stores == sum(inside)
+    n = sum(inside)
+    assert vec == 2 * n // 4  # every element through one 16-byte load and one 16-byte store
+    for i, ins in enumerate(inside):
+        if ins:
+            assert got[0][i] == want[0][i], i
+        else:
+            assert math.isnan(got[0][i]), i

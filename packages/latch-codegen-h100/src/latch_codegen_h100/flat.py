@@ -15,8 +15,9 @@ out, the scalars once), a residual add, a cast, SwiGLU's gate. Its body:
   elements (16 bytes for FP32, 8 for BF16); when every full-shape operand is then aligned (equal
   offsets from aligned bases: odd row lengths included), runs the vector loop: each thread takes U groups of four
   consecutive elements per iteration (``ld4``/``st4``: one 16-byte access per FP32 operand), all
-  loads before any store, U chosen so that ~128 bytes of loads per thread are in flight (2 for
-  AdamW's four FP32 inputs, 4 for a residual add, 8 for a cast: :func:`unroll_for`);
+  loads before any store, U chosen so that ~192 bytes of loads per thread are in flight (3 for
+  AdamW's four FP32 inputs, 6 for a residual add, 12 for a cast: :func:`unroll_for`),
+  addressed by 32-bit offsets from per-operand base pointers at the vector range's start;
   intermediates stay in registers;
 - finishes the head and the tail (and a tile whose operands are misaligned differently) one
   element per thread.
@@ -41,17 +42,23 @@ from .lowering import Lowering, LoweringError, compute_type, storage_type
 
 VEC = 4  # elements per access
 # Accesses per operand per thread and iteration: enough that each thread has ~IN_FLIGHT bytes of
-# loads outstanding (256 threads x 128 B = 32 KiB per SM: what one SM needs in flight to draw its
-# share of 4.27 TB/s at ~1 us of latency), between 2 and 8 (registers).
-IN_FLIGHT, MIN_UNROLL, MAX_UNROLL = 128, 2, 8
+# loads outstanding (256 threads x 192 B = 48 KiB per SM: one SM's share of 4.27 TB/s is ~32 KB
+# per us, and loaded HBM latency is above 1 us), between 2 and 12 (registers).
+IN_FLIGHT, MIN_UNROLL, MAX_UNROLL = 192, 2, 12
 _SIZE = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1, "u8": 1, "bool": 1}
 
 
+DATA_REGS = 96  # registers of loaded and computed elements per thread the unroll may use (of 224)
+
+
 def unroll_for(flat: BodySpec) -> int:
-    """Accesses per operand and iteration of the vector loop (module docstring)."""
-    full, _, _ = _regs(flat)
+    """Accesses per operand and iteration of the vector loop (module docstring): enough for
+    IN_FLIGHT bytes of loads, at most what DATA_REGS registers hold of every full-shape operand's
+    and output's elements (a one-input body with several outputs stays small)."""
+    full, _, outs = _regs(flat)
     per_step = sum(VEC * _SIZE.get(flat.values[i].dtype, 4) for i in full) or VEC * 4
-    return max(MIN_UNROLL, min(MAX_UNROLL, -(-IN_FLIGHT // per_step)))
+    regs = max(MIN_UNROLL, DATA_REGS // (VEC * max(1, len(full) + len(outs))))
+    return max(MIN_UNROLL, min(MAX_UNROLL, regs, -(-IN_FLIGHT // per_step)))
 
 
 def _numel(shape) -> int:
@@ -164,23 +171,33 @@ def vector_lines(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int
     L.append(f"{ind}const bool vec_ = {aligned};")
     L.append(f"{ind}const long long vbeg_ = vec_ ? vlo_ : lo_;")
     L.append(f"{ind}const long long vend_ = vec_ ? vlo_ + ((hi_ - vlo_) / {VEC}LL) * {VEC}LL : lo_;")
-    step = VEC * UNROLL
+    # the vector range in groups of four, addressed by 32-bit offsets from base pointers at its
+    # start (64-bit when an operand has 2^31 elements or more): no 64-bit compare or add per access
+    wide = any(_numel(vals[i].shape) >= 2**31 for i in full + outs)
+    it = "long long" if wide else "int"
+    L.append(f"{ind}const {it} nq_ = ({it})((vend_ - vbeg_) / {VEC}LL);")
+    base = {}
+    for i in full + outs:
+        base[i] = f"b{i}_"
+        const = "const " if vals[i].kind == IN else ""
+        L.append(f"{ind}{const}{storage_type(vals[i].dtype)}* const b{i}_ = {names[i]} + vbeg_;")
+    step = UNROLL
     # software pipelined: the loads of the thread's next U groups are issued before the arithmetic
     # and stores of the current ones, so loads stay in flight while the body computes (every
     # element is read and written by one thread only: in-place updates are safe)
-    L.append(f"{ind}const long long q0_ = vbeg_ + {VEC}LL * threadIdx.x;")
+    L.append(f"{ind}const {it} g0_ = ({it})threadIdx.x;")
     for i in full:
         L.append(f"{ind}{compute_type(vals[i].dtype)} r{i}_[{UNROLL}][{VEC}] = {{}};")
     L.append(f"{ind}#pragma unroll")
     L.append(f"{ind}for (int u_ = 0; u_ < {UNROLL}; ++u_) {{")
-    L.append(f"{ind}  if (q0_ + {VEC}LL * u_ * LATCH_THREADS < vend_) {{")
+    L.append(f"{ind}  if (g0_ + u_ * LATCH_THREADS < nq_) {{")
     for i in full:
-        L.append(f"{ind}    latch::gld4({names[i]}, q0_ + {VEC}LL * u_ * LATCH_THREADS, r{i}_[u_]);")
+        L.append(f"{ind}    latch::gld4({base[i]}, {VEC} * (g0_ + u_ * LATCH_THREADS), r{i}_[u_]);")
     L.append(f"{ind}  }}")
     L.append(f"{ind}}}")
-    L.append(f"{ind}for (long long q_ = q0_; q_ < vend_; q_ += {step}LL * LATCH_THREADS) {{")
+    L.append(f"{ind}for ({it} g_ = g0_; g_ < nq_; g_ += {step} * LATCH_THREADS) {{")
     i2 = ind + "  "
-    L.append(f"{i2}const long long qn_ = q_ + {step}LL * LATCH_THREADS;")
+    L.append(f"{i2}const {it} gn_ = g_ + {step} * LATCH_THREADS;")
     for i in full:
         L.append(f"{i2}{compute_type(vals[i].dtype)} c{i}_[{UNROLL}][{VEC}];")
     for i in outs:
@@ -192,9 +209,9 @@ def vector_lines(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int
     for i in full:
         L.append(f"{i2}    c{i}_[u_][j_] = r{i}_[u_][j_];")
     L.append(f"{i2}  }}")
-    L.append(f"{i2}  if (qn_ + {VEC}LL * u_ * LATCH_THREADS < vend_) {{")
+    L.append(f"{i2}  if (gn_ + u_ * LATCH_THREADS < nq_) {{")
     for i in full:
-        L.append(f"{i2}    latch::gld4({names[i]}, qn_ + {VEC}LL * u_ * LATCH_THREADS, r{i}_[u_]);")
+        L.append(f"{i2}    latch::gld4({base[i]}, {VEC} * (gn_ + u_ * LATCH_THREADS), r{i}_[u_]);")
     L.append(f"{i2}  }}")
     L.append(f"{i2}}}")
     L.append(f"{i2}#pragma unroll")
@@ -214,9 +231,9 @@ def vector_lines(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int
     L.append(f"{i2}}}")
     L.append(f"{i2}#pragma unroll")
     L.append(f"{i2}for (int u_ = 0; u_ < {UNROLL}; ++u_) {{")
-    L.append(f"{i2}  if (q_ + {VEC}LL * u_ * LATCH_THREADS < vend_) {{")
+    L.append(f"{i2}  if (g_ + u_ * LATCH_THREADS < nq_) {{")
     for i in outs:
-        L.append(f"{i2}    latch::gst4({names[i]}, q_ + {VEC}LL * u_ * LATCH_THREADS, o{i}_[u_]);")
+        L.append(f"{i2}    latch::gst4({base[i]}, {VEC} * (g_ + u_ * LATCH_THREADS), o{i}_[u_]);")
     L.append(f"{i2}  }}")
     L.append(f"{i2}}}")
     L.append(f"{ind}}}")

@@ -246,7 +246,7 @@ def fused_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> list[str]:
 # each view's rule below; when unsure it answers GEN, which is correct for any index map.
 
 VEC_, BCAST_, GEN_ = "vec", "bcast", "gen"
-ILP_IN_FLIGHT, ILP_MIN_U, ILP_MAX_U = 128, 2, 8
+ILP_IN_FLIGHT, ILP_MIN_U, ILP_MAX_U = 192, 2, 12
 _BYTES = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1, "u8": 1, "bool": 1}
 _LANE = re.compile(r"\bj_\b")
 

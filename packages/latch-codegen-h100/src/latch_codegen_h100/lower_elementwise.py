@@ -40,7 +40,8 @@ _UNARY = {
     "expm1": _unary("expm1_"),
     "sqrt": _unary("sqrt_"),
     "rsqrt": _unary("rsqrt_"),
-    "reciprocal": lambda a, n: f"(({_ct(n)})1 / ({a[0]}))",
+    "reciprocal": lambda a, n: (f"latch::ew::rcp_(({_ct(n)})({a[0]}))" if _ct(n) in ("float", "double")
+                                else f"(({_ct(n)})1 / ({a[0]}))"),
     "sin": _unary("sin_"),
     "cos": _unary("cos_"),
     "tanh": _unary("tanh_"),
@@ -77,6 +78,9 @@ def _div(a, n: NodeInfo) -> str:
         return f"latch::ew::div_floor(({t})({x}), ({t})({y}))"
     if rm == "trunc":
         return f"latch::ew::div_trunc(({t})({x}), ({t})({y}))"
+    if t in ("float", "double") and compute_type(n.out_dtypes[0]) == t:
+        # float: the branch-free 2-ulp division (latch_elementwise.cuh div_); double: IEEE
+        return f"latch::ew::div_(({t})({x}), ({t})({y}))"
     return f"(({x}) / ({y}))"
 
 

@@ -92,7 +92,25 @@ def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None
                  f"({compute_type(out.dtype)})({val}));")
     lines.append("};")
     if column_reduction(dims, x.rank) and R > THREAD_THRESHOLD:
-        lines += column_statements(acc, op, f"({acc}*){ctx.smem}", R)
+        scalar = column_statements(acc, op, f"({acc}*){ctx.smem}", R)
+        ct = compute_type(x.dtype)
+        kept_last = len(kept) == 1 and kept[0] == x.rank - 1 and x.shape[-1] % 4 == 0
+        if load is None and load4 is None and kept_last and ct in ("float", "double"):
+            # a plain column reduction: its input read four columns at a time
+            load4 = [f"auto load4 = [&](long long i, {acc} (&v4)[4]) {{",
+                     f"  {ct} r_[4];", f"  latch::gld4({x.ptr}, i, r_);",
+                     "  #pragma unroll", f"  for (int j_ = 0; j_ < 4; ++j_) v4[j_] = ({acc})r_[j_];", "};"]
+            vec_cond = f"latch::aligned4({x.ptr}, 0)"
+        if load4 is not None and kept_last and ct in ("float", "double"):
+            # four consecutive outputs per thread (the kept dim is the last: consecutive outputs are
+            # consecutive in memory), one 16-byte access per row; at run time the tile's first
+            # output must sit on a multiple of four and its length be one
+            lines += load4
+            vec = column_vec_statements(acc, op, f"({acc}*){ctx.smem}", R)
+            lines += [f"if (({vec_cond}) && n_out % 4 == 0 && base(0) % 4 == 0) {{"] + ["  " + x_ for x_ in vec]
+            lines += ["} else {"] + ["  " + x_ for x_ in scalar] + ["}"]
+        else:
+            lines += scalar
         return "\n".join(lines)
     if R >= BLOCK_THRESHOLD:
         generic = (f"latch::reduce_block_per_output<{acc}, {op}>(n_out, {R}LL, base, off, load, store, "
@@ -125,7 +143,11 @@ def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None
     return "\n".join(lines)
 
 
-ROW_ACCESSES = 8  # 16-byte loads in flight per lane in a row reduction (over one or several rows)
+# 16-byte loads in flight per lane in a row reduction (over one or several rows): 16 x 16 B x 256
+# threads = 64 KiB per SM (the clip's sum of squares over 768-rows ran at ~31% of the bytes floor
+# with 6, ~24 KiB, and nothing in flight while a warp reduced)
+ROW_ACCESSES = 16
+ROW_MAX_RU = 16  # rows one warp holds at once (short rows)
 
 
 def rows_statements(acc: str, ct: str, op: str, R: int) -> list[str]:
@@ -136,7 +158,7 @@ def rows_statements(acc: str, ct: str, op: str, R: int) -> list[str]:
     fixed order and across the warp by xor shuffles: the same bits on every run. ``load4v(i, v)``
     fills v with elements i..i+3 in compute type ``ct``."""
     per = -(-R // 128)
-    ru = max(1, min(4, ROW_ACCESSES // per))
+    ru = max(1, min(ROW_MAX_RU, ROW_ACCESSES // per))
     init_c = f"{op}::template init<{ct}>()"
     init = f"{op}::template init<{acc}>()"
     return [
@@ -230,14 +252,77 @@ def column_statements(acc: str, op: str, scratch: str, R: int) -> list[str]:
     ]
 
 
+COLUMN_GROUPS = 8  # groups of four consecutive outputs per pass of the vector column path (32 outputs)
+COLUMN_VEC_UNROLL = 8  # rows whose 16-byte accesses a thread of the vector column path has in flight
+
+
+def column_vec_statements(acc: str, op: str, scratch: str, R: int) -> list[str]:
+    """A column reduction whose outputs are consecutive in memory (the kept dim is the innermost),
+    four outputs per thread: thread t takes the group of four outputs ``t % 8`` of a pass of 32
+    and the row slice ``t / 8`` (rows s, s + 32, ...), COLUMN_VEC_UNROLL rows' 16-byte accesses
+    per operand (``load4``: the fused prologue at four consecutive columns) issued before they are
+    accumulated, in row order, into the thread's four accumulators; then the 32 row slices'
+    partials in slice order through shared memory (32 x 32 accumulators). A fixed order: the same
+    bits on every run, no atomics. The caller checks that the tile's outputs start at a multiple of
+    four, come in whole fours, and that the operands are aligned."""
+    U, GP = COLUMN_VEC_UNROLL, COLUMN_GROUPS
+    init = f"{op}::template init<{acc}>()"
+    return [
+        "{",
+        f"  {acc}* cs_ = {scratch};",
+        f"  constexpr int GP_ = {GP}, RW_ = LATCH_THREADS / GP_;",
+        f"  static_assert(RW_ * GP_ * 4 * sizeof({acc}) <= {COLUMN_SCRATCH}, \"the column partials fill the scratch\");",
+        "  const int gi_ = threadIdx.x % GP_, rs_ = threadIdx.x / GP_;",
+        "  for (long long o0_ = 0; o0_ < n_out; o0_ += 4 * GP_) {",
+        "    const long long o_ = o0_ + 4 * gi_;",
+        f"    {acc} a_[4] = {{{init}, {init}, {init}, {init}}};",
+        "    if (o_ < n_out) {",
+        "      const long long b_ = base(o_);",
+        "      long long r_ = rs_;",
+        f"      for (; r_ + {U - 1}LL * RW_ < {R}LL; r_ += {U}LL * RW_) {{",
+        f"        {acc} v_[{U}][4];",
+        "        #pragma unroll",
+        f"        for (int k_ = 0; k_ < {U}; ++k_) load4(b_ + off(r_ + k_ * RW_), v_[k_]);",
+        "        #pragma unroll",
+        f"        for (int k_ = 0; k_ < {U}; ++k_) {{",
+        "          #pragma unroll",
+        f"          for (int j_ = 0; j_ < 4; ++j_) a_[j_] = {op}::apply(a_[j_], v_[k_][j_]);",
+        "        }",
+        "      }",
+        f"      for (; r_ < {R}LL; r_ += RW_) {{",
+        f"        {acc} v_[4];",
+        "        load4(b_ + off(r_), v_);",
+        "        #pragma unroll",
+        f"        for (int j_ = 0; j_ < 4; ++j_) a_[j_] = {op}::apply(a_[j_], v_[j_]);",
+        "      }",
+        "    }",
+        "    latch::block_sync();  // the previous pass's partials are read",
+        "    #pragma unroll",
+        "    for (int j_ = 0; j_ < 4; ++j_) cs_[rs_ * (4 * GP_) + 4 * gi_ + j_] = a_[j_];",
+        "    latch::block_sync();",
+        "    if (threadIdx.x < 4 * GP_ && o0_ + threadIdx.x < n_out) {",
+        f"      {acc} s_ = cs_[threadIdx.x];",
+        f"      for (int w_ = 1; w_ < RW_; ++w_) s_ = {op}::apply(s_, cs_[w_ * (4 * GP_) + threadIdx.x]);",
+        "      store(o0_ + threadIdx.x, s_);",
+        "    }",
+        "  }",
+        "  latch::block_sync();  // the scratch is free for the next body",
+        "}",
+    ]
+
+
 def acc_type(op: str, dtype: str) -> str:
     """The accumulator's C++ type of reduction ``op`` (``latch::sum``) over ``dtype``."""
     return _acc_type(op.split("::")[-1], dtype)
 
 
+COLUMN_SCRATCH = 256 * 4 * 8  # the vector column path's partials: 256 threads x 4 doubles
+
+
 def _smem(ctx: BodyContext) -> int:
-    # block_reduce's 33 doubles, or a column reduction's partials (one per consumer thread)
-    return max(33 * 8, 256 * 8)
+    # block_reduce's 33 doubles, a column reduction's partials (one per consumer thread), or the
+    # vector column path's (four per consumer thread)
+    return max(33 * 8, 256 * 8, COLUMN_SCRATCH)
 
 
 def lowerings() -> list[Lowering]:

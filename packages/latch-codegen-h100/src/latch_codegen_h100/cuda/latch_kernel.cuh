@@ -121,9 +121,12 @@ __device__ __forceinline__ unsigned long long globaltimer() {
 
 // ---- four consecutive elements in the GLOBAL state space (the generated memory-bound bodies) -----
 // latch::ld4/st4 go through generic addresses (the operand pointers come from the task table), which
-// compile to LD.E.128 / ST.E.128; these name the global space (LDG.E.128 / STG.E.128 for 4-byte
-// types, .64 for 2-byte ones) with the default cache operations (.ca loads, .wb stores: the same
-// coherence as plain accesses). ``p + i`` must be aligned to 4 * sizeof(S) bytes.
+// compile to LD.E.128 / ST.E.128; these tell the compiler the address is global (__isGlobal), so
+// they compile to the plain weak LDG.E.128 / STG.E.128 (.64 for 2-byte types): the accesses every
+// ordinary CUDA kernel makes. (``__ldca``/``__stwb`` would give LDG/STG .STRONG.SM: CTA-scope
+// relaxed accesses, ordered where weak ones need not be.) Coherence across SMs is the same either
+// way: the grid barrier's and the counters' acquire order them. ``p + i`` must be aligned to
+// 4 * sizeof(S) bytes.
 // Elements from ``p`` to the next address aligned for ld4/st4 (0..3).
 template <class S> __device__ __forceinline__ long long peel4(const S* p) {
   constexpr uintptr_t A = 4 * sizeof(S);
@@ -133,25 +136,33 @@ template <class S> __device__ __forceinline__ void gld4(const S* p, i64 i, typen
   ld4(p, i, r);
 }
 template <> __device__ __forceinline__ void gld4<float>(const float* p, i64 i, float (&r)[4]) {
-  const float4 q = __ldca(reinterpret_cast<const float4*>(p + i));
+  const float* a = p + i;
+  __builtin_assume(__isGlobal(a));
+  const float4 q = *reinterpret_cast<const float4*>(a);
   r[0] = q.x; r[1] = q.y; r[2] = q.z; r[3] = q.w;
 }
 template <> __device__ __forceinline__ void gld4<__nv_bfloat16>(const __nv_bfloat16* p, i64 i, float (&r)[4]) {
-  const uint2 q = __ldca(reinterpret_cast<const uint2*>(p + i));
-  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.x));
-  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.y));
-  r[0] = a.x; r[1] = a.y; r[2] = b.x; r[3] = b.y;
+  const __nv_bfloat16* a = p + i;
+  __builtin_assume(__isGlobal(a));
+  const uint2 q = *reinterpret_cast<const uint2*>(a);
+  const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.x));
+  const float2 y = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.y));
+  r[0] = x.x; r[1] = x.y; r[2] = y.x; r[3] = y.y;
 }
 template <class S, class V> __device__ __forceinline__ void gst4(S* p, i64 i, const V (&v)[4]) {
   if constexpr (sizeof(S) == 4 && std::is_same<S, float>::value) {
-    __stwb(reinterpret_cast<float4*>(p + i), make_float4((float)v[0], (float)v[1], (float)v[2], (float)v[3]));
+    float* a = p + i;
+    __builtin_assume(__isGlobal(a));
+    *reinterpret_cast<float4*>(a) = make_float4((float)v[0], (float)v[1], (float)v[2], (float)v[3]);
   } else if constexpr (std::is_same<S, __nv_bfloat16>::value) {
-    const __nv_bfloat162 a = __floats2bfloat162_rn((float)v[0], (float)v[1]);
-    const __nv_bfloat162 b = __floats2bfloat162_rn((float)v[2], (float)v[3]);
+    const __nv_bfloat162 x = __floats2bfloat162_rn((float)v[0], (float)v[1]);
+    const __nv_bfloat162 y = __floats2bfloat162_rn((float)v[2], (float)v[3]);
     uint2 q;
-    q.x = *reinterpret_cast<const unsigned*>(&a);
-    q.y = *reinterpret_cast<const unsigned*>(&b);
-    __stwb(reinterpret_cast<uint2*>(p + i), q);
+    q.x = *reinterpret_cast<const unsigned*>(&x);
+    q.y = *reinterpret_cast<const unsigned*>(&y);
+    __nv_bfloat16* a = p + i;
+    __builtin_assume(__isGlobal(a));
+    *reinterpret_cast<uint2*>(a) = q;
   } else {
     st4(p, i, v);
   }

@@ -17,9 +17,46 @@ __device__ __forceinline__ float log1p_(float x) { return log1pf(x); }
 __device__ __forceinline__ double log1p_(double x) { return ::log1p(x); }
 __device__ __forceinline__ float expm1_(float x) { return expm1f(x); }
 __device__ __forceinline__ double expm1_(double x) { return ::expm1(x); }
-__device__ __forceinline__ float sqrt_(float x) { return sqrtf(x); }
+// float division, square root, reciprocal square root and reciprocal: branch-free full-range forms
+// of at most 2 ulp (PTX .approx with subnormal handling), not the IEEE-rounded ones: those compile to
+// a MUFU op, fix-ups and a compare guarding an out-of-line slow path, each in its own convergence
+// region, so the compiler cannot interleave independent elements (AdamW's sqrt and two divisions
+// per element serialised its body). The asm is pure (not volatile): a loop-invariant operand's part
+// (a division by a per-task scalar) hoists out of the loop. f64 keeps the IEEE operations.
+__device__ __forceinline__ float rcp_(float x) {  // 1 ulp, full range (subnormals scaled)
+  float r;
+  asm("rcp.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ double rcp_(double x) { return 1.0 / x; }
+__device__ __forceinline__ float div_(float a, float b) {
+  // A denominator outside [2^-126, 2^126] is scaled (with the numerator) into it (div.full.f32's
+  // method), q = a * (1 / b) with the MUFU reciprocal, then one FMA correction of the residual
+  // (a - b q) / b: an exact quotient comes out exact and the rest within an ulp, branch-free. The
+  // correction is skipped where it is undefined (q infinite or NaN, b zero or infinite), which
+  // leaves IEEE's results for b = 0, inf, NaN and a = inf, NaN.
+  const float ab = fabsf(b);
+  const float s = ab > 0x1p126f ? 0.25f : (ab < 0x1p-126f ? 0x1p24f : 1.0f);
+  const float as = a * s, bs = b * s;
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(bs));
+  const float q = as * r;
+  const float e = fmaf(-bs, q, as);
+  const bool ok = fabsf(q) < __int_as_float(0x7f800000) && bs != 0.0f && fabsf(bs) < __int_as_float(0x7f800000);
+  return ok ? fmaf(e, r, q) : q;
+}
+__device__ __forceinline__ double div_(double a, double b) { return a / b; }
+__device__ __forceinline__ float sqrt_(float x) {
+  float r;
+  asm("sqrt.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
 __device__ __forceinline__ double sqrt_(double x) { return ::sqrt(x); }
-__device__ __forceinline__ float rsqrt_(float x) { return 1.0f / sqrtf(x); }  // correctly rounded sqrt, then divide
+__device__ __forceinline__ float rsqrt_(float x) {
+  float r;
+  asm("rsqrt.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
 __device__ __forceinline__ double rsqrt_(double x) { return 1.0 / ::sqrt(x); }
 __device__ __forceinline__ float sin_(float x) { return sinf(x); }
 __device__ __forceinline__ double sin_(double x) { return ::sin(x); }
@@ -53,7 +90,7 @@ template <> __device__ __forceinline__ double abs_(double x) { return fabs(x); }
 template <class T> __device__ __forceinline__ T sign_(T x) { return x != x ? x : T((x > T(0)) - (x < T(0))); }
 template <class T> __device__ __forceinline__ T relu_(T x) { return x != x ? x : (x > T(0) ? x : T(0)); }
 
-template <class T> __device__ __forceinline__ T sigmoid_(T x) { return T(1) / (T(1) + exp_(-x)); }
+template <class T> __device__ __forceinline__ T sigmoid_(T x) { return rcp_(T(1) + exp_(-x)); }
 template <class T> __device__ __forceinline__ T silu_(T x) { return x * sigmoid_(x); }
 
 template <class T> __device__ __forceinline__ T gelu_erf(T x) {

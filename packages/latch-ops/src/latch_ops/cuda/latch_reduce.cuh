@@ -78,14 +78,30 @@ __device__ __forceinline__ void reduce_rows_vec4_warp(long long n_out, long long
   }
 }
 
+// The block form (long rows: a full reduction's second level over its partials) issues
+// REDUCE_BLOCK_UNROLL accesses per thread before accumulating them, in the same order as one at a
+// time (the same bits), so each thread keeps that many 16-byte loads in flight.
+#define REDUCE_BLOCK_UNROLL 8
 template <class Acc, class Op, class Base, class Load4, class Store>
 __device__ __forceinline__ void reduce_rows_vec4_block(long long n_out, long long R, Base base, Load4 load4,
                                                        Store store, Acc* scratch) {
+  constexpr int U = REDUCE_BLOCK_UNROLL;
+  constexpr long long S = 4LL * LATCH_THREADS;
   for (long long o = 0; o < n_out; ++o) {
     const long long b = base(o);
     Acc a[4] = {Op::template init<Acc>(), Op::template init<Acc>(), Op::template init<Acc>(), Op::template init<Acc>()};
-#pragma unroll 4
-    for (long long r = 4 * threadIdx.x; r < R; r += 4 * LATCH_THREADS) {
+    long long r = 4 * threadIdx.x;
+    for (; r + S * (U - 1) < R; r += S * U) {
+      Acc v[U][4];
+#pragma unroll
+      for (int k = 0; k < U; ++k) load4(b + r + S * k, v[k]);
+#pragma unroll
+      for (int k = 0; k < U; ++k) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) a[j] = Op::apply(a[j], v[k][j]);
+      }
+    }
+    for (; r < R; r += S) {
       Acc v[4];
       load4(b + r, v);
 #pragma unroll
