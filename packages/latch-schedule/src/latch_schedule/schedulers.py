@@ -3,6 +3,8 @@
 Options shared by the built-in strategies:
 - ``num_sms`` (int, default 132): SMs the grid has (one persistent block per SM);
 - ``fuse`` (bool, default True): fuse elementwise chains (:mod:`latch_schedule.fusion`);
+- ``alias_views`` (bool, default True): contiguous views become their reader's alias prefix
+  (:mod:`latch_schedule.fusion`), not copy tasks;
 - ``ops``: the op registry to read tags, costs and tilings from (default: installed plugins);
 - ``matmul_tile`` ((M, N)), ``cost_<field>``: overrides of :class:`latch_schedule.tiling.CostModel`;
 - ``sync_seconds`` (float, default 1e-6): the estimated cost of a barrier / a cross-SM wait.
@@ -50,7 +52,8 @@ def task_graphs(doc: Document, options: dict[str, Any]) -> list[TaskGraph]:
     ops = _ops(options)
     cost = options_cost(options)
     fuse = _bool(options.get("fuse", True))
-    return [build(g, ops, fuse_ops=fuse, num_sms=num_sms, cost=cost) for g in doc.graph.programs]
+    alias = _bool(options.get("alias_views", True))
+    return [build(g, ops, fuse_ops=fuse, num_sms=num_sms, cost=cost, alias_views=alias) for g in doc.graph.programs]
 
 
 def _run(name: str, doc: Document, options: dict[str, Any],
@@ -69,6 +72,7 @@ def _run(name: str, doc: Document, options: dict[str, Any],
     stats["seconds_tasks"] = round(t1 - t0, 4)
     stats["seconds_strategy"] = round(t2 - t1, 4)
     stats["fuse"] = _bool(options.get("fuse", True))
+    stats["alias_views"] = _bool(options.get("alias_views", True))
     return ScheduleSection(strategy=name, num_sms=num_sms, programs=programs, stats=stats)
 
 
