@@ -8,7 +8,7 @@ is what :func:`contiguous_offset` decides, from the op, its attributes and the t
 
 - ``latch::reshape`` (view, flatten, squeeze, unsqueeze): always, offset 0;
 - ``latch::select {dim, index}``: when every dim before ``dim`` has size 1 (a leading-dims
-  select), offset ``index * prod(shape[dim+1:])``;
+  select), offset ``index * prod(shape[dim+1:])``; a select of a size-1 dim is a squeeze;
 - ``latch::slice {dim, start, end, step}``: when every dim before ``dim`` has size 1 and the slice
   is a run (step 1, or one element), offset ``start * prod(shape[dim+1:])``; a full slice is the
   identity wherever it is;
@@ -55,15 +55,17 @@ def contiguous_offset(op: str, attrs: Mapping[str, Any], in_shape: Sequence[int]
     lead = math.prod(in_shape[:dim])
     if op == "latch::select":
         index = attrs.get("index")
-        if not isinstance(index, int) or not 0 <= index < in_shape[dim] or lead != 1:
+        if not isinstance(index, int) or not 0 <= index < in_shape[dim]:
             return None
-        return index * inner
+        if in_shape[dim] == 1:
+            return 0  # a squeeze
+        return index * inner if lead == 1 else None
     start, end, step = attrs.get("start"), attrs.get("end"), attrs.get("step")
     if not all(isinstance(x, int) for x in (start, end, step)) or step < 1:
         return None
     length = (end - start + step - 1) // step if end > start else 0
-    if start == 0 and length == in_shape[dim] and step == 1:
-        return 0  # the whole dim: the identity
+    if start == 0 and length == in_shape[dim]:
+        return 0  # the whole dim (a step beyond it takes one element): the identity
     if lead != 1 or (step != 1 and length > 1):
         return None
     return start * inner
