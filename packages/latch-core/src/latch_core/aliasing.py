@@ -101,9 +101,14 @@ def alias_prefixes(graph, node_names, fusable) -> dict[str, tuple[str, int]]:
     inlines those views itself, so they stay as they are). The group's body reads a prefix output
     directly at the storage value's placement plus the byte offset; prefix nodes compute nothing.
     One rule for the scheduler's fusion (latch_schedule.fusion) and the code generator (which
-    strips the prefix), so both agree on which views are addresses. ``fusable(node) -> bool``."""
-    names = set(node_names)
-    nodes = [n for n in graph.nodes if n.name in names]  # graph order
+    strips the prefix), so both agree on which views are addresses. ``fusable(node) -> bool``;
+    ``node_names``: the group's node names, or its nodes themselves in graph order (cheaper)."""
+    node_names = list(node_names)
+    if node_names and not isinstance(node_names[0], str):
+        nodes = node_names
+    else:
+        names = set(node_names)
+        nodes = [n for n in graph.nodes if n.name in names]  # graph order
     produced = {o for n in nodes for o in n.outputs}
     readers: dict[str, list] = {}
     for n in nodes:

@@ -23,6 +23,10 @@ from latch_core.sections import ProgramSchedule, ScheduleSection
 
 from . import barrier as _barrier
 from . import dataflow as _dataflow
+from latch_core.aliasing import alias_prefixes
+from latch_core.registry import VIEW
+
+from .fusion import FUSABLE_VIEWS, POINTWISE_TAGS
 from .tasks import ScheduleError, TaskGraph, build, options_cost
 
 DEFAULT_NUM_SMS = 132
@@ -64,9 +68,19 @@ def _run(name: str, doc: Document, options: dict[str, Any],
     tgs = task_graphs(doc, options)
     t1 = time.perf_counter()
     programs, stats = [], {}
+    graphs = {g.name: g for g in doc.graph.programs}
+    ops = _ops(options)
+
+    def fusable(n) -> bool:
+        tags = ops.get(n.op).tags if n.op in ops else frozenset()
+        return bool(tags & POINTWISE_TAGS) or (VIEW in tags and n.op in FUSABLE_VIEWS)
+
     for tg in tgs:
         ps, st = per_program(tg, num_sms, sync)
         programs.append(ps)
+        st = dict(st)
+        st["alias_prefix_views"] = sum(len(alias_prefixes(graphs[tg.program], p.nodes, fusable))
+                                       for p in tg.plans if len(p.nodes) > 1)  # views folded in as addresses
         stats[f"program.{tg.program}"] = st
     t2 = time.perf_counter()
     stats["seconds_tasks"] = round(t1 - t0, 4)
