@@ -151,5 +151,11 @@ def test_a_write_over_aliased_storage_while_its_reader_is_live_is_rejected(regis
     found = _alias_hazard(doc, registries.ops)
     assert found is not None, "no value could be moved under an alias reader"
     x, w, pm = found
-    problems = validate(_with_program(doc, None, pm), ops=registries.ops)
+    mutant = _with_program(doc, None, pm)
+    problems = validate(mutant, ops=registries.ops)
     assert any("bytes reused while live" in p and f"%{x}" in p and f"%{w}" in p for p in problems), problems[:3]
+    if strategy == "barrier":  # the brute-force oracle agrees (latch_schedule.oracle; slow, so once)
+        from latch_schedule.oracle import violations
+
+        assert any(f"{x} and {w} share bytes while live" in v or f"{w} and {x} share bytes while live" in v
+                   for v in violations(mutant, registries.ops))

@@ -75,18 +75,23 @@ def _run(name: str, doc: Document, options: dict[str, Any],
         tags = ops.get(n.op).tags if n.op in ops else frozenset()
         return bool(tags & POINTWISE_TAGS) or (VIEW in tags and n.op in FUSABLE_VIEWS)
 
+    aliases: dict[str, tuple] = {}  # program -> (view, storage value, byte offset, group)
     for tg in tgs:
         ps, st = per_program(tg, num_sms, sync)
         programs.append(ps)
         st = dict(st)
-        st["alias_prefix_views"] = sum(len(alias_prefixes(graphs[tg.program], p.nodes, fusable))
-                                       for p in tg.plans if len(p.nodes) > 1)  # views folded in as addresses
+        found = [(v, base, off, gi) for gi, p in enumerate(tg.plans) if len(p.nodes) > 1
+                 for v, (base, off) in alias_prefixes(graphs[tg.program], p.nodes, fusable).items()]
+        st["alias_prefix_views"] = len(found)  # views folded into their readers as addresses
+        aliases[tg.program] = tuple(found)
         stats[f"program.{tg.program}"] = st
     t2 = time.perf_counter()
     stats["seconds_tasks"] = round(t1 - t0, 4)
     stats["seconds_strategy"] = round(t2 - t1, 4)
     stats["fuse"] = _bool(options.get("fuse", True))
     stats["alias_views"] = _bool(options.get("alias_views", True))
+    if any(aliases.values()):
+        stats["aliases"] = aliases
     return ScheduleSection(strategy=name, num_sms=num_sms, programs=programs, stats=stats)
 
 
