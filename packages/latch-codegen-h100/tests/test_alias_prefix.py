@@ -47,3 +47,12 @@ def test_a_view_read_by_an_elementwise_body_is_not_stripped():
     doc = H.planned([g], [], groups={"update": [["sel", "neg"]]}, tiles=1)
     info = generate(doc, jobs=1).manifest["programs"]["update"]["groups"]["0"]
     assert info["ops"] == ["latch::select", "latch::neg"] and "aliases" not in info
+
+
+def test_a_view_group_of_its_own_is_a_copy_not_an_address():
+    """A contiguous view alone in its group, read by another group, is lowered as the copy it is
+    (stripping it would leave a group with no node)."""
+    g = _graph()
+    doc = H.planned([g], [g.value("w")], groups={"update": [["relu"], ["sel"], ["mm"], ["sum"]]}, tiles=1)
+    info = generate(doc, jobs=1).manifest["programs"]["update"]["groups"]["1"]
+    assert info["ops"] == ["latch::select"] and "aliases" not in info

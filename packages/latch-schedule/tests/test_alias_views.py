@@ -76,7 +76,7 @@ def test_fewer_tasks_and_no_contiguous_view_copies(registries, docs, strategy):
     g = on.graph.program(p_on.program)
     prefixed = 0
     for grp in p_on.groups:
-        pre = alias_prefixes(g, grp.nodes, _fusable(ops))
+        pre = alias_prefixes(g, grp.nodes, _fusable(ops), grp.outputs)
         if not pre:
             continue
         prefixed += 1
@@ -87,7 +87,7 @@ def test_fewer_tasks_and_no_contiguous_view_copies(registries, docs, strategy):
     assert prefixed >= len(copies) // 2
     placed = {p.value for p in on.memory.programs[0].placements}
     for grp in p_on.groups:
-        for v in alias_prefixes(g, grp.nodes, _fusable(ops)):
+        for v in alias_prefixes(g, grp.nodes, _fusable(ops), grp.outputs):
             assert v not in placed  # no bytes of its own
 
 
@@ -112,7 +112,7 @@ def _alias_hazard(doc, ops):
     nodes = {n.name: n for n in g.nodes}
     alias_groups: dict[str, set[int]] = {}
     for grp in ps.groups:
-        for base, _ in alias_prefixes(g, grp.nodes, _fusable(ops)).values():
+        for base, _ in alias_prefixes(g, grp.nodes, _fusable(ops), grp.outputs).values():
             alias_groups.setdefault(base, set()).add(grp.id)
     users: dict[str, list] = {}
     writers: dict[str, list] = {}

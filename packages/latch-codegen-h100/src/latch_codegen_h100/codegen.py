@@ -97,7 +97,7 @@ def strip_alias_prefix(graph: Graph, grp, ops, nodes: dict) -> tuple[Any, dict[s
         tags = ops.get(n.op).tags
         return bool(tags & {ELEMENTWISE, COPY}) or (VIEW in tags and n.op in FUSABLE_VIEWS)
 
-    pre = alias_prefixes(graph, grp.nodes, fusable)
+    pre = alias_prefixes(graph, grp.nodes, fusable, grp.outputs)
     if not pre:
         return grp, {}
     keep = [x for x in grp.nodes if not (nodes[x].outputs and nodes[x].outputs[0] in pre)]

@@ -91,7 +91,7 @@ def alias_byte_offset(node, graph) -> int | None:
     return nbytes if nbytes % ALIAS_ALIGNMENT == 0 else None
 
 
-def alias_prefixes(graph, node_names, fusable) -> dict[str, tuple[str, int]]:
+def alias_prefixes(graph, node_names, fusable, leaving=()) -> dict[str, tuple[str, int]]:
     """The *alias prefix* of a fusion group: ``{view output: (storage value, byte offset)}``.
 
     A node of the group is in its alias prefix when it is a contiguous view
@@ -102,7 +102,9 @@ def alias_prefixes(graph, node_names, fusable) -> dict[str, tuple[str, int]]:
     directly at the storage value's placement plus the byte offset; prefix nodes compute nothing.
     One rule for the scheduler's fusion (latch_schedule.fusion) and the code generator (which
     strips the prefix), so both agree on which views are addresses. ``fusable(node) -> bool``;
-    ``node_names``: the group's node names, or its nodes themselves in graph order (cheaper)."""
+    ``node_names``: the group's node names, or its nodes themselves in graph order (cheaper);
+    ``leaving``: the group's outputs (values other groups read: never prefixes)."""
+    leaving = set(leaving)
     node_names = list(node_names)
     if node_names and not isinstance(node_names[0], str):
         nodes = node_names
@@ -119,7 +121,9 @@ def alias_prefixes(graph, node_names, fusable) -> dict[str, tuple[str, int]]:
     cand: dict[str, tuple[str, int]] = {}  # view output -> (its operand, own byte offset)
     for n in nodes:
         off = alias_byte_offset(n, graph)
-        if off is not None and n.outputs[0] not in outputs:
+        # a prefix is read inside the group and nowhere else: a view no node of the group reads
+        # (a group of views alone, whose output other groups read) is a copy, not an address
+        if off is not None and n.outputs[0] not in outputs and n.outputs[0] not in leaving and readers.get(n.outputs[0]):
             cand[n.outputs[0]] = (next(v for v in n.inputs if v is not None), off)
     changed = True
     while changed:  # drop candidates until the rule holds for every one left

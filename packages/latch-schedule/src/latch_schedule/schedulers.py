@@ -81,7 +81,7 @@ def _run(name: str, doc: Document, options: dict[str, Any],
         programs.append(ps)
         st = dict(st)
         found = [(v, base, off, gi) for gi, p in enumerate(tg.plans) if len(p.nodes) > 1
-                 for v, (base, off) in alias_prefixes(graphs[tg.program], p.nodes, fusable).items()]
+                 for v, (base, off) in alias_prefixes(graphs[tg.program], p.nodes, fusable, p.outputs).items()]
         st["alias_prefix_views"] = len(found)  # views folded into their readers as addresses
         aliases[tg.program] = tuple(found)
         stats[f"program.{tg.program}"] = st
