@@ -74,8 +74,8 @@ def view_groups(doc, ops) -> dict:
     total["schedule_phases"] = len(phases)
     total["schedule_barriers"] = ps.num_barriers
     total["kinds"] = {"+".join(k): v for k, v in sorted(kinds.items(), key=lambda kv: -kv[1][2])}
-    aliases = dict(doc.schedule.stats).get(f"program.{ps.program}", {})
-    total["alias_prefixes"] = dict(aliases).get("alias_prefixes", 0) if isinstance(aliases, (dict, tuple)) else 0
+    st = dict(dict(doc.schedule.stats).get(f"program.{ps.program}", ()) or ())
+    total["alias_prefix_views"] = st.get("alias_prefix_views", 0)
     return total
 
 
@@ -109,7 +109,8 @@ def main(argv=None) -> int:
     print(f"view-only groups: {r['groups']} ({r['tasks']} tasks, {r['bytes'] / 1e9:.3f} GB moved); "
           f"contiguous: {r['contig_groups']} ({r['contig_tasks']} tasks, {r['contig_bytes'] / 1e9:.3f} GB)")
     print(f"phases holding only view-only tasks: {r['phases_view_only']}; only contiguous ones: "
-          f"{r['phases_contiguous_only']}")
+          f"{r['phases_contiguous_only']}; views read in place by their readers (alias prefixes): "
+          f"{r['alias_prefix_views']}")
     print(f"{'ops':44s} {'groups':>7s} {'tasks':>7s} {'GB':>8s} {'contig':>7s}")
     for k, (n, t, b, c) in r["kinds"].items():
         print(f"{k[:44]:44s} {n:7d} {t:7d} {b / 1e9:8.3f} {c:7d}")
