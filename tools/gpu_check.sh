@@ -277,6 +277,7 @@ if want dense; then
     # FP32 updates (docs/GATES.md: where the update is gated; 0: the fresh state only).
     # LATCH_GPU_DENSE_SCHEDULERS (default: barrier): one compile per strategy; the second one's
     # build is a cache hit (the bodies are the same), so it costs the run and the gates only.
+    # LATCH_GPU_DENSE_FLAGS: extra compile flags (e.g. --no-alias-views, to time without issue 11's aliases).
     DENSE=(--set d_model=768 --set layers=8 --set heads=12 --set vocab=49152 --set seq=1024 --set batch=2
            --set mlp_hidden=2048)
     for dsched in ${LATCH_GPU_DENSE_SCHEDULERS:-barrier}; do
@@ -284,7 +285,7 @@ if want dense; then
     timeout "${LATCH_GPU_DENSE_S:-420}" "$PY" -m latch_core.cli compile examples/transformer.py --target gpu "${DENSE[@]}" \
         --scheduler "$dsched" --steps 1 --torch-column --trained "${LATCH_GPU_DENSE_TRAINED:-200}" \
         --bench --strongest --no-eager --iters 5 \
-        --dir "$WORK/build/dense-$dsched" > "$OUT/dense-$dsched.log" 2>&1
+        ${LATCH_GPU_DENSE_FLAGS:-} --dir "$WORK/build/dense-$dsched" > "$OUT/dense-$dsched.log" 2>&1
     rc=$?
     cp "$OUT/dense-$dsched.log" "$WORK/dense.log"  # in $OUT as it runs: a call cut by its time limit keeps it
     { echo "===== dense transformer $dsched (exit $rc)"; cat "$WORK/dense.log"; } >> "$OUT/examples.log"

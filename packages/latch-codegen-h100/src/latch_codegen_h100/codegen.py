@@ -27,7 +27,8 @@ import attrs
 
 from latch_core.document import Document
 from latch_core.ir import BATCH, CONST, HYPER, Graph
-from latch_core.registry import VIEW
+from latch_core.aliasing import alias_prefixes
+from latch_core.registry import COPY, ELEMENTWISE, VIEW
 from latch_core.sections import BARRIER, SIGNAL, TASK, WAIT, ProgramMemory, ProgramSchedule
 
 from . import tables as T
@@ -78,6 +79,35 @@ def _op_specs(regs=None):
 
         regs = registries()
     return regs.ops
+
+
+# The views latch-schedule's fusion inlines into elementwise bodies (latch_schedule.fusion.FUSABLE_VIEWS).
+FUSABLE_VIEWS = frozenset({"latch::reshape", "latch::permute", "latch::expand", "latch::slice", "latch::select"})
+
+
+def strip_alias_prefix(graph: Graph, grp, ops, nodes: dict) -> tuple[Any, dict[str, tuple[str, int]]]:
+    """``grp`` without its alias prefix (``latch_core.aliasing.alias_prefixes``: contiguous views
+    that are addresses, not computations), and ``{view output: (storage value, byte offset)}``.
+    The stripped group reads each prefix output as an input of its own, at the storage value's
+    placement plus the offset; its other inputs keep their first-use order."""
+
+    def fusable(n) -> bool:
+        if n.op not in ops:
+            return False
+        tags = ops.get(n.op).tags
+        return bool(tags & {ELEMENTWISE, COPY}) or (VIEW in tags and n.op in FUSABLE_VIEWS)
+
+    pre = alias_prefixes(graph, grp.nodes, fusable, grp.outputs)
+    if not pre:
+        return grp, {}
+    keep = [x for x in grp.nodes if not (nodes[x].outputs and nodes[x].outputs[0] in pre)]
+    produced = {o for x in keep for o in nodes[x].outputs}
+    ins: list[str] = []
+    for x in keep:
+        for v in nodes[x].inputs:
+            if v is not None and v not in produced and v not in ins:
+                ins.append(v)
+    return attrs.evolve(grp, nodes=tuple(keep), inputs=tuple(ins)), pre
 
 
 def g_nodes_op(nodes: dict, grp) -> str:
@@ -135,6 +165,7 @@ class _ProgramPlan:
     group_rec: dict  # group id -> (body id, op_begin, op_count)
     locs: dict  # group id -> [(buffer, offset)] of its operands (inputs, then outputs)
     body_keys: dict  # group id -> body key
+    groups: dict = attrs.field(factory=dict)  # group id -> the group as lowered (alias prefix stripped)
 
 
 def _check_sync(ps: ProgramSchedule) -> dict[int, int]:
@@ -184,7 +215,13 @@ def _plan_program(doc: Document, ps: ProgramSchedule, pm: ProgramMemory, ext: di
     place = {p.value: p for p in pm.placements}
     nodes = {n.name: n for n in g.nodes}
 
+    aliases: dict[str, tuple[str, int]] = {}  # alias-prefix outputs -> (storage value, byte offset)
+
     def locate(value: str, group_id: int) -> tuple[int, int]:
+        if value in aliases:
+            base, off = aliases[value]
+            buf, at = locate(base, group_id)
+            return buf, at + off
         p = place.get(value)
         if p is None:
             raise CodegenError(f"program {ps.program!r} group {group_id}: value {value!r} crosses the group boundary "
@@ -201,9 +238,15 @@ def _plan_program(doc: Document, ps: ProgramSchedule, pm: ProgramMemory, ext: di
     group_locs: dict[int, list[tuple[int, int]]] = {}
     group_keys: dict[int, str] = {}
     groups_info = {}
-    groups_by_id = {grp.id: grp for grp in ps.groups}
+    groups_by_id = {}
     index = node_index(g)
-    for grp in ps.groups:
+    for full in ps.groups:
+        for nn in full.nodes:
+            if nn not in nodes:
+                raise CodegenError(f"program {ps.program!r} group {full.id}: no node {nn!r} in the graph")
+        grp, pre = strip_alias_prefix(g, full, ops, nodes)
+        aliases.update(pre)
+        groups_by_id[grp.id] = grp
         for nn in grp.nodes:
             n = nodes.get(nn)
             if n is None:
@@ -240,6 +283,8 @@ def _plan_program(doc: Document, ps: ProgramSchedule, pm: ProgramMemory, ext: di
             "source": next((nodes[x].source for x in grp.nodes if nodes[x].source), None),
             "body": key,
         }
+        if pre:
+            groups_info[str(grp.id)]["aliases"] = {v: list(b) for v, b in pre.items()}
 
     counters = _check_sync(ps)
     for k, t in enumerate(ps.tasks):
@@ -313,7 +358,7 @@ def _plan_program(doc: Document, ps: ProgramSchedule, pm: ProgramMemory, ext: di
         "groups": groups_info,
         "tables": {k: f"tables/{ps.program}.{k}.bin" for k in tabs.files()},
     }
-    return _ProgramPlan(ps.program, tabs, info, group_rec, group_locs, group_keys)
+    return _ProgramPlan(ps.program, tabs, info, group_rec, group_locs, group_keys, groups_by_id)
 
 
 def local_deps(ps: ProgramSchedule) -> dict[int, int]:
@@ -352,7 +397,7 @@ def _finish_tables(doc: Document, plan: _ProgramPlan, rendered: dict) -> _Progra
         locs = plan.locs[gid]
         for j, m in enumerate(r.tensor_maps):
             buf, off = locs[m.operand]
-            grp = next(x for x in ps.groups if x.id == gid)
+            grp = plan.groups.get(gid) or next(x for x in ps.groups if x.id == gid)
             value = (*grp.inputs, *grp.outputs)[m.operand]
             v = g.value(value)
             if math.prod(m.dims) != v.numel:

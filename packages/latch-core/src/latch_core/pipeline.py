@@ -11,6 +11,7 @@ to a built program.
     schedule.matmul_layouts     latch-schedule       graph rewrite: transposes feeding matmuls become trans flags
     schedule.split_reductions   latch-schedule       graph rewrite: big full reductions in two levels
     schedule.matmul_configs     latch-schedule       graph rewrite: each matmul's body configuration, split-K
+    schedule.alias_views        latch-schedule       graph rewrite: contiguous views cloned per reader (alias prefixes)
     schedule                    latch-schedule       fusion, tiles, SM assignment, barriers or counters
     memory.plan                 latch-memory         liveness, in-place updates, arena offsets
     schedule.validate           latch-schedule       static hazard proof over schedule + memory plan
@@ -61,6 +62,8 @@ PIPELINE: tuple[Stage, ...] = (
           "split_reductions"),
     Stage("schedule.matmul_configs", "latch-schedule",
           "graph rewrite: each matmul's body configuration (cost model) and split-K factor", "matmul_configs"),
+    Stage("schedule.alias_views", "latch-schedule",
+          "graph rewrite: a contiguous view read by several nodes cloned per reader (alias prefixes)", "alias_views"),
     Stage("schedule", "latch-schedule", "fusion, tiles, SM assignment, barriers or counters"),
     Stage("memory.plan", "latch-memory", "liveness, in-place updates, arena offsets"),
     Stage("schedule.validate", "latch-schedule", "static hazard proof over schedule + memory plan"),
@@ -93,6 +96,7 @@ class Request:
     split_reductions: bool = True
     matmul_layouts: bool = True
     matmul_configs: bool = True
+    alias_views: bool = True  # contiguous views fold into their reader's operand address (schedule option)
     build: bool = True
     build_dir: str | None = None  # default: build/<example>-<strategy>
     routing: bool | str = "auto"  # expose routing decisions as outputs ("auto": when the update routes)
@@ -103,7 +107,7 @@ class Request:
     def passes(self) -> list[str]:
         on = {"policy": self.policy, "fuse_cross_entropy": self.fuse_cross_entropy, "remat_budget": self.remat_budget is not None,
               "split_reductions": self.split_reductions, "matmul_layouts": self.matmul_layouts,
-              "matmul_configs": self.matmul_configs, "build": self.build}
+              "matmul_configs": self.matmul_configs, "alias_views": self.alias_views, "build": self.build}
         return [s.name for s in PIPELINE if not s.switch or on[s.switch]]
 
     def options(self) -> dict[str, dict[str, Any]]:
@@ -112,7 +116,7 @@ class Request:
                         "routing": self.routing, "cache": self.cache, "progress": self.progress},
             "schedule.split_reductions": {"num_sms": self.num_sms},
             "schedule.matmul_configs": {"num_sms": self.num_sms},
-            "schedule": {"num_sms": self.num_sms},
+            "schedule": {"num_sms": self.num_sms, "alias_views": self.alias_views},
             "build": {"directory": self.build_dir, "use_cache": self.cache, "progress": self.progress},
         }
         if self.scheduler:

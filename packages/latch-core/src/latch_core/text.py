@@ -56,11 +56,27 @@ def _matmul_configs(per_program) -> list[str]:
     return lines
 
 
+def _aliases(per_program: tuple, shown: int = 12) -> list[str]:
+    """The schedule's alias prefixes (latch_schedule.fusion): views read in place, per program."""
+    lines = []
+    for item in per_program:
+        if not (isinstance(item, tuple) and len(item) == 2):
+            continue
+        prog, rows = item
+        parts = [f"%{r[0]} = %{r[1]}+{r[2]}B (g{r[3]})" for r in rows[:shown] if isinstance(r, tuple) and len(r) == 4]
+        more = f" ... (+{len(rows) - shown})" if len(rows) > shown else ""
+        lines.append(f"  aliases {prog}: {len(rows)} views read in place: " + ", ".join(parts) + more)
+    return lines
+
+
 def format_schedule(s: ScheduleSection, *, max_sms: int = 8, max_instrs: int = 12) -> list[str]:
     lines = [f"schedule: strategy {s.strategy}, {s.num_sms} SMs"]
     for k, v in s.stats:
         if k == "matmul_configs" and isinstance(v, tuple):
             lines.extend(_matmul_configs(v))
+            continue
+        if k == "aliases" and isinstance(v, tuple):
+            lines.extend(_aliases(v))
             continue
         lines.append(f"  {k}: {v}")
     for ps in s.programs:

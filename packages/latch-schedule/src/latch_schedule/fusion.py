@@ -44,6 +44,19 @@ sink's output is written at the tile's index like a sibling's, having the primar
 a value all of whose readers are now in the group, which becomes internal. A merged group is
 bounded to ``HORIZONTAL_MAX_NODES`` nodes.
 
+Alias prefixes (option ``alias_views``; issue 11): a view whose output is a contiguous byte range
+of its operand (``latch_core.aliasing``: a reshape, a leading-dims select or slice, a permute or
+expand of size-1 dims only; the offset a multiple of 256 bytes) and that is not a program output
+joins the group of its readers when none of them is pointwise or a fusable view (a matmul, the
+attention, a norm, a reduction, a concat, ...), or every reader is such a view itself: it is an
+address, not a computation. The group's body reads the view's output at the operand's placement
+plus the byte offset (latch-codegen-h100 strips the prefix with the same rule,
+``latch_core.aliasing.alias_prefixes``), the footprint maps the tile's reads through the view's
+index map onto the operand, so dependencies, liveness and the hazard proof see the real bytes read,
+and the view is no copy task of its own. Nothing else may join a prefix (the operand's producer
+stays outside). A view read by several groups is cloned per reader first (the pass
+``schedule.alias_views``, :mod:`latch_schedule.aliases`).
+
 Every group gets a body signature key: a hash of its nodes' ops, attributes, operand/result types
 and internal wiring (group inputs numbered by first use). Groups with equal keys share one body.
 """
@@ -55,6 +68,7 @@ from typing import Sequence
 
 import attrs
 
+from latch_core.aliasing import alias_byte_offset
 from latch_core.ir import Graph, Node
 from latch_core.registry import COPY, ELEMENTWISE, VIEW, OpSpec, Registry
 
@@ -236,9 +250,10 @@ def _horizontal(graph: Graph, nodes, pointwise, find, parent, consumers, interna
 
 
 def fuse(graph: Graph, ops: Registry | None, enabled: bool = True,
-         prologue_ops: frozenset[str] = PROLOGUE_REDUCTIONS) -> list[GroupPlan]:
+         prologue_ops: frozenset[str] = PROLOGUE_REDUCTIONS, alias_views: bool = False) -> list[GroupPlan]:
     """Groups of ``graph``'s nodes, in an order that is topological for the groups. ``prologue_ops``:
-    the reductions that take an elementwise prologue (empty: none do)."""
+    the reductions that take an elementwise prologue (empty: none do). ``alias_views``: contiguous
+    views join the group that reads them as its alias prefix (module docstring)."""
     nodes = graph.nodes
     index = {n.name: i for i, n in enumerate(nodes)}
     consumers: dict[str, list[int]] = {}
@@ -263,6 +278,7 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True,
         return i
 
     internal: set[str] = set()
+    prefix: set[int] = set()  # alias-prefix views (latch_core.aliasing.alias_prefixes)
     if enabled:
         # Reverse graph order: when a node is considered, all its consumers already sit in their
         # final groups, and it joins one only if every consumer is in that one group. Each group
@@ -280,6 +296,14 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True,
             if any(find(c) != root for c in cs):
                 continue
             shape = graph.value(o).shape
+            if alias_views and o not in program_outputs and alias_byte_offset(n, graph) is not None and all(
+                    c in prefix or not (pointwise[c] or view[c]) for c in cs):
+                parent[i] = root  # an address, not a computation: the reader's body reads o in place
+                internal.add(o)
+                prefix.add(i)
+                continue
+            if any(c in prefix for c in cs):
+                continue  # only another contiguous view may join an alias prefix
             ok = True
             prologue = False
             for c in cs:

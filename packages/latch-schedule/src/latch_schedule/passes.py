@@ -13,6 +13,9 @@
   become operand layouts (:mod:`latch_schedule.layouts`). Runs before ``schedule.split_reductions``.
 - ``schedule.matmul_configs`` (graph rewrite): every matmul gets its body configuration and split-K
   factor from the cost model (:mod:`latch_schedule.matmul_configs`). Runs right before ``schedule``.
+- ``schedule.alias_views`` (graph rewrite): a contiguous view read by several nodes is cloned per
+  reader (:mod:`latch_schedule.aliases`), so each copy folds into its reader's group (the
+  scheduler's alias prefixes, option ``alias_views``). Runs right before ``schedule``.
 - ``schedule.validate`` (validator; requires graph, schedule, memory): the full static hazard
   check (:mod:`latch_schedule.validate`), run by ``latch-pipeline validate`` and by the pipeline
   before code generation.
@@ -81,6 +84,12 @@ def _configs(doc: Document, **options) -> Document:
     return configs_pass(doc, **options)
 
 
+def _alias_views(doc: Document, **options):
+    from .aliases import alias_views_pass
+
+    return alias_views_pass(doc, **options)
+
+
 def _validate(doc: Document, **options) -> Document:
     from .validate import ValidationError, validate
 
@@ -109,6 +118,9 @@ MATMUL_LAYOUTS = Pass("schedule.matmul_layouts", _layouts, requires={"graph"}, e
 MATMUL_CONFIGS = Pass("schedule.matmul_configs", _configs, requires={"graph"}, ensures={"graph"},
                       doc="record each matmul's body configuration (and split-K rewrite) from the cost model "
                           "(options num_sms, cost_<field>)")
+ALIAS_VIEWS = Pass("schedule.alias_views", _alias_views, requires={"graph"}, ensures={"graph"},
+                   doc="graph rewrite: a contiguous view read by several nodes is cloned per reader, so every "
+                       "copy folds into its reader (the scheduler's alias prefixes)")
 SCHEDULE = Pass("schedule", _schedule, requires={"graph"}, ensures={"schedule"},
                 doc="fusion, tiling, SM assignment and synchronisation (option scheduler, else LATCH_SCHEDULER, "
                     "else barrier; num_sms, fuse)")

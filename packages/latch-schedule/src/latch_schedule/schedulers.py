@@ -3,6 +3,8 @@
 Options shared by the built-in strategies:
 - ``num_sms`` (int, default 132): SMs the grid has (one persistent block per SM);
 - ``fuse`` (bool, default True): fuse elementwise chains (:mod:`latch_schedule.fusion`);
+- ``alias_views`` (bool, default True): contiguous views become their reader's alias prefix
+  (:mod:`latch_schedule.fusion`), not copy tasks;
 - ``ops``: the op registry to read tags, costs and tilings from (default: installed plugins);
 - ``matmul_tile`` ((M, N)), ``cost_<field>``: overrides of :class:`latch_schedule.tiling.CostModel`;
 - ``sync_seconds`` (float, default 1e-6): the estimated cost of a barrier / a cross-SM wait.
@@ -21,6 +23,10 @@ from latch_core.sections import ProgramSchedule, ScheduleSection
 
 from . import barrier as _barrier
 from . import dataflow as _dataflow
+from latch_core.aliasing import alias_prefixes
+from latch_core.registry import VIEW
+
+from .fusion import FUSABLE_VIEWS, POINTWISE_TAGS
 from .tasks import ScheduleError, TaskGraph, build, options_cost
 
 DEFAULT_NUM_SMS = 132
@@ -50,7 +56,8 @@ def task_graphs(doc: Document, options: dict[str, Any]) -> list[TaskGraph]:
     ops = _ops(options)
     cost = options_cost(options)
     fuse = _bool(options.get("fuse", True))
-    return [build(g, ops, fuse_ops=fuse, num_sms=num_sms, cost=cost) for g in doc.graph.programs]
+    alias = _bool(options.get("alias_views", True))
+    return [build(g, ops, fuse_ops=fuse, num_sms=num_sms, cost=cost, alias_views=alias) for g in doc.graph.programs]
 
 
 def _run(name: str, doc: Document, options: dict[str, Any],
@@ -61,14 +68,30 @@ def _run(name: str, doc: Document, options: dict[str, Any],
     tgs = task_graphs(doc, options)
     t1 = time.perf_counter()
     programs, stats = [], {}
+    graphs = {g.name: g for g in doc.graph.programs}
+    ops = _ops(options)
+
+    def fusable(n) -> bool:
+        tags = ops.get(n.op).tags if n.op in ops else frozenset()
+        return bool(tags & POINTWISE_TAGS) or (VIEW in tags and n.op in FUSABLE_VIEWS)
+
+    aliases: dict[str, tuple] = {}  # program -> (view, storage value, byte offset, group)
     for tg in tgs:
         ps, st = per_program(tg, num_sms, sync)
         programs.append(ps)
+        st = dict(st)
+        found = [(v, base, off, gi) for gi, p in enumerate(tg.plans) if len(p.nodes) > 1
+                 for v, (base, off) in alias_prefixes(graphs[tg.program], p.nodes, fusable, p.outputs).items()]
+        st["alias_prefix_views"] = len(found)  # views folded into their readers as addresses
+        aliases[tg.program] = tuple(found)
         stats[f"program.{tg.program}"] = st
     t2 = time.perf_counter()
     stats["seconds_tasks"] = round(t1 - t0, 4)
     stats["seconds_strategy"] = round(t2 - t1, 4)
     stats["fuse"] = _bool(options.get("fuse", True))
+    stats["alias_views"] = _bool(options.get("alias_views", True))
+    if any(aliases.values()):
+        stats["aliases"] = aliases
     return ScheduleSection(strategy=name, num_sms=num_sms, programs=programs, stats=stats)
 
 
