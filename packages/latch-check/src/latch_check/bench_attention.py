@@ -80,7 +80,9 @@ CASES = (
 
 
 def _programs(c: Case, dtype: str = "bf16", glse: bool = False, body: str | None = None,
-              operand: str | None = None) -> list[Graph]:
+              operand: str | None = None, fwd_body: str | None = None) -> list[Graph]:
+    """``body`` goes on both nodes (``attention_body``); ``fwd_body`` on the forward node only (the
+    wgmma forward has no backward twin yet, so the backward keeps its default body)."""
     q, k, v, go, gl = (f"{c.name}.{n}" for n in ("q", "k", "v", "go", "glse"))
     attrs_ = {"causal": c.causal, "scale": c.scale}
     if body:
@@ -96,7 +98,8 @@ def _programs(c: Case, dtype: str = "bf16", glse: bool = False, body: str | None
         p = f"{c.name}.{kind}"
         out, lse = f"{p}.out", f"{p}.lse"
         values = list(ins) + [Value(out, c.q_shape, dtype), Value(lse, c.q_shape[:3], stat)]
-        nodes = [Node(f"{p}.sdpa", "latch::sdpa", (q, k, v), (out, lse), attrs_, source=f"bench_attention {c.name}")]
+        fattrs = dict(attrs_, attention_body=fwd_body) if fwd_body else attrs_
+        nodes = [Node(f"{p}.sdpa", "latch::sdpa", (q, k, v), (out, lse), fattrs, source=f"bench_attention {c.name}")]
         outs: tuple = (out, lse)
         batch = (q, k, v)
         if kind == "fwdbwd":
@@ -114,11 +117,15 @@ def _programs(c: Case, dtype: str = "bf16", glse: bool = False, body: str | None
 
 
 def attention_document(case_list: Iterable[Case], dtype: str = "bf16", glse: bool = False,
-                       body: str | None = None) -> Document:
+                       body: str | None = None, fwd_body: str | None = None) -> Document:
     """Per case ``<case>.fwd`` and ``<case>.fwdbwd`` (see the module docstring); ``glse``: the
     backward also takes a gradient of lse (a batch input ``<case>.glse``); ``body="simt"`` forces
-    the SIMT bodies (attribute ``attention_body``)."""
-    progs = [p for c in case_list for p in _programs(c, dtype, glse, body)]
+    the SIMT bodies (attribute ``attention_body``); ``fwd_body="wgmma"`` the forward's wgmma body
+    (the forward node only). With ``fwd_body``, each case is named ``<case>-<fwd_body>``, so one
+    document can hold both forwards of a case."""
+    if fwd_body:
+        case_list = [attrs.evolve(c, name=f"{c.name}-{fwd_body}") for c in case_list]
+    progs = [p for c in case_list for p in _programs(c, dtype, glse, body, fwd_body=fwd_body)]
     return Document(graph=GraphSection(progs, (), {"example": "bench_attention"}))
 
 

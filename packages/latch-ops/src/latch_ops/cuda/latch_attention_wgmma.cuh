@@ -1,0 +1,282 @@
+// latch::sdpa forward on the worker (sm_90a): Q, K and V loaded by TMA into the kernel's ring of
+// shared-memory stages by the producer warp, S = Q K^T and O += P V on wgmma, the online softmax
+// in registers. BF16 storage, head dims D = Dv in {64, 128}; the semantics of
+// latch_ops/attention.py (causal = top-left aligned: key j > query i is masked; lse in natural log).
+//
+// A task is a box of (batch, head, query rows); it is walked in tiles of BM = 128 query rows of one
+// (b, h). Per tile the producer fills, in order:
+//   1 stage:  Q, the tile's 128 rows, as D/64 blocks of [128 rows][64 columns] (16 KiB each);
+//   n stages: K and V of BN keys each (BN = 128 for D = 64, 64 for D = 128: 32 KiB a stage), K as
+//             D/64 blocks of [BN][64] at offset 0, V the same at offset BN * D * 2.
+// Every block is one 3-D TMA box (64 columns, rows, 1 head) of the tensor viewed as [B*H][T][D], so
+// rows past T read as zeros (odd lengths) without touching the next head. All boxes are 128-byte
+// swizzled (latch_sm90.cuh wgmma_desc). Causal tiles stop at the block holding their last query row.
+//
+// Consumer warpgroup w (of 2) owns query rows 64 w .. 64 w + 63 of the tile. It copies its Q rows
+// from the first stage into registers (the A fragments of register-A wgmma, latch_wgmma.cuh _rs)
+// and releases that stage at once, so the Q stage never blocks the ring. Per key block: S = Q K^T
+// (m64 nBN k16 x D/16, A = Q registers, B = K K-major), masked (keys >= Tk; causal: keys above the
+// diagonal) only on the blocks that need it, online softmax in the log2 domain (exp2 of scores
+// prescaled by scale * log2 e), P rounded to BF16 in registers and O += P V (m64 nD k16 x BN/16,
+// A = P registers, B = V N-major), then the stage goes back to the producer. A causal block wholly
+// above a warpgroup's rows is skipped by that warpgroup (still waited for and released).
+// The 8 consumer warps each arrive once on a stage's ``empty`` barrier (latch_pipe.cuh).
+#pragma once
+
+#include "latch_common.cuh"
+#include "latch_pipe.cuh"
+#include "latch_sm90.cuh"
+#include "latch_wgmma.cuh"
+
+namespace latch {
+namespace awg {
+
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+
+template <int D> struct FwdShape {
+  static_assert(D == 64 || D == 128, "head dims 64 and 128");
+  static constexpr int BM = 128;                // query rows per tile (two warpgroups of 64)
+  static constexpr int BN = D == 64 ? 128 : 64;  // keys per stage
+  static constexpr int DB = D / 64;              // 64-column (128-byte) blocks of a row
+  static constexpr int Q_BYTES = BM * D * 2;
+  static constexpr int KV_BYTES = BN * D * 2;    // K (or V) of one stage
+  static constexpr int STAGE = 2 * KV_BYTES;
+  static_assert(Q_BYTES <= STAGE, "Q fits one stage");
+};
+
+// One 3-D box of tensor map ``map`` at element coordinates (c0 innermost, c1, c2) into shared memory
+// at ``dst`` (1024-byte aligned for 128-byte swizzling); completion counted in bytes on ``bar``.
+// Elements outside the tensor read as zero.
+__device__ __forceinline__ void tma_load_3d(void* dst, const void* map, uint64_t* bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];"
+      ::"r"(sm90::smem_addr(dst)), "l"(map), "r"(sm90::smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+// Keys a tile of query rows [r0, r1) reads: all of them, or (causal) up to its last row.
+template <bool CAUSAL> __device__ __forceinline__ int fwd_key_end(int r1, int Tk) {
+  return CAUSAL ? (r1 < Tk ? r1 : Tk) : Tk;
+}
+
+// Producer (one thread): every stage of every tile of the task's box, in the consumers' order.
+template <int D, bool CAUSAL>
+__device__ __forceinline__ bool fwd_produce(Pipe& p, const Task* t, const void* map_q, const void* map_k,
+                                            const void* map_v, int H, int Hkv, int Tq, int Tk) {
+  typedef FwdShape<D> S;
+  const int G = H / Hkv;
+  for (int b = t->lo[0]; b < t->hi[0]; ++b)
+    for (int h = t->lo[1]; h < t->hi[1]; ++h)
+      for (int r0 = t->lo[2]; r0 < t->hi[2]; r0 += S::BM) {
+        const int bh = b * H + h, bkv = b * Hkv + h / G;
+        const int r1 = r0 + S::BM < t->hi[2] ? r0 + S::BM : t->hi[2];
+        if (!pipe_wait(&p.empty[p.stage], p.phase ^ 1u, p)) return false;
+        {
+          char* st = p.at(p.stage);
+          uint64_t* full = &p.full[p.stage];
+          sm90::mbar_arrive_expect_tx(full, S::Q_BYTES);
+#pragma unroll
+          for (int j = 0; j < S::DB; ++j) tma_load_3d(st + j * (S::BM * 128), map_q, full, 64 * j, r0, bh);
+          p.advance();
+        }
+        const int kend = fwd_key_end<CAUSAL>(r1, Tk);
+        for (int kb = 0; kb < kend; kb += S::BN) {
+          if (!pipe_wait(&p.empty[p.stage], p.phase ^ 1u, p)) return false;
+          char* st = p.at(p.stage);
+          uint64_t* full = &p.full[p.stage];
+          sm90::mbar_arrive_expect_tx(full, S::STAGE);
+#pragma unroll
+          for (int j = 0; j < S::DB; ++j) {
+            tma_load_3d(st + j * (S::BN * 128), map_k, full, 64 * j, kb, bkv);
+            tma_load_3d(st + S::KV_BYTES + j * (S::BN * 128), map_v, full, 64 * j, kb, bkv);
+          }
+          p.advance();
+        }
+      }
+  return true;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+
+// The 32-bit pair at (row, col) (col even) of a tile of 128-byte swizzled rows of 64 BF16 columns.
+__device__ __forceinline__ uint32_t swz_pair(uint32_t base, int row, int col) {
+  const int byte = 2 * col;
+  return ld_shared_u32(base + 128 * row + ((((byte >> 4) ^ row) & 7) << 4) + (byte & 15));
+}
+
+template <int N> struct WgmmaRs;
+template <> struct WgmmaRs<64> {
+  template <int TB> __device__ __forceinline__ static void run(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int s) {
+    sm90::wgmma_bf16_m64n64k16_rs<TB>(d, a, b, s);
+  }
+};
+template <> struct WgmmaRs<128> {
+  template <int TB> __device__ __forceinline__ static void run(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int s) {
+    sm90::wgmma_bf16_m64n128k16_rs<TB>(d, a, b, s);
+  }
+};
+
+// Consumers (threads 0..255): every tile of the task's box. ``out`` and ``lse`` are the whole
+// tensors ([B*H][Tq][D], [B*H][Tq]; lse may be null). False if the launch was aborted.
+template <int D, bool CAUSAL>
+__device__ __forceinline__ bool fwd_consume(Pipe& p, const Task* t, __nv_bfloat16* out, float* lse, int H, int Tq,
+                                            int Tk, float scale) {
+  typedef FwdShape<D> S;
+  constexpr int BN = S::BN, KQ = D / 16, KP = BN / 16;
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const float c2 = scale * LOG2E;
+  for (int b = t->lo[0]; b < t->hi[0]; ++b)
+    for (int h = t->lo[1]; h < t->hi[1]; ++h)
+      for (int r0 = t->lo[2]; r0 < t->hi[2]; r0 += S::BM) {
+        const int bh = b * H + h;
+        const int r1 = r0 + S::BM < t->hi[2] ? r0 + S::BM : t->hi[2];
+        const int wrow0 = r0 + 64 * wg;                   // the warpgroup's first query row
+        const int row_a = wrow0 + 16 * warp + g, row_b = row_a + 8;  // this thread's two rows
+        // Q: this warp's 16 rows into A fragments, then the stage goes back to the producer.
+        uint32_t qf[KQ][4];
+        if (!pipe_wait_warp(&p.full[p.stage], p.phase, p)) return false;
+        {
+          const uint32_t sq = sm90::smem_addr(p.at(p.stage)) + 8192 * wg;
+          const int ra = 16 * warp + g;
+#pragma unroll
+          for (int kk = 0; kk < KQ; ++kk) {
+            const uint32_t blk = sq + (kk >> 2) * (S::BM * 128);
+            const int col = (kk & 3) * 16 + 2 * t4;
+            qf[kk][0] = swz_pair(blk, ra, col);
+            qf[kk][1] = swz_pair(blk, ra + 8, col);
+            qf[kk][2] = swz_pair(blk, ra, col + 8);
+            qf[kk][3] = swz_pair(blk, ra + 8, col + 8);
+          }
+          __syncwarp();
+          if (lane == 0) sm90::mbar_arrive(&p.empty[p.stage]);
+          p.advance();
+        }
+        float o[D / 2];
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+        float m_a = -inf(), m_b = -inf(), l_a = 0.f, l_b = 0.f;
+        const int kend = fwd_key_end<CAUSAL>(r1, Tk);
+#pragma unroll 1
+        for (int kb = 0; kb < kend; kb += BN) {
+          if (!pipe_wait_warp(&p.full[p.stage], p.phase, p)) return false;
+          // (warpgroup-uniform) causal: a block wholly above this warpgroup's rows adds nothing
+          const bool live = !CAUSAL || kb <= wrow0 + 63;
+          if (live) {
+            const char* st = p.at(p.stage);
+            float s[BN / 2];
+            sm90::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < KQ; ++kk) {
+              const uint64_t db = sm90::wgmma_desc(st + (kk >> 2) * (BN * 128) + 32 * (kk & 3), 16, 1024);
+              WgmmaRs<BN>::template run<0>(s, qf[kk], db, kk == 0 ? 0 : 1);
+            }
+            sm90::wgmma_commit();
+            sm90::wgmma_wait<0>();
+            // mask only the blocks that hold a key >= Tk or a key above some row's diagonal
+            if (kb + BN > Tk || (CAUSAL && kb + BN - 1 > wrow0)) {
+#pragma unroll
+              for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                  const int col = kb + 8 * j + 2 * t4 + (e & 1);
+                  const int row = e < 2 ? row_a : row_b;
+                  const bool ok = col < Tk && (!CAUSAL || col <= row);
+                  s[4 * j + e] = ok ? s[4 * j + e] * c2 : -inf();
+                }
+            } else {
+#pragma unroll
+              for (int i = 0; i < BN / 2; ++i) s[i] *= c2;
+            }
+            float mx_a = -inf(), mx_b = -inf();
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+              mx_a = fmaxf(mx_a, fmaxf(s[4 * j], s[4 * j + 1]));
+              mx_b = fmaxf(mx_b, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+            }
+#pragma unroll
+            for (int off = 1; off <= 2; off <<= 1) {
+              mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
+              mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
+            }
+            const float nm_a = fmaxf(m_a, mx_a), nm_b = fmaxf(m_b, mx_b);
+            // a row with no visible key yet keeps m = -inf: use 0 as its offset (every p is 0 then)
+            const float u_a = nm_a == -inf() ? 0.f : nm_a, u_b = nm_b == -inf() ? 0.f : nm_b;
+            const float al_a = exp2f(m_a - u_a), al_b = exp2f(m_b - u_b);
+            m_a = nm_a;
+            m_b = nm_b;
+            l_a *= al_a;
+            l_b *= al_b;
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j) {
+              o[4 * j] *= al_a;
+              o[4 * j + 1] *= al_a;
+              o[4 * j + 2] *= al_b;
+              o[4 * j + 3] *= al_b;
+            }
+            uint32_t pf[KP][4];
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+              s[4 * j] = exp2f(s[4 * j] - u_a);
+              s[4 * j + 1] = exp2f(s[4 * j + 1] - u_a);
+              s[4 * j + 2] = exp2f(s[4 * j + 2] - u_b);
+              s[4 * j + 3] = exp2f(s[4 * j + 3] - u_b);
+              l_a += s[4 * j] + s[4 * j + 1];
+              l_b += s[4 * j + 2] + s[4 * j + 3];
+            }
+#pragma unroll
+            for (int kk = 0; kk < KP; ++kk) {
+              pf[kk][0] = pack_bf16(s[8 * kk], s[8 * kk + 1]);
+              pf[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+              pf[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+              pf[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+            }
+            const char* sv = st + S::KV_BYTES;
+            sm90::wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < KP; ++kk) {
+              const uint64_t db = sm90::wgmma_desc(sv + 2048 * kk, BN * 128, 1024);
+              WgmmaRs<D>::template run<1>(o, pf[kk], db, 1);
+            }
+            sm90::wgmma_commit();
+            sm90::wgmma_wait<0>();
+          }
+          __syncwarp();
+          if (lane == 0) sm90::mbar_arrive(&p.empty[p.stage]);
+          p.advance();
+        }
+#pragma unroll
+        for (int off = 1; off <= 2; off <<= 1) {
+          l_a += __shfl_xor_sync(0xffffffffu, l_a, off);
+          l_b += __shfl_xor_sync(0xffffffffu, l_b, off);
+        }
+        const float inv_a = 1.f / l_a, inv_b = 1.f / l_b;
+        const bool st_a = row_a < r1 && row_a < Tq, st_b = row_b < r1 && row_b < Tq;
+        __nv_bfloat16* ob = out + (long long)bh * Tq * D;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+          const int col = 8 * j + 2 * t4;
+          if (st_a) *reinterpret_cast<uint32_t*>(ob + (long long)row_a * D + col) = pack_bf16(o[4 * j] * inv_a, o[4 * j + 1] * inv_a);
+          if (st_b)
+            *reinterpret_cast<uint32_t*>(ob + (long long)row_b * D + col) = pack_bf16(o[4 * j + 2] * inv_b, o[4 * j + 3] * inv_b);
+        }
+        if (lse && t4 == 0) {
+          float* lb = lse + (long long)bh * Tq;
+          if (st_a) lb[row_a] = (m_a + log2f(l_a)) * LN2;
+          if (st_b) lb[row_b] = (m_b + log2f(l_b)) * LN2;
+        }
+      }
+  return true;
+}
+
+}  // namespace awg
+}  // namespace latch
