@@ -18,8 +18,9 @@
 // (m64 nBN k16 x D/16, A = Q registers, B = K K-major), masked (keys >= Tk; causal: keys above the
 // diagonal) only on the blocks that need it, online softmax in the log2 domain (exp2 of scores
 // prescaled by scale * log2 e), P rounded to BF16 in registers and O += P V (m64 nD k16 x BN/16,
-// A = P registers, B = V N-major), then the stage goes back to the producer. A causal block wholly
-// above a warpgroup's rows is skipped by that warpgroup (still waited for and released).
+// A = P registers, B = V N-major), then the stage goes back to the producer; consecutive blocks
+// overlap (see fwd_consume). A causal block wholly above a warpgroup's rows is skipped by that
+// warpgroup (still waited for and released).
 // The 8 consumer warps each arrive once on a stage's ``empty`` barrier (latch_pipe.cuh).
 #pragma once
 
@@ -114,6 +115,22 @@ __device__ __forceinline__ uint32_t swz_pair(uint32_t base, int row, int col) {
   return ld_shared_u32(base + 128 * row + ((((byte >> 4) ^ row) & 7) << 4) + (byte & 15));
 }
 
+// A compiler barrier on accumulator registers: the wgmma asm statements look synchronous to the
+// compiler, which could otherwise move ordinary reads or writes of them across the wgmma_wait that
+// really completes them.
+template <int N> __device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// The same on register-A fragments (read by a wgmma until it completes).
+template <int N> __device__ __forceinline__ void fence_frags(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
+}
+
 template <int N> struct WgmmaRs;
 template <> struct WgmmaRs<64> {
   template <int TB> __device__ __forceinline__ static void run(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int s) {
@@ -126,8 +143,104 @@ template <> struct WgmmaRs<128> {
   }
 };
 
+// One warpgroup's online-softmax state for its thread's two rows (a: row g, b: row g + 8 of the
+// warp's 16): running maxima in the log2 domain and partial sums of this thread's columns.
+struct RowState {
+  float m_a, m_b, l_a, l_b;
+};
+
+// Scores ``s`` of key block [kb, kb + BN) (accumulator layout) -> probabilities (unnormalised,
+// relative to the new running maxima), masking keys >= Tk and (causal) keys above the diagonal
+// where the block holds any; returns the factors (al_a, al_b) the output rows must be rescaled by.
+template <int BN, bool CAUSAL>
+__device__ __forceinline__ float2 online_softmax(float (&s)[BN / 2], RowState& r, int kb, int Tk, int wrow0, int row_a,
+                                                 int row_b, int t4, float c2) {
+  if (kb + BN > Tk || (CAUSAL && kb + BN - 1 > wrow0)) {
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int col = kb + 8 * j + 2 * t4 + (e & 1);
+        const int row = e < 2 ? row_a : row_b;
+        const bool ok = col < Tk && (!CAUSAL || col <= row);
+        s[4 * j + e] = ok ? s[4 * j + e] * c2 : -inf();
+      }
+  } else {
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) s[i] *= c2;
+  }
+  float mx_a = -inf(), mx_b = -inf();
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    mx_a = fmaxf(mx_a, fmaxf(s[4 * j], s[4 * j + 1]));
+    mx_b = fmaxf(mx_b, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+  }
+#pragma unroll
+  for (int off = 1; off <= 2; off <<= 1) {
+    mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
+    mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
+  }
+  const float nm_a = fmaxf(r.m_a, mx_a), nm_b = fmaxf(r.m_b, mx_b);
+  // a row with no visible key yet keeps m = -inf: use 0 as its offset (every p is 0 then)
+  const float u_a = nm_a == -inf() ? 0.f : nm_a, u_b = nm_b == -inf() ? 0.f : nm_b;
+  const float al_a = exp2f(r.m_a - u_a), al_b = exp2f(r.m_b - u_b);
+  r.m_a = nm_a;
+  r.m_b = nm_b;
+  float sa = 0.f, sb = 0.f;
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    s[4 * j] = exp2f(s[4 * j] - u_a);
+    s[4 * j + 1] = exp2f(s[4 * j + 1] - u_a);
+    s[4 * j + 2] = exp2f(s[4 * j + 2] - u_b);
+    s[4 * j + 3] = exp2f(s[4 * j + 3] - u_b);
+    sa += s[4 * j] + s[4 * j + 1];
+    sb += s[4 * j + 2] + s[4 * j + 3];
+  }
+  r.l_a = r.l_a * al_a + sa;
+  r.l_b = r.l_b * al_b + sb;
+  return make_float2(al_a, al_b);
+}
+
+// P (accumulator layout, FP32) -> the BF16 A fragments of P V's BN / 16 k-steps.
+template <int BN> __device__ __forceinline__ void pack_p(uint32_t (&pf)[BN / 16][4], const float (&s)[BN / 2]) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    pf[kk][0] = pack_bf16(s[8 * kk], s[8 * kk + 1]);
+    pf[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
+    pf[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
+    pf[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+// S = Q K^T of the key block in stage ``st`` (issued, not committed).
+template <int D, int BN>
+__device__ __forceinline__ void issue_s(float (&s)[BN / 2], const uint32_t (&qf)[D / 16][4], const char* st) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint64_t db = sm90::wgmma_desc(st + (kk >> 2) * (BN * 128) + 32 * (kk & 3), 16, 1024);
+    WgmmaRs<BN>::template run<0>(s, qf[kk], db, kk == 0 ? 0 : 1);
+  }
+}
+
+// O += P V of the key block in stage ``st`` (issued, not committed).
+template <int D, int BN>
+__device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&pf)[BN / 16][4], const char* st) {
+  const char* sv = st + BN * D * 2;
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk) {
+    const uint64_t db = sm90::wgmma_desc(sv + 2048 * kk, BN * 128, 1024);
+    WgmmaRs<D>::template run<1>(o, pf[kk], db, 1);
+  }
+}
+
 // Consumers (threads 0..255): every tile of the task's box. ``out`` and ``lse`` are the whole
 // tensors ([B*H][Tq][D], [B*H][Tq]; lse may be null). False if the launch was aborted.
+//
+// Per warpgroup the products of consecutive key blocks overlap the softmax (FlashAttention-3's
+// intra-warpgroup pipelining): S(n) and then P V(n - 1) are issued back to back; the softmax of
+// block n runs while P V(n - 1) is still on the tensor cores; only then is P V(n - 1) awaited, its
+// stage released, O rescaled and P(n) packed. Blocks wholly above a causal warpgroup's rows are
+// a suffix of the tile's blocks: they are waited for and released without work.
 template <int D, bool CAUSAL>
 __device__ __forceinline__ bool fwd_consume(Pipe& p, const Task* t, __nv_bfloat16* out, float* lse, int H, int Tq,
                                             int Tk, float scale) {
@@ -140,7 +253,7 @@ __device__ __forceinline__ bool fwd_consume(Pipe& p, const Task* t, __nv_bfloat1
       for (int r0 = t->lo[2]; r0 < t->hi[2]; r0 += S::BM) {
         const int bh = b * H + h;
         const int r1 = r0 + S::BM < t->hi[2] ? r0 + S::BM : t->hi[2];
-        const int wrow0 = r0 + 64 * wg;                   // the warpgroup's first query row
+        const int wrow0 = r0 + 64 * wg;                              // the warpgroup's first query row
         const int row_a = wrow0 + 16 * warp + g, row_b = row_a + 8;  // this thread's two rows
         // Q: this warp's 16 rows into A fragments, then the stage goes back to the producer.
         uint32_t qf[KQ][4];
@@ -161,99 +274,80 @@ __device__ __forceinline__ bool fwd_consume(Pipe& p, const Task* t, __nv_bfloat1
           if (lane == 0) sm90::mbar_arrive(&p.empty[p.stage]);
           p.advance();
         }
+        const int kend = fwd_key_end<CAUSAL>(r1, Tk);
+        const int nblocks = (kend + BN - 1) / BN;
+        // causal: the blocks holding a key <= the warpgroup's last row
+        const int wend = wrow0 + 64 < kend ? wrow0 + 64 : kend;
+        const int nlive = CAUSAL ? (wend + BN - 1) / BN : nblocks;
         float o[D / 2];
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
-        float m_a = -inf(), m_b = -inf(), l_a = 0.f, l_b = 0.f;
-        const int kend = fwd_key_end<CAUSAL>(r1, Tk);
-#pragma unroll 1
-        for (int kb = 0; kb < kend; kb += BN) {
+        RowState rs{-inf(), -inf(), 0.f, 0.f};
+        float s[BN / 2];
+        uint32_t pf[KP][4];
+        uint32_t prev = 0;  // the stage of the block whose P V is pending
+        if (nlive > 0) {
           if (!pipe_wait_warp(&p.full[p.stage], p.phase, p)) return false;
-          // (warpgroup-uniform) causal: a block wholly above this warpgroup's rows adds nothing
-          const bool live = !CAUSAL || kb <= wrow0 + 63;
-          if (live) {
-            const char* st = p.at(p.stage);
-            float s[BN / 2];
-            sm90::wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < KQ; ++kk) {
-              const uint64_t db = sm90::wgmma_desc(st + (kk >> 2) * (BN * 128) + 32 * (kk & 3), 16, 1024);
-              WgmmaRs<BN>::template run<0>(s, qf[kk], db, kk == 0 ? 0 : 1);
-            }
-            sm90::wgmma_commit();
+          sm90::wgmma_fence();
+          issue_s<D, BN>(s, qf, p.at(p.stage));
+          sm90::wgmma_commit();
+          sm90::wgmma_wait<0>();
+          fence_regs(s);
+          online_softmax<BN, CAUSAL>(s, rs, 0, Tk, wrow0, row_a, row_b, t4, c2);  // (O is zero: no rescale)
+          pack_p<BN>(pf, s);
+          prev = p.stage;
+          p.advance();
+        }
+#pragma unroll 1
+        for (int n = 1; n < nlive; ++n) {
+          if (!pipe_wait_warp(&p.full[p.stage], p.phase, p)) {
             sm90::wgmma_wait<0>();
-            // mask only the blocks that hold a key >= Tk or a key above some row's diagonal
-            if (kb + BN > Tk || (CAUSAL && kb + BN - 1 > wrow0)) {
-#pragma unroll
-              for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                  const int col = kb + 8 * j + 2 * t4 + (e & 1);
-                  const int row = e < 2 ? row_a : row_b;
-                  const bool ok = col < Tk && (!CAUSAL || col <= row);
-                  s[4 * j + e] = ok ? s[4 * j + e] * c2 : -inf();
-                }
-            } else {
-#pragma unroll
-              for (int i = 0; i < BN / 2; ++i) s[i] *= c2;
-            }
-            float mx_a = -inf(), mx_b = -inf();
-#pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
-              mx_a = fmaxf(mx_a, fmaxf(s[4 * j], s[4 * j + 1]));
-              mx_b = fmaxf(mx_b, fmaxf(s[4 * j + 2], s[4 * j + 3]));
-            }
-#pragma unroll
-            for (int off = 1; off <= 2; off <<= 1) {
-              mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
-              mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
-            }
-            const float nm_a = fmaxf(m_a, mx_a), nm_b = fmaxf(m_b, mx_b);
-            // a row with no visible key yet keeps m = -inf: use 0 as its offset (every p is 0 then)
-            const float u_a = nm_a == -inf() ? 0.f : nm_a, u_b = nm_b == -inf() ? 0.f : nm_b;
-            const float al_a = exp2f(m_a - u_a), al_b = exp2f(m_b - u_b);
-            m_a = nm_a;
-            m_b = nm_b;
-            l_a *= al_a;
-            l_b *= al_b;
-#pragma unroll
-            for (int j = 0; j < D / 8; ++j) {
-              o[4 * j] *= al_a;
-              o[4 * j + 1] *= al_a;
-              o[4 * j + 2] *= al_b;
-              o[4 * j + 3] *= al_b;
-            }
-            uint32_t pf[KP][4];
-#pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
-              s[4 * j] = exp2f(s[4 * j] - u_a);
-              s[4 * j + 1] = exp2f(s[4 * j + 1] - u_a);
-              s[4 * j + 2] = exp2f(s[4 * j + 2] - u_b);
-              s[4 * j + 3] = exp2f(s[4 * j + 3] - u_b);
-              l_a += s[4 * j] + s[4 * j + 1];
-              l_b += s[4 * j + 2] + s[4 * j + 3];
-            }
-#pragma unroll
-            for (int kk = 0; kk < KP; ++kk) {
-              pf[kk][0] = pack_bf16(s[8 * kk], s[8 * kk + 1]);
-              pf[kk][1] = pack_bf16(s[8 * kk + 2], s[8 * kk + 3]);
-              pf[kk][2] = pack_bf16(s[8 * kk + 4], s[8 * kk + 5]);
-              pf[kk][3] = pack_bf16(s[8 * kk + 6], s[8 * kk + 7]);
-            }
-            const char* sv = st + S::KV_BYTES;
-            sm90::wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < KP; ++kk) {
-              const uint64_t db = sm90::wgmma_desc(sv + 2048 * kk, BN * 128, 1024);
-              WgmmaRs<D>::template run<1>(o, pf[kk], db, 1);
-            }
-            sm90::wgmma_commit();
-            sm90::wgmma_wait<0>();
+            return false;
           }
+          fence_regs(o);
+          fence_regs(s);
+          sm90::wgmma_fence();
+          issue_s<D, BN>(s, qf, p.at(p.stage));
+          sm90::wgmma_commit();
+          issue_pv<D, BN>(o, pf, p.at(prev));
+          sm90::wgmma_commit();
+          sm90::wgmma_wait<1>();  // S(n) landed; P V(n - 1) may still run
+          fence_regs(s);
+          const float2 al = online_softmax<BN, CAUSAL>(s, rs, n * BN, Tk, wrow0, row_a, row_b, t4, c2);
+          sm90::wgmma_wait<0>();
+          fence_regs(o);
+          fence_frags(pf);
+          __syncwarp();
+          if (lane == 0) sm90::mbar_arrive(&p.empty[prev]);
+#pragma unroll
+          for (int j = 0; j < D / 8; ++j) {
+            o[4 * j] *= al.x;
+            o[4 * j + 1] *= al.x;
+            o[4 * j + 2] *= al.y;
+            o[4 * j + 3] *= al.y;
+          }
+          pack_p<BN>(pf, s);
+          prev = p.stage;
+          p.advance();
+        }
+        if (nlive > 0) {
+          fence_regs(o);
+          sm90::wgmma_fence();
+          issue_pv<D, BN>(o, pf, p.at(prev));
+          sm90::wgmma_commit();
+          sm90::wgmma_wait<0>();
+          fence_regs(o);
+          fence_frags(pf);
+          __syncwarp();
+          if (lane == 0) sm90::mbar_arrive(&p.empty[prev]);
+        }
+        for (int n = nlive; n < nblocks; ++n) {  // causal blocks above this warpgroup's rows
+          if (!pipe_wait_warp(&p.full[p.stage], p.phase, p)) return false;
           __syncwarp();
           if (lane == 0) sm90::mbar_arrive(&p.empty[p.stage]);
           p.advance();
         }
+        float l_a = rs.l_a, l_b = rs.l_b;
 #pragma unroll
         for (int off = 1; off <= 2; off <<= 1) {
           l_a += __shfl_xor_sync(0xffffffffu, l_a, off);
@@ -265,14 +359,15 @@ __device__ __forceinline__ bool fwd_consume(Pipe& p, const Task* t, __nv_bfloat1
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) {
           const int col = 8 * j + 2 * t4;
-          if (st_a) *reinterpret_cast<uint32_t*>(ob + (long long)row_a * D + col) = pack_bf16(o[4 * j] * inv_a, o[4 * j + 1] * inv_a);
+          if (st_a)
+            *reinterpret_cast<uint32_t*>(ob + (long long)row_a * D + col) = pack_bf16(o[4 * j] * inv_a, o[4 * j + 1] * inv_a);
           if (st_b)
             *reinterpret_cast<uint32_t*>(ob + (long long)row_b * D + col) = pack_bf16(o[4 * j + 2] * inv_b, o[4 * j + 3] * inv_b);
         }
         if (lse && t4 == 0) {
           float* lb = lse + (long long)bh * Tq;
-          if (st_a) lb[row_a] = (m_a + log2f(l_a)) * LN2;
-          if (st_b) lb[row_b] = (m_b + log2f(l_b)) * LN2;
+          if (st_a) lb[row_a] = (rs.m_a + log2f(l_a)) * LN2;
+          if (st_b) lb[row_b] = (rs.m_b + log2f(l_b)) * LN2;
         }
       }
   return true;
