@@ -2,6 +2,7 @@
 
     latch-pipeline bench-attention                 # the four cases of issue 10
     latch-pipeline bench-attention --only gqa --iters 5
+    latch-pipeline bench-attention --forward mma,wgmma   # both forward bodies, a row each
 
 Each case (batch, query heads, key/value heads, sequence, head dim; causal) becomes two programs
 of ONE build: ``<case>.fwd`` (``latch::sdpa``: out and lse) and ``<case>.fwdbwd`` (``latch::sdpa``
@@ -241,7 +242,16 @@ def check_case(prog, c: Case, ins: dict, ref: dict, glse: bool = False) -> tuple
     return {key: rel_l2(first[key], ref[key]) for key in names}, identical
 
 
-def run_case(prog, c: Case, iters: int, seed: int) -> dict:
+FORWARD_BODIES = ("mma", "wgmma")  # --forward: the default (mma.sync) forward, the wgmma/TMA one
+
+
+def variant(c: Case, body: str) -> Case:
+    """The case as the document names it for forward body ``body`` (``attention_document``)."""
+    return c if body == "mma" else attrs.evolve(c, name=f"{c.name}-{body}")
+
+
+def run_case(prog, c: Case, iters: int, seed: int, bodies: tuple[str, ...] = ("mma",)) -> list[dict]:
+    """One row per forward body in ``bodies``: the same inputs, FP64 reference and torch control."""
     import torch
 
     from .timing import capture_graph, median_ms
@@ -249,8 +259,11 @@ def run_case(prog, c: Case, iters: int, seed: int) -> dict:
     dev = prog.device
     ins = make_inputs(c, dev, seed)
     ref = reference(c, ins)
-    fb = f"{c.name}.fwdbwd"
-    errs, identical = check_case(prog, c, ins, ref)
+    checked = {}
+    for body in bodies:
+        v = variant(c, body)
+        vins = {f"{v.name}.{k[len(c.name) + 1:]}": t for k, t in ins.items()}
+        checked[body] = (v, vins, check_case(prog, v, vins, ref))
     fwd, fwdbwd, control = _torch_flash(c, ins)
     t_out = fwd()
     t_grads = fwdbwd()
@@ -258,30 +271,35 @@ def run_case(prog, c: Case, iters: int, seed: int) -> dict:
                   "dk": rel_l2(t_grads[1], ref["dk"]), "dv": rel_l2(t_grads[2], ref["dv"])}
     del ref, t_out, t_grads
     torch.cuda.empty_cache()
-    fwd_ins = {k: v for k, v in ins.items() if k.split(".")[-1] in ("q", "k", "v")}
-    bwd_ins = {k: v for k, v in ins.items() if not k.endswith(".glse")}
-    lf = median_ms(lambda: prog.launch(f"{c.name}.fwd", batch=fwd_ins), iters, warmup=1)
-    lb = median_ms(lambda: prog.launch(fb, batch=bwd_ins), iters, warmup=1)
-    prog.check()
     gf, gb = capture_graph(fwd, warmup=2), capture_graph(fwdbwd, warmup=2)
     tf = median_ms(gf.replay, iters)
     tb = median_ms(gb.replay, iters)
-    ok = identical and all(e <= REL_GATE for e in errs.values())
-    return {"case": c.name, "batch": c.batch, "heads": c.heads, "kv_heads": c.kv_heads, "seq": c.seq,
-            "head_dim": c.head_dim, "causal": c.causal, "control": control, "rel_l2": errs, "torch_rel_l2": torch_errs,
-            "bitwise_repeat": identical, "latch_fwd_ms": lf, "latch_fwdbwd_ms": lb, "torch_fwd_ms": tf,
-            "torch_fwdbwd_ms": tb, "fwd_ratio": tf / lf, "fwdbwd_ratio": tb / lb,
-            "latch_fwd_tflops": c.flops() / lf / 1e9, "latch_fwdbwd_tflops": c.flops(True) / lb / 1e9, "ok": ok}
+    rows = []
+    for body in bodies:
+        v, vins, (errs, identical) = checked[body]
+        fwd_ins = {k: t for k, t in vins.items() if k.split(".")[-1] in ("q", "k", "v")}
+        bwd_ins = {k: t for k, t in vins.items() if not k.endswith(".glse")}
+        lf = median_ms(lambda: prog.launch(f"{v.name}.fwd", batch=fwd_ins), iters, warmup=1)
+        lb = median_ms(lambda: prog.launch(f"{v.name}.fwdbwd", batch=bwd_ins), iters, warmup=1)
+        prog.check()
+        ok = identical and all(e <= REL_GATE for e in errs.values())
+        rows.append({"case": v.name, "forward_body": body, "batch": c.batch, "heads": c.heads,
+                     "kv_heads": c.kv_heads, "seq": c.seq, "head_dim": c.head_dim, "causal": c.causal,
+                     "control": control, "rel_l2": errs, "torch_rel_l2": torch_errs, "bitwise_repeat": identical,
+                     "latch_fwd_ms": lf, "latch_fwdbwd_ms": lb, "torch_fwd_ms": tf, "torch_fwdbwd_ms": tb,
+                     "fwd_ratio": tf / lf, "fwdbwd_ratio": tb / lb, "latch_fwd_tflops": c.flops() / lf / 1e9,
+                     "latch_fwdbwd_tflops": c.flops(True) / lb / 1e9, "ok": ok})
+    return rows
 
 
 def format_table(rows: list[dict]) -> str:
-    head = (f"{'case':<24} {'worst rel L2':>12} {'torch':>9} {'bits':>5} {'fwd ms':>9} {'torch':>8} {'ratio':>7} "
+    head = (f"{'case':<30} {'worst rel L2':>12} {'torch':>9} {'bits':>5} {'fwd ms':>9} {'torch':>8} {'ratio':>7} "
             f"{'f+b ms':>9} {'torch':>8} {'ratio':>7} {'f+b TF':>7}")
     lines = [head, "-" * len(head)]
     for r in rows:
         w = max(r["rel_l2"].values())
         tw = max(r["torch_rel_l2"].values())
-        lines.append(f"{r['case']:<24} {w:12.2e} {tw:9.2e} {'same' if r['bitwise_repeat'] else 'DIFF':>5} "
+        lines.append(f"{r['case']:<30} {w:12.2e} {tw:9.2e} {'same' if r['bitwise_repeat'] else 'DIFF':>5} "
                      f"{r['latch_fwd_ms']:9.3f} {r['torch_fwd_ms']:8.3f} {100 * r['fwd_ratio']:6.1f}% "
                      f"{r['latch_fwdbwd_ms']:9.3f} {r['torch_fwdbwd_ms']:8.3f} {100 * r['fwdbwd_ratio']:6.1f}% "
                      f"{r['latch_fwdbwd_tflops']:7.1f}{'' if r['ok'] else '  WRONG'}")
@@ -296,7 +314,10 @@ def format_table(rows: list[dict]) -> str:
 @click.option("--dir", "build_dir", default="build/bench-attention", show_default=True, type=click.Path(file_okay=False))
 @click.option("--iters", default=5, show_default=True)
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="also write the rows here")
-def bench_attention_command(only, build_dir, iters, json_path):
+@click.option("--forward", "forward", default="mma", show_default=True,
+              help="forward bodies to time, comma-separated: mma (the default body), wgmma (TMA + wgmma through "
+                   "the worker's ring); each is a row of its own on the same inputs")
+def bench_attention_command(only, build_dir, iters, json_path, forward):
     """Time latch::sdpa (forward, forward + backward) as Latch tasks against torch's flash SDPA."""
     import json
 
@@ -304,6 +325,10 @@ def bench_attention_command(only, build_dir, iters, json_path):
 
     from latch_codegen_h100 import Program, build
 
+    bodies = tuple(b.strip() for b in forward.split(",") if b.strip())
+    bad_body = [b for b in bodies if b not in FORWARD_BODIES]
+    if bad_body or not bodies:
+        raise click.ClickException(f"--forward {forward!r}: each entry must be one of {FORWARD_BODIES}")
     if not torch.cuda.is_available():
         raise click.ClickException("bench-attention runs on the GPU; torch sees no CUDA device")
     case_list = [c for c in CASES if only is None or only in c.name]
@@ -311,19 +336,21 @@ def bench_attention_command(only, build_dir, iters, json_path):
         raise click.ClickException(f"no case matches --only {only!r}; cases: {[c.name for c in CASES]}")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     t0 = time.perf_counter()
-    doc = plan_document(attention_document(case_list), sms)
+    progs = [g for b in bodies for g in attention_document(case_list, fwd_body=None if b == "mma" else b).graph.programs]
+    doc = plan_document(Document(graph=GraphSection(progs, (), {"example": "bench_attention"})), sms)
     t1 = time.perf_counter()
     doc = build(doc, build_dir)
     t2 = time.perf_counter()
     click.echo(f"bench-attention: {len(case_list)} cases, plan {t1 - t0:.1f} s, build {t2 - t1:.1f} s "
                f"({dict(doc.build.stats).get('cached')})")
     for c in case_list:
-        click.echo(f"  {c.name}: tasks {task_counts(doc, c.name + '.fwdbwd')}")
+        for b in bodies:
+            click.echo(f"  {variant(c, b).name}: tasks {task_counts(doc, variant(c, b).name + '.fwdbwd')}")
     prog = Program.load(build_dir)
     rows, failed = [], []
     for i, c in enumerate(case_list):
         try:
-            rows.append(run_case(prog, c, iters, seed=i))
+            rows.extend(run_case(prog, c, iters, seed=i, bodies=bodies))
             click.echo(f"  {c.name}: done")
         except Exception as e:  # one failing case must not hide the others' numbers
             failed.append(c.name)

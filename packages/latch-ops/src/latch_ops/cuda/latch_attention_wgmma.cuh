@@ -341,6 +341,7 @@ __device__ __forceinline__ bool fwd_consume(Pipe& p, const Task* t, __nv_bfloat1
           __syncwarp();
           if (lane == 0) sm90::mbar_arrive(&p.empty[prev]);
         }
+        fence_frags(qf);
         for (int n = nlive; n < nblocks; ++n) {  // causal blocks above this warpgroup's rows
           if (!pipe_wait_warp(&p.full[p.stage], p.phase, p)) return false;
           __syncwarp();
