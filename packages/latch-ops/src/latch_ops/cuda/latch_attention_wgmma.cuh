@@ -22,12 +22,19 @@
 // overlap (see fwd_consume). A causal block wholly above a warpgroup's rows is skipped by that
 // warpgroup (still waited for and released).
 // The 8 consumer warps each arrive once on a stage's ``empty`` barrier (latch_pipe.cuh).
+//
+// The CPU test (latch-ops tests/test_attention_wgmma_emulated.py) compiles this header with
+// LATCH_EMULATED_WGMMA against its own model of the worker (attention_emulator/wgmma_model.h: the
+// producer and 256 consumer fibers, mbarriers, TMA boxes with the 128-byte swizzle, register-A wgmma
+// reading descriptors), so the guarded primitives below are the hardware's only.
 #pragma once
 
+#ifndef LATCH_EMULATED_WGMMA
 #include "latch_common.cuh"
 #include "latch_pipe.cuh"
 #include "latch_sm90.cuh"
 #include "latch_wgmma.cuh"
+#endif
 
 namespace latch {
 namespace awg {
@@ -46,6 +53,7 @@ template <int D> struct FwdShape {
   static_assert(Q_BYTES <= STAGE, "Q fits one stage");
 };
 
+#ifndef LATCH_EMULATED_WGMMA
 // One 3-D box of tensor map ``map`` at element coordinates (c0 innermost, c1, c2) into shared memory
 // at ``dst`` (1024-byte aligned for 128-byte swizzling); completion counted in bytes on ``bar``.
 // Elements outside the tensor read as zero.
@@ -55,6 +63,8 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const void* map, uint64_t
       ::"r"(sm90::smem_addr(dst)), "l"(map), "r"(sm90::smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 }
+
+#endif
 
 // Keys a tile of query rows [r0, r1) reads: all of them, or (causal) up to its last row.
 template <bool CAUSAL> __device__ __forceinline__ int fwd_key_end(int r1, int Tk) {
@@ -103,11 +113,13 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+#ifndef LATCH_EMULATED_WGMMA
 __device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
   return v;
 }
+#endif
 
 // The 32-bit pair at (row, col) (col even) of a tile of 128-byte swizzled rows of 64 BF16 columns.
 __device__ __forceinline__ uint32_t swz_pair(uint32_t base, int row, int col) {
@@ -119,16 +131,20 @@ __device__ __forceinline__ uint32_t swz_pair(uint32_t base, int row, int col) {
 // compiler, which could otherwise move ordinary reads or writes of them across the wgmma_wait that
 // really completes them.
 template <int N> __device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#ifndef LATCH_EMULATED_WGMMA
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+#endif
 }
 
 // The same on register-A fragments (read by a wgmma until it completes).
 template <int N> __device__ __forceinline__ void fence_frags(uint32_t (&r)[N][4]) {
+#ifndef LATCH_EMULATED_WGMMA
 #pragma unroll
   for (int i = 0; i < N; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
+#endif
 }
 
 template <int N> struct WgmmaRs;
