@@ -22,6 +22,8 @@ bodies stay the default until the wgmma forward is measured correct and faster o
 
 from __future__ import annotations
 
+import struct
+
 from . import cgen
 from .lowering import BodyContext, Lowering, LoweringError, OnlyWhen, TensorMap
 
@@ -88,21 +90,31 @@ def _wgmma_dims(ctx: BodyContext):
     return B, H, k.shape[1], Tq, k.shape[2], D, ("true" if ctx.attr("causal") else "false")
 
 
+def _wgmma_args(ctx: BodyContext) -> tuple[int, ...]:
+    """The wgmma forward's run-time constants (``c.args``): H, Hkv, Tq, Tk and the scale's FP32 bits,
+    so that every node of one (head dim, causal) shares one inlined body."""
+    if not wgmma_forward(ctx):
+        return ()
+    B, H, Hkv, Tq, Tk, D, _ = _wgmma_dims(ctx)
+    bits = struct.unpack("<i", struct.pack("<f", float(ctx.attr("scale"))))[0]
+    return (H, Hkv, Tq, Tk, bits)
+
+
 def _wgmma_body(ctx: BodyContext) -> str:
     out, lse = ctx.outputs
-    B, H, Hkv, Tq, Tk, D, causal = _wgmma_dims(ctx)
+    D, causal = _wgmma_dims(ctx)[5:]
     lse_arg = lse.ptr if lse.present else "(float*)nullptr"
     return "\n".join([
         "latch::Pipe p = c.pipe;",
-        f"if (!latch::awg::fwd_consume<{D}, {causal}>(p, c.t, {out.ptr}, {lse_arg}, {H}, {Tq}, {Tk}, "
-        f"{float(ctx.attr('scale'))!r}f)) return;",
+        f"if (!latch::awg::fwd_consume<{D}, {causal}>(p, c.t, {out.ptr}, {lse_arg}, (int)c.args[0], (int)c.args[2], "
+        "(int)c.args[3], __int_as_float((int)c.args[4]))) return;",
     ])
 
 
 def _wgmma_producer(ctx: BodyContext) -> str:
-    B, H, Hkv, Tq, Tk, D, causal = _wgmma_dims(ctx)
+    D, causal = _wgmma_dims(ctx)[5:]
     return (f"if (!latch::awg::fwd_produce<{D}, {causal}>(p, c.t, {ctx.tmap(0)}, {ctx.tmap(1)}, {ctx.tmap(2)}, "
-            f"{H}, {Hkv}, {Tq}, {Tk})) return false;")
+            "(int)c.args[0], (int)c.args[1], (int)c.args[2], (int)c.args[3])) return false;")
 
 
 def _wgmma_keys(D: int) -> int:
@@ -257,7 +269,7 @@ def lowerings() -> list[Lowering]:
         Lowering("latch::sdpa", body=_forward, headers=(HEADER, MMA_HEADER, WGMMA_HEADER), smem=_smem,
                  producer=OnlyWhen(wgmma_forward, _wgmma_producer),
                  tensor_maps=OnlyWhen(wgmma_forward, _wgmma_tensor_maps),
-                 stage_bytes=OnlyWhen(wgmma_forward, _wgmma_stage_bytes),
+                 stage_bytes=OnlyWhen(wgmma_forward, _wgmma_stage_bytes), args=_wgmma_args,
                  doc="bf16, head dim 64/128: flash forward on mma.sync (16 query rows per warp, 64-key blocks, online "
                      "softmax, lse saved), or with attention_body='wgmma' on wgmma fed by TMA through the ring; "
                      "else warp per query row"),
