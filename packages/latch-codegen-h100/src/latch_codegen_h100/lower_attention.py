@@ -107,7 +107,7 @@ def _wgmma_body(ctx: BodyContext) -> str:
     return "\n".join([
         "latch::Pipe p = c.pipe;",
         f"if (!latch::awg::fwd_consume<{D}, {causal}>(p, c.t, {out.ptr}, {lse_arg}, (int)c.args[0], (int)c.args[2], "
-        "(int)c.args[3], __int_as_float((int)c.args[4]))) return;",
+        f"(int)c.args[3], __int_as_float((int)c.args[4]), {ctx.smem})) return;",
     ])
 
 
@@ -254,7 +254,7 @@ def _backward_mma(ctx: BodyContext, B, H, Hkv, Tq, Tk, D, causal) -> str:
 
 def _smem(ctx: BodyContext) -> int:
     if wgmma_forward(ctx):
-        return 0  # Q, K and V live in the ring's stages
+        return WGMMA_ROWS * ctx.inputs[0].shape[3] * 2  # the Q tile (K and V stay in the ring's stages)
     if tensor_cores(ctx):
         D = ctx.inputs[2 if ctx.op.endswith("backward") else 0].shape[3]
         if ctx.op.endswith("backward"):

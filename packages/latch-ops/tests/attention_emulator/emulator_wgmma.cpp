@@ -49,33 +49,60 @@ Mbar& mbar(uint64_t* bar) { return bars[bar]; }
 
 static float bf(uint16_t x) { return __bfloat162float(__nv_bfloat16{x}); }
 
-// D (64 x n, FP32) = A (64 x 16, the warpgroup's register fragments) B (16 x n, shared memory) [+ D]
-void wgmma_rs(float* d, int n, const uint32_t* a, uint64_t desc, int scale_d, int tb) {
+// Named barrier ``id`` over ``threads``: the body uses 2 + w over warpgroup w's 128 threads only.
+void named_sync(int id, int threads) {
+  const int wg = threadIdx.x >> 7;
+  if (threads != 128 || id != 2 + wg) {
+    failed = 5;
+    return;
+  }
+  wg_barrier();
+}
+
+struct Desc {
+  uint32_t start, lbo, sbo;
+};
+static Desc decode(uint64_t desc) {
+  if ((desc >> 62) != 1) failed = 4;  // 128-byte swizzle
+  return {(uint32_t)(desc & 0x3FFF) << 4, (uint32_t)((desc >> 16) & 0x3FFF) << 4, (uint32_t)((desc >> 32) & 0x3FFF) << 4};
+}
+static float smem_bf(uint32_t logical) {
+  uint16_t x;
+  std::memcpy(&x, smem_base + latch::awg::swizzle128(logical), 2);
+  return bf(x);
+}
+// K-major (rows are M or N, 8-row groups SBO apart, K along the 128-byte row); N-major (rows are K,
+// 8-row groups SBO apart, 64-column blocks of N LBO apart)
+static uint32_t kmajor(const Desc& d, int row, int k) { return d.start + (row / 8) * d.sbo + (row % 8) * 128 + 2 * k; }
+static uint32_t nmajor(const Desc& d, int k, int col) {
+  return d.start + (col / 64) * d.lbo + (k / 8) * d.sbo + (k % 8) * 128 + 2 * (col % 64);
+}
+
+// D (64 x n, FP32) = A (64 x 16) B (16 x n, shared memory) [+ D] for the caller's warpgroup; A from
+// the threads' register fragments (``adesc`` = 0) or from shared memory (K-major)
+static void wgmma(float* d, int n, const uint32_t* a, uint64_t adesc, uint64_t bdesc, int scale_d, int tb) {
   const int wg = threadIdx.x >> 7, lt = threadIdx.x & 127;
-  for (int i = 0; i < 4; ++i) wg_a[wg][lt][i] = a[i];
+  if (a)
+    for (int i = 0; i < 4; ++i) wg_a[wg][lt][i] = a[i];
   wg_d[wg][lt] = d;
   wg_barrier();
   if (lt == 0) {
-    const uint32_t start = (uint32_t)(desc & 0x3FFF) << 4, lbo = (uint32_t)((desc >> 16) & 0x3FFF) << 4,
-                   sbo = (uint32_t)((desc >> 32) & 0x3FFF) << 4;
-    if ((desc >> 62) != 1) failed = 4;  // 128-byte swizzle
     static float A[64][16], B[16][256];
-    for (int m = 0; m < 64; ++m)
-      for (int k = 0; k < 16; ++k) {
-        // thread 32 (m / 16) + 4 (m % 8) + (k % 8) / 2, register (m % 16 >= 8) + 2 (k >= 8), half k % 2
-        const uint32_t r = wg_a[wg][32 * (m / 16) + 4 * (m % 8) + (k % 8) / 2][(m % 16 >= 8) + 2 * (k >= 8)];
-        A[m][k] = bf((uint16_t)(k % 2 ? r >> 16 : r & 0xffffu));
-      }
+    if (a) {
+      for (int m = 0; m < 64; ++m)
+        for (int k = 0; k < 16; ++k) {
+          // thread 32 (m / 16) + 4 (m % 8) + (k % 8) / 2, register (m % 16 >= 8) + 2 (k >= 8), half k % 2
+          const uint32_t r = wg_a[wg][32 * (m / 16) + 4 * (m % 8) + (k % 8) / 2][(m % 16 >= 8) + 2 * (k >= 8)];
+          A[m][k] = bf((uint16_t)(k % 2 ? r >> 16 : r & 0xffffu));
+        }
+    } else {
+      const Desc da = decode(adesc);
+      for (int m = 0; m < 64; ++m)
+        for (int k = 0; k < 16; ++k) A[m][k] = smem_bf(kmajor(da, m, k));
+    }
+    const Desc db = decode(bdesc);
     for (int k = 0; k < 16; ++k)
-      for (int c = 0; c < n; ++c) {
-        // K-major (tb 0): rows are N, 8-row groups SBO apart, K along the row; N-major (tb 1): rows
-        // are K, 8-row groups SBO apart, 64-column blocks of N LBO apart
-        const uint32_t logical = tb == 0 ? start + (c / 8) * sbo + (c % 8) * 128 + 2 * k
-                                         : start + (c / 64) * lbo + (k / 8) * sbo + (k % 8) * 128 + 2 * (c % 64);
-        uint16_t x;
-        std::memcpy(&x, smem_base + latch::awg::swizzle128(logical), 2);
-        B[k][c] = bf(x);
-      }
+      for (int c = 0; c < n; ++c) B[k][c] = smem_bf(tb == 0 ? kmajor(db, c, k) : nmajor(db, k, c));
     for (int m = 0; m < 64; ++m)
       for (int c = 0; c < n; ++c) {
         float acc = 0.f;
@@ -87,6 +114,8 @@ void wgmma_rs(float* d, int n, const uint32_t* a, uint64_t desc, int scale_d, in
   }
   wg_barrier();
 }
+void wgmma_rs(float* d, int n, const uint32_t* a, uint64_t desc, int scale_d, int tb) { wgmma(d, n, a, 0, desc, scale_d, tb); }
+void wgmma_ss(float* d, int n, uint64_t adesc, uint64_t bdesc, int scale_d) { wgmma(d, n, nullptr, adesc, bdesc, scale_d, 0); }
 
 static void (*job)(void*);
 static void* job_arg;
@@ -129,6 +158,7 @@ struct Args {
   __nv_bfloat16* out;
   float* lse;
   latch::Pipe pipe;
+  char* scratch;
 };
 
 template <int D, bool C>
@@ -144,7 +174,7 @@ static void fwd_all(const Args& a) {
     if (threadIdx.x == emu::PRODUCER) {
       if (!latch::awg::fwd_produce<D, C>(p, &t, &a.mq, &a.mk, &a.mv, a.H, a.Hkv, a.Tq, a.Tk)) return;
     } else {
-      if (!latch::awg::fwd_consume<D, C>(p, &t, a.out, a.lse, a.H, a.Tq, a.Tk, a.scale)) return;
+      if (!latch::awg::fwd_consume<D, C>(p, &t, a.out, a.lse, a.H, a.Tq, a.Tk, a.scale, a.scratch)) return;
     }
   }
 }
@@ -156,14 +186,16 @@ static void fwd_job(void* p) {
 }
 
 // Returns 0, or the model's failure code (1: a wait gave up, 2: a TMA box the hardware refuses,
-// 3: a block-wide barrier, 4: a descriptor without the 128-byte swizzle), 9: a bad argument.
+// 3: a block-wide barrier, 4: a descriptor without the 128-byte swizzle, 5: a named barrier other
+// than the warpgroup's own), 9: a bad argument.
 extern "C" int attn_forward_wgmma(int D, int causal, int B, int H, int Hkv, int Tq, int Tk, float scale, int stages,
                                   int ntasks, const int* boxes, const void* q, const void* k, const void* v, void* out,
                                   float* lse) {
   if ((D != 64 && D != 128) || stages < 2) return 9;
   const int stage_bytes = 32768;
-  void* mem = std::aligned_alloc(1024, (size_t)stages * stage_bytes);
-  std::memset(mem, 0x7f, (size_t)stages * stage_bytes);  // poisoned: a stage read before it is filled shows
+  const size_t bytes = (size_t)stages * stage_bytes + 128 * D * 2;  // the ring, then the body's scratch (Q)
+  void* mem = std::aligned_alloc(1024, bytes);
+  std::memset(mem, 0x7f, bytes);  // poisoned: a stage read before it is filled shows
   emu::smem_base = (char*)mem;
   emu::failed = 0;
   emu::bars.clear();
@@ -178,7 +210,8 @@ extern "C" int attn_forward_wgmma(int D, int causal, int B, int H, int Hkv, int 
          {(const __nv_bfloat16*)k, {D, Tk, B * Hkv}, {64, bn, 1}},
          {(const __nv_bfloat16*)v, {D, Tk, B * Hkv}, {64, bn, 1}},
          (__nv_bfloat16*)out, lse,
-         latch::Pipe{(char*)mem, full.data(), empty.data(), stages, stage_bytes, 0, 0}};
+         latch::Pipe{(char*)mem, full.data(), empty.data(), stages, stage_bytes, 0, 0},
+         (char*)mem + (size_t)stages * stage_bytes};
   emu::run_block(fwd_job, &a);
   std::free(mem);
   return emu::failed;

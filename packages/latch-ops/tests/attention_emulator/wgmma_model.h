@@ -24,6 +24,8 @@ extern int failed;       // a wait gave up (a stage that never completes: the ro
 void yield_now();
 void wg_barrier();  // the 128 threads of the caller's warpgroup
 void wgmma_rs(float* d, int n, const uint32_t* a, uint64_t desc, int scale_d, int tb);
+void wgmma_ss(float* d, int n, uint64_t adesc, uint64_t bdesc, int scale_d);
+void named_sync(int id, int threads);
 struct Mbar {
   long phase = 0;  // completed phases
   int arrivals = 0, count = 1;
@@ -101,8 +103,18 @@ inline uint64_t wgmma_desc(const void* smem, uint32_t lbo, uint32_t sbo) {
          (1ull << 62);
 }
 inline void wgmma_fence() {}
+inline void fence_proxy_async_shared() {}
+inline void named_sync(int id, int threads) { emu::named_sync(id, threads); }
 inline void wgmma_commit() {}
 template <int N> inline void wgmma_wait() {}
+template <int TA, int TB> inline void wgmma_bf16_m64n64k16(float (&d)[32], uint64_t da, uint64_t db, int s) {
+  static_assert(TA == 0 && TB == 0, "the model reads K-major A and B");
+  emu::wgmma_ss(d, 64, da, db, s);
+}
+template <int TA, int TB> inline void wgmma_bf16_m64n128k16(float (&d)[64], uint64_t da, uint64_t db, int s) {
+  static_assert(TA == 0 && TB == 0, "the model reads K-major A and B");
+  emu::wgmma_ss(d, 128, da, db, s);
+}
 template <int TB> inline void wgmma_bf16_m64n64k16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db, int s) {
   emu::wgmma_rs(d, 64, a, db, s, TB);
 }

@@ -13,14 +13,15 @@
 // swizzled (latch_sm90.cuh wgmma_desc). Causal tiles stop at the block holding their last query row.
 //
 // Consumer warpgroup w (of 2) owns query rows 64 w .. 64 w + 63 of the tile. It copies its Q rows
-// from the first stage into registers (the A fragments of register-A wgmma, latch_wgmma.cuh _rs)
-// and releases that stage at once, so the Q stage never blocks the ring. Per key block: S = Q K^T
-// (m64 nBN k16 x D/16, A = Q registers, B = K K-major), masked (keys >= Tk; causal: keys above the
-// diagonal) only on the blocks that need it, online softmax in the log2 domain (exp2 of scores
-// prescaled by scale * log2 e), P rounded to BF16 in registers and O += P V (m64 nD k16 x BN/16,
-// A = P registers, B = V N-major), then the stage goes back to the producer; consecutive blocks
-// overlap (see fwd_consume). A causal block wholly above a warpgroup's rows is skipped by that
-// warpgroup (still waited for and released).
+// from the first stage into its half of the body's scratch (the same bytes, so the same swizzle) and
+// releases that stage at once, so the Q stage never blocks the ring. Per key block: S = Q K^T
+// (m64 nBN k16 x D/16, A = the Q copy and B = K, both K-major in shared memory), masked (keys >= Tk;
+// causal: keys above the diagonal) only on the blocks that need it, online softmax in the log2
+// domain (exp2 of scores prescaled by scale * log2 e), P rounded to BF16 in registers and O += P V
+// (m64 nD k16 x BN/16, register A = P, B = V N-major), then the stage goes back to the producer;
+// consecutive blocks overlap (see fwd_consume). A causal block wholly above a warpgroup's rows is
+// skipped by that warpgroup (still waited for and released). Named barriers 2 + w (128 threads)
+// order a warpgroup's Q copy against its products.
 // The 8 consumer warps each arrive once on a stage's ``empty`` barrier (latch_pipe.cuh).
 //
 // The CPU test (latch-ops tests/test_attention_wgmma_emulated.py) compiles this header with
@@ -113,20 +114,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-#ifndef LATCH_EMULATED_WGMMA
-__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
-  return v;
-}
-#endif
-
-// The 32-bit pair at (row, col) (col even) of a tile of 128-byte swizzled rows of 64 BF16 columns.
-__device__ __forceinline__ uint32_t swz_pair(uint32_t base, int row, int col) {
-  const int byte = 2 * col;
-  return ld_shared_u32(base + 128 * row + ((((byte >> 4) ^ row) & 7) << 4) + (byte & 15));
-}
-
 // A compiler barrier on accumulator registers: the wgmma asm statements look synchronous to the
 // compiler, which could otherwise move ordinary reads or writes of them across the wgmma_wait that
 // really completes them.
@@ -146,6 +133,18 @@ template <int N> __device__ __forceinline__ void fence_frags(uint32_t (&r)[N][4]
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
 #endif
 }
+
+template <int N> struct WgmmaSs;
+template <> struct WgmmaSs<64> {
+  __device__ __forceinline__ static void run(float (&d)[32], uint64_t a, uint64_t b, int s) {
+    sm90::wgmma_bf16_m64n64k16<0, 0>(d, a, b, s);
+  }
+};
+template <> struct WgmmaSs<128> {
+  __device__ __forceinline__ static void run(float (&d)[64], uint64_t a, uint64_t b, int s) {
+    sm90::wgmma_bf16_m64n128k16<0, 0>(d, a, b, s);
+  }
+};
 
 template <int N> struct WgmmaRs;
 template <> struct WgmmaRs<64> {
@@ -228,29 +227,56 @@ template <int BN> __device__ __forceinline__ void pack_p(uint32_t (&pf)[BN / 16]
   }
 }
 
-// S = Q K^T of the key block in stage ``st`` (issued, not committed).
+// A descriptor the compiler must recompute where it is used: loop-invariant descriptors hoisted out
+// of the key loop would hold 2 registers each for the whole loop (ptxas spills them); offsets from
+// one laundered base cost an integer add each.
+__device__ __forceinline__ uint64_t desc_base(const void* smem, uint32_t lbo, uint32_t sbo) {
+  uint64_t d = sm90::wgmma_desc(smem, lbo, sbo);
+#ifndef LATCH_EMULATED_WGMMA
+  asm volatile("" : "+l"(d));
+#endif
+  return d;
+}
+// The descriptor ``bytes`` further (the start address field counts 16-byte units; it does not carry
+// into the next field: every address is below 256 KiB)
+__device__ __forceinline__ uint64_t desc_at(uint64_t base, uint32_t bytes) { return base + (bytes >> 4); }
+
+// S = Q K^T of the key block in stage ``st`` (issued, not committed); ``sq`` is the warpgroup's 64
+// Q rows in the scratch copy (D/64 blocks of 128 rows, 16 KiB apart: K-major A as in latch_gemm.cuh).
 template <int D, int BN>
-__device__ __forceinline__ void issue_s(float (&s)[BN / 2], const uint32_t (&qf)[D / 16][4], const char* st) {
+__device__ __forceinline__ void issue_s(float (&s)[BN / 2], const char* sq, const char* st) {
+  const uint64_t qa = desc_base(sq, 16, 1024), kb = desc_base(st, 16, 1024);
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
-    const uint64_t db = sm90::wgmma_desc(st + (kk >> 2) * (BN * 128) + 32 * (kk & 3), 16, 1024);
-    WgmmaRs<BN>::template run<0>(s, qf[kk], db, kk == 0 ? 0 : 1);
+    const uint32_t off = 32 * (kk & 3);
+    WgmmaSs<BN>::run(s, desc_at(qa, (kk >> 2) * (128 * 128) + off), desc_at(kb, (kk >> 2) * (BN * 128) + off),
+                     kk == 0 ? 0 : 1);
   }
 }
 
 // O += P V of the key block in stage ``st`` (issued, not committed).
 template <int D, int BN>
 __device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&pf)[BN / 16][4], const char* st) {
-  const char* sv = st + BN * D * 2;
+  const uint64_t vb = desc_base(st + BN * D * 2, BN * 128, 1024);
 #pragma unroll
-  for (int kk = 0; kk < BN / 16; ++kk) {
-    const uint64_t db = sm90::wgmma_desc(sv + 2048 * kk, BN * 128, 1024);
-    WgmmaRs<D>::template run<1>(o, pf[kk], db, 1);
-  }
+  for (int kk = 0; kk < BN / 16; ++kk) WgmmaRs<D>::template run<1>(o, pf[kk], desc_at(vb, 2048 * kk), 1);
+}
+
+// 16 bytes shared -> shared through registers (ld/st.shared: generic addresses would cost the
+// address translation on every access)
+__device__ __forceinline__ void copy16_shared(uint32_t dst, uint32_t src) {
+#ifndef LATCH_EMULATED_WGMMA
+  uint32_t a, b, c, d;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(src) : "memory");
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+#else
+  std::memcpy(emu::smem_base + dst, emu::smem_base + src, 16);
+#endif
 }
 
 // Consumers (threads 0..255): every tile of the task's box. ``out`` and ``lse`` are the whole
-// tensors ([B*H][Tq][D], [B*H][Tq]; lse may be null). False if the launch was aborted.
+// tensors ([B*H][Tq][D], [B*H][Tq]; lse may be null); ``smem`` the body's scratch (FwdShape::Q_BYTES,
+// 1024-byte aligned: the Q tile). False if the launch was aborted.
 //
 // Per warpgroup the products of consecutive key blocks overlap the softmax (FlashAttention-3's
 // intra-warpgroup pipelining): S(n) and then P V(n - 1) are issued back to back; the softmax of
@@ -259,9 +285,9 @@ __device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&pf)
 // a suffix of the tile's blocks: they are waited for and released without work.
 template <int D, bool CAUSAL>
 __device__ __forceinline__ bool fwd_consume(Pipe& p, const Task* t, __nv_bfloat16* out, float* lse, int H, int Tq,
-                                            int Tk, float scale) {
+                                            int Tk, float scale, char* smem) {
   typedef FwdShape<D> S;
-  constexpr int BN = S::BN, KQ = D / 16, KP = BN / 16;
+  constexpr int BN = S::BN, KP = BN / 16;
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const float c2 = scale * LOG2E;
   for (int b = t->lo[0]; b < t->hi[0]; ++b)
@@ -271,25 +297,26 @@ __device__ __forceinline__ bool fwd_consume(Pipe& p, const Task* t, __nv_bfloat1
         const int r1 = r0 + S::BM < t->hi[2] ? r0 + S::BM : t->hi[2];
         const int wrow0 = r0 + 64 * wg;                              // the warpgroup's first query row
         const int row_a = wrow0 + 16 * warp + g, row_b = row_a + 8;  // this thread's two rows
-        // Q: this warp's 16 rows into A fragments, then the stage goes back to the producer.
-        uint32_t qf[KQ][4];
+        // Q: the warpgroup's 64 rows from the stage into its half of the scratch (the same bytes, so
+        // the same swizzle), then the stage goes back to the producer at once: Q never pins the ring.
+        // The warpgroup's barrier before the copy: its products of the previous tile read the old Q.
+        sm90::named_sync(2 + wg, 128);
         if (!pipe_wait_warp(&p.full[p.stage], p.phase, p)) return false;
         {
-          const uint32_t sq = sm90::smem_addr(p.at(p.stage)) + 8192 * wg;
-          const int ra = 16 * warp + g;
+          const uint32_t src = sm90::smem_addr(p.at(p.stage)) + 8192 * wg + 16 * (tid & 127),
+                         dst = sm90::smem_addr(smem) + 8192 * wg + 16 * (tid & 127);
 #pragma unroll
-          for (int kk = 0; kk < KQ; ++kk) {
-            const uint32_t blk = sq + (kk >> 2) * (S::BM * 128);
-            const int col = (kk & 3) * 16 + 2 * t4;
-            qf[kk][0] = swz_pair(blk, ra, col);
-            qf[kk][1] = swz_pair(blk, ra + 8, col);
-            qf[kk][2] = swz_pair(blk, ra, col + 8);
-            qf[kk][3] = swz_pair(blk, ra + 8, col + 8);
-          }
+          for (int j = 0; j < S::DB; ++j)
+#pragma unroll
+            for (int i = 0; i < 8192 / (16 * 128); ++i)
+              copy16_shared(dst + j * (S::BM * 128) + 2048 * i, src + j * (S::BM * 128) + 2048 * i);
           __syncwarp();
           if (lane == 0) sm90::mbar_arrive(&p.empty[p.stage]);
           p.advance();
+          sm90::fence_proxy_async_shared();  // the products read the copy through the async proxy
+          sm90::named_sync(2 + wg, 128);
         }
+        const char* sq = smem + 8192 * wg;
         const int kend = fwd_key_end<CAUSAL>(r1, Tk);
         const int nblocks = (kend + BN - 1) / BN;
         // causal: the blocks holding a key <= the warpgroup's last row
@@ -305,7 +332,7 @@ __device__ __forceinline__ bool fwd_consume(Pipe& p, const Task* t, __nv_bfloat1
         if (nlive > 0) {
           if (!pipe_wait_warp(&p.full[p.stage], p.phase, p)) return false;
           sm90::wgmma_fence();
-          issue_s<D, BN>(s, qf, p.at(p.stage));
+          issue_s<D, BN>(s, sq, p.at(p.stage));
           sm90::wgmma_commit();
           sm90::wgmma_wait<0>();
           fence_regs(s);
@@ -323,7 +350,7 @@ __device__ __forceinline__ bool fwd_consume(Pipe& p, const Task* t, __nv_bfloat1
           fence_regs(o);
           fence_regs(s);
           sm90::wgmma_fence();
-          issue_s<D, BN>(s, qf, p.at(p.stage));
+          issue_s<D, BN>(s, sq, p.at(p.stage));
           sm90::wgmma_commit();
           issue_pv<D, BN>(o, pf, p.at(prev));
           sm90::wgmma_commit();
@@ -357,7 +384,6 @@ __device__ __forceinline__ bool fwd_consume(Pipe& p, const Task* t, __nv_bfloat1
           __syncwarp();
           if (lane == 0) sm90::mbar_arrive(&p.empty[prev]);
         }
-        fence_frags(qf);
         for (int n = nlive; n < nblocks; ++n) {  // causal blocks above this warpgroup's rows
           if (!pipe_wait_warp(&p.full[p.stage], p.phase, p)) return false;
           __syncwarp();
