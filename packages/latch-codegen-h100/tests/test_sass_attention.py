@@ -101,14 +101,16 @@ def test_wgmma_forward_is_hgmma_fed_by_tma_without_spills(tmp_path, cache, d, ca
     if fwd_only:
         assert stats.get("spill_stores", 0) == 0, stats
     # Beside an out-of-line body (the backward) the worker keeps a few words on the stack around its
-    # call (as it does with the mma.sync forward); none of it inside the forward's tensor-core loop.
+    # call (as it does with the mma.sync forward); none of it inside the forward's tensor-core code
+    # (descriptors are recomputed from laundered bases, not hoisted and spilled).
     text = _run([H.cuobjdump(), "-sass", str(out / "program.so")]).splitlines()
     hg = [i for i, line in enumerate(text) if "HGMMA" in line]
     assert hg and not [line for line in text[hg[0]:hg[-1]] if re.search(r"\b(LDL|STL)\b", line)]
     r = sass_report(out / "program.so")
     n_keys = 128 if d == 64 else 64
-    # S = Q K^T (d / 16 steps of N = keys) and O += P V (keys / 16 steps of N = d), register A: the
-    # first block's S, then S and P V of the pipelined loop, then the last P V
+    # S = Q K^T (d / 16 steps of N = keys, both operands in shared memory) and O += P V (keys / 16
+    # steps of N = d, P in registers): the first block's S, then S and P V of the pipelined loop,
+    # then the last P V
     assert r.hgmma.get(f"64x{n_keys}x16.F32.BF16", 0) >= 2 * (d // 16), r
     assert r.hgmma.get(f"64x{d}x16.F32.BF16", 0) >= 2 * (n_keys // 16), r
     assert r.hgmma_serialized == 0, r
