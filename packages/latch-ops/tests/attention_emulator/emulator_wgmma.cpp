@@ -59,6 +59,24 @@ void named_sync(int id, int threads) {
   wg_barrier();
 }
 
+static int wg_or[2][2];  // per warpgroup, two generations: the OR being gathered and the last one
+static long wg_or_gen[2];
+bool named_sync_or(int id, int threads, bool pred) {
+  const int wg = threadIdx.x >> 7;
+  if (threads != 128 || id != 2 + wg) {
+    failed = 5;
+    return true;
+  }
+  const long gen = wg_bar[wg].gen;
+  wg_or[wg][gen & 1] |= pred ? 1 : 0;
+  wg_barrier();
+  const bool r = wg_or[wg][gen & 1] != 0;
+  wg_barrier();  // everyone read it: clear for the next use of this generation slot
+  if ((threadIdx.x & 127) == 0) wg_or[wg][gen & 1] = 0;
+  wg_barrier();
+  return r;
+}
+
 struct Desc {
   uint32_t start, lbo, sbo;
 };

@@ -26,6 +26,7 @@ void wg_barrier();  // the 128 threads of the caller's warpgroup
 void wgmma_rs(float* d, int n, const uint32_t* a, uint64_t desc, int scale_d, int tb);
 void wgmma_ss(float* d, int n, uint64_t adesc, uint64_t bdesc, int scale_d);
 void named_sync(int id, int threads);
+bool named_sync_or(int id, int threads, bool pred);
 struct Mbar {
   long phase = 0;  // completed phases
   int arrivals = 0, count = 1;
@@ -105,6 +106,7 @@ inline uint64_t wgmma_desc(const void* smem, uint32_t lbo, uint32_t sbo) {
 inline void wgmma_fence() {}
 inline void fence_proxy_async_shared() {}
 inline void named_sync(int id, int threads) { emu::named_sync(id, threads); }
+inline bool named_sync_or(int id, int threads, bool pred) { return emu::named_sync_or(id, threads, pred); }
 inline void wgmma_commit() {}
 template <int N> inline void wgmma_wait() {}
 template <int TA, int TB> inline void wgmma_bf16_m64n64k16(float (&d)[32], uint64_t da, uint64_t db, int s) {

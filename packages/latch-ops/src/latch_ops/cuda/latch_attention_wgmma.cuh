@@ -300,9 +300,10 @@ __device__ __forceinline__ bool fwd_consume(Pipe& p, const Task* t, __nv_bfloat1
         // Q: the warpgroup's 64 rows from the stage into its half of the scratch (the same bytes, so
         // the same swizzle), then the stage goes back to the producer at once: Q never pins the ring.
         // The warpgroup's barrier before the copy: its products of the previous tile read the old Q.
+        // (A failed wait is voted on over the warpgroup, so that no warp is left at its barrier.)
         sm90::named_sync(2 + wg, 128);
-        if (!pipe_wait_warp(&p.full[p.stage], p.phase, p)) return false;
-        {
+        const bool q_ok = pipe_wait_warp(&p.full[p.stage], p.phase, p);
+        if (q_ok) {
           const uint32_t src = sm90::smem_addr(p.at(p.stage)) + 8192 * wg + 16 * (tid & 127),
                          dst = sm90::smem_addr(smem) + 8192 * wg + 16 * (tid & 127);
 #pragma unroll
@@ -314,8 +315,8 @@ __device__ __forceinline__ bool fwd_consume(Pipe& p, const Task* t, __nv_bfloat1
           if (lane == 0) sm90::mbar_arrive(&p.empty[p.stage]);
           p.advance();
           sm90::fence_proxy_async_shared();  // the products read the copy through the async proxy
-          sm90::named_sync(2 + wg, 128);
         }
+        if (sm90::named_sync_or(2 + wg, 128, !q_ok)) return false;
         const char* sq = smem + 8192 * wg;
         const int kend = fwd_key_end<CAUSAL>(r1, Tk);
         const int nblocks = (kend + BN - 1) / BN;
