@@ -101,3 +101,19 @@ def test_bench_refuses_an_unknown_forward_body():
 
     r = CliRunner().invoke(BA.bench_attention_command, ["--forward", "mma,fast"])
     assert r.exit_code != 0 and "'mma,fast'" in r.output and "must be one of" in r.output, r.output
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("d", [64, 128])
+def test_bench_builds_per_head_dim_keep_the_wgmma_pipelined(tmp_path, monkeypatch, d):
+    """What bench-attention --forward mma,wgmma measures: one build per head dim of the issue's cases,
+    in which ptxas keeps the wgmma forward's products pipelined (no C7511/C7518 serialisation)."""
+    from latch_codegen_h100 import build
+
+    monkeypatch.setenv("LATCH_CACHE_DIR", str(tmp_path / "cache"))
+    docs = {dd: (group, doc) for dd, group, doc in BA.head_dim_documents(BA.CASES, ("mma", "wgmma"))}
+    assert sorted(docs) == [64, 128]
+    group, doc = docs[d]
+    assert {c.head_dim for c in group} == {d} and len(group) == 2
+    built = build(BA.plan_document(doc, 132), tmp_path / "b")
+    assert "wgmma_warnings" not in dict(built.build.stats), dict(built.build.stats)

@@ -130,6 +130,17 @@ def attention_document(case_list: Iterable[Case], dtype: str = "bf16", glse: boo
     return Document(graph=GraphSection(progs, (), {"example": "bench_attention"}))
 
 
+def head_dim_documents(case_list: Iterable[Case], bodies: tuple[str, ...] = ("mma",)):
+    """(head dim, its cases, its document with every forward body in ``bodies``), one per head dim:
+    with wgmma forwards of both head dims inlined in one kernel, ptxas serialises every wgmma
+    (C7511, "insufficient register resources"; results/fa.md), so each head dim is its own build."""
+    case_list = list(case_list)
+    for d in sorted({c.head_dim for c in case_list}):
+        group = [c for c in case_list if c.head_dim == d]
+        progs = [g for b in bodies for g in attention_document(group, fwd_body=None if b == "mma" else b).graph.programs]
+        yield d, group, Document(graph=GraphSection(progs, (), {"example": "bench_attention"}))
+
+
 def plan_document(doc: Document, num_sms: int) -> Document:
     """Schedule (barrier strategy), plan memory and validate (the pipeline's passes)."""
     from latch_core.passes import run_pass
@@ -335,27 +346,30 @@ def bench_attention_command(only, build_dir, iters, json_path, forward):
     if not case_list:
         raise click.ClickException(f"no case matches --only {only!r}; cases: {[c.name for c in CASES]}")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    t0 = time.perf_counter()
-    progs = [g for b in bodies for g in attention_document(case_list, fwd_body=None if b == "mma" else b).graph.programs]
-    doc = plan_document(Document(graph=GraphSection(progs, (), {"example": "bench_attention"})), sms)
-    t1 = time.perf_counter()
-    doc = build(doc, build_dir)
-    t2 = time.perf_counter()
-    click.echo(f"bench-attention: {len(case_list)} cases, plan {t1 - t0:.1f} s, build {t2 - t1:.1f} s "
-               f"({dict(doc.build.stats).get('cached')})")
-    for c in case_list:
-        for b in bodies:
-            click.echo(f"  {variant(c, b).name}: tasks {task_counts(doc, variant(c, b).name + '.fwdbwd')}")
-    prog = Program.load(build_dir)
     rows, failed = [], []
-    for i, c in enumerate(case_list):
-        try:
-            rows.extend(run_case(prog, c, iters, seed=i, bodies=bodies))
-            click.echo(f"  {c.name}: done")
-        except Exception as e:  # one failing case must not hide the others' numbers
-            failed.append(c.name)
-            click.echo(f"{c.name}: FAILED: {type(e).__name__}: {e}")
-        torch.cuda.empty_cache()
+    for d, group, doc in head_dim_documents(case_list, bodies):  # one build per head dim
+        gdir = str(Path(build_dir) / f"d{d}")
+        t0 = time.perf_counter()
+        doc = plan_document(doc, sms)
+        t1 = time.perf_counter()
+        doc = build(doc, gdir)
+        t2 = time.perf_counter()
+        click.echo(f"bench-attention: head dim {d}: {len(group)} cases, plan {t1 - t0:.1f} s, build {t2 - t1:.1f} s "
+                   f"({dict(doc.build.stats).get('cached')}; {dict(doc.build.stats).get('wgmma_warnings', 'no')} "
+                   "wgmma warnings)")
+        for c in group:
+            for b in bodies:
+                click.echo(f"  {variant(c, b).name}: tasks {task_counts(doc, variant(c, b).name + '.fwdbwd')}")
+        prog = Program.load(gdir)
+        for c in group:
+            try:
+                rows.extend(run_case(prog, c, iters, seed=case_list.index(c), bodies=bodies))
+                click.echo(f"  {c.name}: done")
+            except Exception as e:  # one failing case must not hide the others' numbers
+                failed.append(c.name)
+                click.echo(f"{c.name}: FAILED: {type(e).__name__}: {e}")
+            torch.cuda.empty_cache()
+        del prog
     if json_path:
         Path(json_path).write_text(json.dumps(rows, indent=1))
     click.echo(format_table(rows))
@@ -364,4 +378,4 @@ def bench_attention_command(only, build_dir, iters, json_path, forward):
         raise click.ClickException(f"wrong or failed: {bad}")
 
 
-__all__ = ["Case", "CASES", "attention_document", "plan_document", "bench_attention_command"]
+__all__ = ["Case", "CASES", "attention_document", "head_dim_documents", "plan_document", "bench_attention_command"]
