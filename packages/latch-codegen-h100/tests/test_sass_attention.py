@@ -140,3 +140,27 @@ def test_wgmma_forward_refuses_what_it_cannot_run():
         wgmma_forward(ctx(op="latch::sdpa_backward", attention_body="wgmma"))
     with pytest.raises(LoweringError, match="is not one of"):
         wgmma_forward(ctx(attention_body="wgmma2"))
+
+
+@needs_tools
+@pytest.mark.parametrize("d", [64, 128])
+def test_wgmma_forward_beside_a_product_keeps_both_pipelined(tmp_path, cache, d):
+    """A training kernel inlines the attention forward with the products' wgmma bodies: ptxas must
+    keep every wgmma of both pipelined (no C7511/C7518) and spill nothing."""
+    from latch_codegen_h100.sass import sass_report
+
+    bf, f = "bf16", "f32"
+    q = (1, 4, 300, d)
+    values = [Value("x", (256, 128), bf, "batch"), Value("w", (128, 128), bf, "batch"), Value("y", (256, 128), f),
+              Value("q", q, bf, "batch"), Value("k", q, bf, "batch"), Value("v", q, bf, "batch"),
+              Value("o", q, bf), Value("lse", q[:3], f)]
+    nodes = [("mm", "latch::matmul", ("x", "w"), ("y",), {"trans_b": True, "out_dtype": f}),
+             ("att", "latch::sdpa", ("q", "k", "v"), ("o", "lse"),
+              {"causal": True, "scale": d ** -0.5, "attention_body": "wgmma"})]
+    g = H.graph("update", values, nodes, [("batch", ["x", "w", "q", "k", "v"])], [("metrics", ["y", "o"])])
+    out = tmp_path / "b"
+    doc = build(H.planned([g]), out, jobs=2)
+    stats = dict(doc.build.stats)
+    assert "wgmma_warnings" not in stats and stats.get("spill_stores", 0) == 0, stats
+    r = sass_report(out / "program.so")
+    assert r.hgmma_serialized == 0 and r.utmaldg >= 3, r
