@@ -132,7 +132,10 @@ fi
 # below deselects test_gpu_attention.py, which runs here).
 if want attention; then
     say "attention: pytest test_gpu_attention.py"
+    # LATCH_GPU_ATTN_TEST_K: a pytest -k expression, e.g. "wgmma or mma_glse" (the build then holds
+    # only the selected variants' programs)
     LATCH_SPIN_TIMEOUT_S=30 timeout "${LATCH_GPU_ATTN_TEST_S:-180}" "$PY" -m pytest -m gpu -q -p no:cacheprovider \
+        ${LATCH_GPU_ATTN_TEST_K:+-k "$LATCH_GPU_ATTN_TEST_K"} \
         packages/latch-check/tests/test_gpu_attention.py > "$WORK/attention_pytest.log" 2>&1
     rc=$?
     { echo "===== test_gpu_attention.py (exit $rc)"; cat "$WORK/attention_pytest.log"; } >> "$OUT/examples.log"

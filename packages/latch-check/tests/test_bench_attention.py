@@ -66,3 +66,54 @@ def test_bench_document_compiles_for_sm90a(tmp_path, monkeypatch):
     doc = build(BA.plan_document(BA.attention_document(cases), 132), tmp_path / "b")
     assert dict(doc.build.stats)["cached"] == "no"
     assert (tmp_path / "b" / "program.so").exists()
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_wgmma_forward_document_compiles_with_the_ring(tmp_path, monkeypatch):
+    """bench-attention --forward mma,wgmma: both forwards of a case in one build; the wgmma one streams
+    Q, K and V through the worker's ring (three tensor maps, a 32 KiB stage), the backward stays
+    mma.sync."""
+    from latch_codegen_h100 import build
+
+    monkeypatch.setenv("LATCH_CACHE_DIR", str(tmp_path / "cache"))
+    cases = [BA.Case("a", 1, 4, 2, 77, 64), BA.Case("b", 1, 2, 2, 300, 128, causal=False)]
+    progs = [g for b in BA.FORWARD_BODIES
+             for g in BA.attention_document(cases, fwd_body=None if b == "mma" else b).graph.programs]
+    from latch_core.document import Document
+    from latch_core.ir import GraphSection
+
+    doc = BA.plan_document(Document(graph=GraphSection(progs, (), {"example": "t"})), 132)
+    wg = doc.graph.program("a-wgmma.fwdbwd")
+    assert [dict(n.attrs).get("attention_body") for n in wg.nodes] == ["wgmma", None]
+    fwd = _tasks(doc, "b-wgmma.fwd", "latch::sdpa")
+    assert len(fwd) == 1 * 2 * -(-300 // A.QUERY_TILE)
+    build(doc, tmp_path / "b")
+    import json
+
+    man = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert man["ring"]["stage_bytes"] == 32768 and man["ring"]["stages"] >= 3, man["ring"]
+    streamed = [b for b in man["bodies"] if b["tensor_maps"]]
+    assert len(streamed) == 2 and all(b["tensor_maps"] == 3 and b["stage_bytes"] == 32768 for b in streamed), streamed
+
+
+def test_bench_refuses_an_unknown_forward_body():
+    from click.testing import CliRunner
+
+    r = CliRunner().invoke(BA.bench_attention_command, ["--forward", "mma,fast"])
+    assert r.exit_code != 0 and "'mma,fast'" in r.output and "must be one of" in r.output, r.output
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("d", [64, 128])
+def test_bench_builds_per_head_dim_keep_the_wgmma_pipelined(tmp_path, monkeypatch, d):
+    """What bench-attention --forward mma,wgmma measures: one build per head dim of the issue's cases,
+    in which ptxas keeps the wgmma forward's products pipelined (no C7511/C7518 serialisation)."""
+    from latch_codegen_h100 import build
+
+    monkeypatch.setenv("LATCH_CACHE_DIR", str(tmp_path / "cache"))
+    docs = {dd: (group, doc) for dd, group, doc in BA.head_dim_documents(BA.CASES, ("mma", "wgmma"))}
+    assert sorted(docs) == [64, 128]
+    group, doc = docs[d]
+    assert {c.head_dim for c in group} == {d} and len(group) == 2
+    built = build(BA.plan_document(doc, 132), tmp_path / "b")
+    assert "wgmma_warnings" not in dict(built.build.stats), dict(built.build.stats)

@@ -3,7 +3,9 @@ that are not a multiple of the tiles (77, 1000), head dims 64 and 128, causal an
 attention, with and without a gradient of lse; the backward must give the same bits on a second
 run. BF16 storage (and FP32 storage under operand_dtype bf16) runs the tensor-core bodies (gate:
 bench_attention.REL_GATE, the BF16 rounding of operands, outputs and P); the same shapes with ``attention_body="simt"`` and in f64 run the SIMT bodies (f64: exact
-to rounding). All cases share ONE build (one document, many programs)."""
+to rounding). Variant "wgmma" runs the forward on wgmma + TMA through the worker's ring
+(``attention_body="wgmma"`` on the forward node). All cases share ONE build (one document, many
+programs)."""
 
 from __future__ import annotations
 
@@ -25,25 +27,31 @@ CASES = [
 F64_GATE = 1e-10
 
 
-# (tag, storage, grad_lse, forced body, operand_dtype): "mma_f32" is FP32 values under the BF16
-# policy (captured models), which the tensor-core bodies serve by rounding as they stage
-VARIANTS = (("mma", "bf16", False, None, None), ("mma_glse", "bf16", True, None, None),
-            ("mma_f32", "f32", True, None, "bf16"), ("simt", "bf16", False, "simt", None),
-            ("f64", "f64", True, None, None))
+# (tag, storage, grad_lse, forced body, operand_dtype, forward body): "mma_f32" is FP32 values under
+# the BF16 policy (captured models), which the tensor-core bodies serve by rounding as they stage;
+# "wgmma" is the forward on wgmma + TMA through the worker's ring (attention_body="wgmma" on the
+# forward node; its backward, on mma.sync, reads the wgmma forward's out and lse)
+VARIANTS = (("mma", "bf16", False, None, None, None), ("mma_glse", "bf16", True, None, None, None),
+            ("mma_f32", "f32", True, None, "bf16", None), ("simt", "bf16", False, "simt", None, None),
+            ("f64", "f64", True, None, None, None), ("wgmma", "bf16", True, None, None, "wgmma"))
 
 
 @pytest.fixture(scope="module")
-def programs(tmp_path_factory):
-    """Every variant's programs in ONE document and build (the units compile in parallel)."""
+def programs(request, tmp_path_factory):
+    """The selected variants' programs in ONE document and build (``-k wgmma`` builds only that
+    variant's programs)."""
     from latch_core.document import Document
     from latch_core.ir import GraphSection
     from latch_codegen_h100 import Program, build
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     progs, variants = [], {}
-    for tag, dtype, glse, body, operand in VARIANTS:
+    wanted = {it.callspec.params.get("tag") for it in request.session.items if hasattr(it, "callspec")}
+    for tag, dtype, glse, body, operand, fwd_body in VARIANTS:
+        if tag not in wanted:
+            continue
         cases = [BA.Case(f"{tag}.{c.name}", c.batch, c.heads, c.kv_heads, c.seq, c.head_dim, c.causal) for c in CASES]
-        progs += [p for c in cases for p in BA._programs(c, dtype, glse, body, operand)]
+        progs += [p for c in cases for p in BA._programs(c, dtype, glse, body, operand, fwd_body=fwd_body)]
         variants[tag] = (cases, dtype, glse)
     d = tmp_path_factory.mktemp("attention")
     doc = Document(graph=GraphSection(progs, (), {"example": "test_gpu_attention"}))

@@ -64,3 +64,103 @@ def test_fp32_values_under_the_bf16_policy_run_on_the_tensor_cores(tmp_path, cac
     build(_attention_doc("f32", 64), tmp_path / "n", jobs=2)  # FP32 attention without the policy: SIMT
     sass = _run([H.cuobjdump(), "-sass", str(tmp_path / "n" / "program.so")])
     assert not re.findall(r"\bHMMA\b", sass)
+
+
+def _wgmma_forward_doc(d: int, causal: bool, fwd_only: bool):
+    """latch::sdpa with attention_body="wgmma" (grouped-query 4:2, 300 rows: several key blocks, the
+    last one partial), alone or followed by the (mma.sync) backward, as a training step has it."""
+    B, H_, Hkv, T = 1, 4, 2, 300
+    q, kv = (B, H_, T, d), (B, Hkv, T, d)
+    values = [Value("q", q, "bf16", "batch"), Value("k", kv, "bf16", "batch"), Value("v", kv, "bf16", "batch"),
+              Value("o", q, "bf16"), Value("lse", q[:3], "f32")]
+    a = {"causal": causal, "scale": d ** -0.5}
+    nodes = [("fwd", "latch::sdpa", ("q", "k", "v"), ("o", "lse"), dict(a, attention_body="wgmma"))]
+    outs = ["o", "lse"]
+    if not fwd_only:
+        values += [Value("go", q, "bf16", "batch"), Value("dq", q, "bf16"), Value("dk", kv, "bf16"),
+                   Value("dv", kv, "bf16")]
+        nodes.append(("bwd", "latch::sdpa_backward", ("go", None, "q", "k", "v", "o", "lse"), ("dq", "dk", "dv"), a))
+        outs = ["o", "dq", "dk", "dv"]
+    batch = ["q", "k", "v"] + ([] if fwd_only else ["go"])
+    g = H.graph("update", values, nodes, [("batch", batch)], [("metrics", outs)])
+    return H.planned([g], tiles=1, num_sms=1)
+
+
+@needs_tools
+@pytest.mark.parametrize("d, causal, fwd_only", [(64, True, True), (128, True, False), (128, False, True),
+                                                 (64, False, False)])
+def test_wgmma_forward_is_hgmma_fed_by_tma_without_spills(tmp_path, cache, d, causal, fwd_only):
+    from latch_codegen_h100.sass import sass_report
+
+    out = tmp_path / "b"
+    doc = build(_wgmma_forward_doc(d, causal, fwd_only), out, jobs=2)
+    stats = dict(doc.build.stats)
+    assert "wgmma_warnings" not in stats, stats
+    log = (out / "build.log").read_text()
+    assert "C7518" not in log and "serialized" not in log, log
+    if fwd_only:
+        assert stats.get("spill_stores", 0) == 0, stats
+    # Beside an out-of-line body (the backward) the worker keeps a few words on the stack around its
+    # call (as it does with the mma.sync forward); none of it inside the forward's tensor-core code
+    # (descriptors are recomputed from laundered bases, not hoisted and spilled).
+    text = _run([H.cuobjdump(), "-sass", str(out / "program.so")]).splitlines()
+    hg = [i for i, line in enumerate(text) if "HGMMA" in line]
+    assert hg and not [line for line in text[hg[0]:hg[-1]] if re.search(r"\b(LDL|STL)\b", line)]
+    r = sass_report(out / "program.so")
+    n_keys = 128 if d == 64 else 64
+    # S = Q K^T (d / 16 steps of N = keys, both operands in shared memory) and O += P V (keys / 16
+    # steps of N = d, P in registers): the first block's S, then S and P V of the pipelined loop,
+    # then the last P V
+    assert r.hgmma.get(f"64x{n_keys}x16.F32.BF16", 0) >= 2 * (d // 16), r
+    assert r.hgmma.get(f"64x{d}x16.F32.BF16", 0) >= 2 * (n_keys // 16), r
+    assert r.hgmma_serialized == 0, r
+    assert r.utmaldg >= 2, r  # Q, and K with V
+    if fwd_only:
+        assert r.local_loads == 0 and r.local_stores == 0, r
+    assert r.setmaxreg_alloc == (224,) and r.setmaxreg_dealloc == (56,), r
+
+
+def test_wgmma_forward_refuses_what_it_cannot_run():
+    from latch_codegen_h100.lower_attention import wgmma_forward
+    from latch_codegen_h100.lowering import BodyContext, LoweringError, Operand
+
+    def ctx(dtype="bf16", d=64, op="latch::sdpa", **attrs):
+        q = Operand("q", (1, 2, 77, d), dtype)
+        ins = (q, q, q) if op == "latch::sdpa" else (q, None, q, q, q, q, Operand("l", (1, 2, 77), "f32"))
+        return BodyContext(op, dict({"causal": True, "scale": 0.125}, **attrs), ins, (q, q))
+
+    assert wgmma_forward(ctx(attention_body="wgmma"))
+    assert not wgmma_forward(ctx())  # the default stays mma.sync
+    assert not wgmma_forward(ctx(attention_body="mma"))
+    with pytest.raises(LoweringError, match="needs BF16 q/k/v with equal head dims 64 or 128"):
+        wgmma_forward(ctx(d=32, attention_body="wgmma"))
+    with pytest.raises(LoweringError, match="needs BF16"):
+        wgmma_forward(ctx(dtype="f32", attention_body="wgmma", operand_dtype="bf16"))
+    with pytest.raises(LoweringError, match="only for the forward"):
+        wgmma_forward(ctx(op="latch::sdpa_backward", attention_body="wgmma"))
+    with pytest.raises(LoweringError, match="is not one of"):
+        wgmma_forward(ctx(attention_body="wgmma2"))
+
+
+@needs_tools
+@pytest.mark.parametrize("d", [64, 128])
+def test_wgmma_forward_beside_a_product_keeps_both_pipelined(tmp_path, cache, d):
+    """A training kernel inlines the attention forward with the products' wgmma bodies: ptxas must
+    keep every wgmma of both pipelined (no C7511/C7518) and spill nothing."""
+    from latch_codegen_h100.sass import sass_report
+
+    bf, f = "bf16", "f32"
+    q = (1, 4, 300, d)
+    values = [Value("x", (256, 128), bf, "batch"), Value("w", (128, 128), bf, "batch"), Value("y", (256, 128), f),
+              Value("q", q, bf, "batch"), Value("k", q, bf, "batch"), Value("v", q, bf, "batch"),
+              Value("o", q, bf), Value("lse", q[:3], f)]
+    nodes = [("mm", "latch::matmul", ("x", "w"), ("y",), {"trans_b": True, "out_dtype": f}),
+             ("att", "latch::sdpa", ("q", "k", "v"), ("o", "lse"),
+              {"causal": True, "scale": d ** -0.5, "attention_body": "wgmma"})]
+    g = H.graph("update", values, nodes, [("batch", ["x", "w", "q", "k", "v"])], [("metrics", ["y", "o"])])
+    out = tmp_path / "b"
+    doc = build(H.planned([g]), out, jobs=2)
+    stats = dict(doc.build.stats)
+    assert "wgmma_warnings" not in stats and stats.get("spill_stores", 0) == 0, stats
+    r = sass_report(out / "program.so")
+    assert r.hgmma_serialized == 0 and r.utmaldg >= 3, r

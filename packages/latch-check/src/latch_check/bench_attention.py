@@ -2,6 +2,7 @@
 
     latch-pipeline bench-attention                 # the four cases of issue 10
     latch-pipeline bench-attention --only gqa --iters 5
+    latch-pipeline bench-attention --forward mma,wgmma   # both forward bodies, a row each
 
 Each case (batch, query heads, key/value heads, sequence, head dim; causal) becomes two programs
 of ONE build: ``<case>.fwd`` (``latch::sdpa``: out and lse) and ``<case>.fwdbwd`` (``latch::sdpa``
@@ -80,7 +81,9 @@ CASES = (
 
 
 def _programs(c: Case, dtype: str = "bf16", glse: bool = False, body: str | None = None,
-              operand: str | None = None) -> list[Graph]:
+              operand: str | None = None, fwd_body: str | None = None) -> list[Graph]:
+    """``body`` goes on both nodes (``attention_body``); ``fwd_body`` on the forward node only (the
+    wgmma forward has no backward twin yet, so the backward keeps its default body)."""
     q, k, v, go, gl = (f"{c.name}.{n}" for n in ("q", "k", "v", "go", "glse"))
     attrs_ = {"causal": c.causal, "scale": c.scale}
     if body:
@@ -96,7 +99,8 @@ def _programs(c: Case, dtype: str = "bf16", glse: bool = False, body: str | None
         p = f"{c.name}.{kind}"
         out, lse = f"{p}.out", f"{p}.lse"
         values = list(ins) + [Value(out, c.q_shape, dtype), Value(lse, c.q_shape[:3], stat)]
-        nodes = [Node(f"{p}.sdpa", "latch::sdpa", (q, k, v), (out, lse), attrs_, source=f"bench_attention {c.name}")]
+        fattrs = dict(attrs_, attention_body=fwd_body) if fwd_body else attrs_
+        nodes = [Node(f"{p}.sdpa", "latch::sdpa", (q, k, v), (out, lse), fattrs, source=f"bench_attention {c.name}")]
         outs: tuple = (out, lse)
         batch = (q, k, v)
         if kind == "fwdbwd":
@@ -114,12 +118,27 @@ def _programs(c: Case, dtype: str = "bf16", glse: bool = False, body: str | None
 
 
 def attention_document(case_list: Iterable[Case], dtype: str = "bf16", glse: bool = False,
-                       body: str | None = None) -> Document:
+                       body: str | None = None, fwd_body: str | None = None) -> Document:
     """Per case ``<case>.fwd`` and ``<case>.fwdbwd`` (see the module docstring); ``glse``: the
     backward also takes a gradient of lse (a batch input ``<case>.glse``); ``body="simt"`` forces
-    the SIMT bodies (attribute ``attention_body``)."""
-    progs = [p for c in case_list for p in _programs(c, dtype, glse, body)]
+    the SIMT bodies (attribute ``attention_body``); ``fwd_body="wgmma"`` the forward's wgmma body
+    (the forward node only). With ``fwd_body``, each case is named ``<case>-<fwd_body>``, so one
+    document can hold both forwards of a case."""
+    if fwd_body:
+        case_list = [attrs.evolve(c, name=f"{c.name}-{fwd_body}") for c in case_list]
+    progs = [p for c in case_list for p in _programs(c, dtype, glse, body, fwd_body=fwd_body)]
     return Document(graph=GraphSection(progs, (), {"example": "bench_attention"}))
+
+
+def head_dim_documents(case_list: Iterable[Case], bodies: tuple[str, ...] = ("mma",)):
+    """(head dim, its cases, its document with every forward body in ``bodies``), one per head dim:
+    with wgmma forwards of both head dims inlined in one kernel, ptxas serialises every wgmma
+    (C7511, "insufficient register resources"; results/fa.md), so each head dim is its own build."""
+    case_list = list(case_list)
+    for d in sorted({c.head_dim for c in case_list}):
+        group = [c for c in case_list if c.head_dim == d]
+        progs = [g for b in bodies for g in attention_document(group, fwd_body=None if b == "mma" else b).graph.programs]
+        yield d, group, Document(graph=GraphSection(progs, (), {"example": "bench_attention"}))
 
 
 def plan_document(doc: Document, num_sms: int) -> Document:
@@ -234,7 +253,16 @@ def check_case(prog, c: Case, ins: dict, ref: dict, glse: bool = False) -> tuple
     return {key: rel_l2(first[key], ref[key]) for key in names}, identical
 
 
-def run_case(prog, c: Case, iters: int, seed: int) -> dict:
+FORWARD_BODIES = ("mma", "wgmma")  # --forward: the default (mma.sync) forward, the wgmma/TMA one
+
+
+def variant(c: Case, body: str) -> Case:
+    """The case as the document names it for forward body ``body`` (``attention_document``)."""
+    return c if body == "mma" else attrs.evolve(c, name=f"{c.name}-{body}")
+
+
+def run_case(prog, c: Case, iters: int, seed: int, bodies: tuple[str, ...] = ("mma",)) -> list[dict]:
+    """One row per forward body in ``bodies``: the same inputs, FP64 reference and torch control."""
     import torch
 
     from .timing import capture_graph, median_ms
@@ -242,8 +270,11 @@ def run_case(prog, c: Case, iters: int, seed: int) -> dict:
     dev = prog.device
     ins = make_inputs(c, dev, seed)
     ref = reference(c, ins)
-    fb = f"{c.name}.fwdbwd"
-    errs, identical = check_case(prog, c, ins, ref)
+    checked = {}
+    for body in bodies:
+        v = variant(c, body)
+        vins = {f"{v.name}.{k[len(c.name) + 1:]}": t for k, t in ins.items()}
+        checked[body] = (v, vins, check_case(prog, v, vins, ref))
     fwd, fwdbwd, control = _torch_flash(c, ins)
     t_out = fwd()
     t_grads = fwdbwd()
@@ -251,30 +282,35 @@ def run_case(prog, c: Case, iters: int, seed: int) -> dict:
                   "dk": rel_l2(t_grads[1], ref["dk"]), "dv": rel_l2(t_grads[2], ref["dv"])}
     del ref, t_out, t_grads
     torch.cuda.empty_cache()
-    fwd_ins = {k: v for k, v in ins.items() if k.split(".")[-1] in ("q", "k", "v")}
-    bwd_ins = {k: v for k, v in ins.items() if not k.endswith(".glse")}
-    lf = median_ms(lambda: prog.launch(f"{c.name}.fwd", batch=fwd_ins), iters, warmup=1)
-    lb = median_ms(lambda: prog.launch(fb, batch=bwd_ins), iters, warmup=1)
-    prog.check()
     gf, gb = capture_graph(fwd, warmup=2), capture_graph(fwdbwd, warmup=2)
     tf = median_ms(gf.replay, iters)
     tb = median_ms(gb.replay, iters)
-    ok = identical and all(e <= REL_GATE for e in errs.values())
-    return {"case": c.name, "batch": c.batch, "heads": c.heads, "kv_heads": c.kv_heads, "seq": c.seq,
-            "head_dim": c.head_dim, "causal": c.causal, "control": control, "rel_l2": errs, "torch_rel_l2": torch_errs,
-            "bitwise_repeat": identical, "latch_fwd_ms": lf, "latch_fwdbwd_ms": lb, "torch_fwd_ms": tf,
-            "torch_fwdbwd_ms": tb, "fwd_ratio": tf / lf, "fwdbwd_ratio": tb / lb,
-            "latch_fwd_tflops": c.flops() / lf / 1e9, "latch_fwdbwd_tflops": c.flops(True) / lb / 1e9, "ok": ok}
+    rows = []
+    for body in bodies:
+        v, vins, (errs, identical) = checked[body]
+        fwd_ins = {k: t for k, t in vins.items() if k.split(".")[-1] in ("q", "k", "v")}
+        bwd_ins = {k: t for k, t in vins.items() if not k.endswith(".glse")}
+        lf = median_ms(lambda: prog.launch(f"{v.name}.fwd", batch=fwd_ins), iters, warmup=1)
+        lb = median_ms(lambda: prog.launch(f"{v.name}.fwdbwd", batch=bwd_ins), iters, warmup=1)
+        prog.check()
+        ok = identical and all(e <= REL_GATE for e in errs.values())
+        rows.append({"case": v.name, "forward_body": body, "batch": c.batch, "heads": c.heads,
+                     "kv_heads": c.kv_heads, "seq": c.seq, "head_dim": c.head_dim, "causal": c.causal,
+                     "control": control, "rel_l2": errs, "torch_rel_l2": torch_errs, "bitwise_repeat": identical,
+                     "latch_fwd_ms": lf, "latch_fwdbwd_ms": lb, "torch_fwd_ms": tf, "torch_fwdbwd_ms": tb,
+                     "fwd_ratio": tf / lf, "fwdbwd_ratio": tb / lb, "latch_fwd_tflops": c.flops() / lf / 1e9,
+                     "latch_fwdbwd_tflops": c.flops(True) / lb / 1e9, "ok": ok})
+    return rows
 
 
 def format_table(rows: list[dict]) -> str:
-    head = (f"{'case':<24} {'worst rel L2':>12} {'torch':>9} {'bits':>5} {'fwd ms':>9} {'torch':>8} {'ratio':>7} "
+    head = (f"{'case':<30} {'worst rel L2':>12} {'torch':>9} {'bits':>5} {'fwd ms':>9} {'torch':>8} {'ratio':>7} "
             f"{'f+b ms':>9} {'torch':>8} {'ratio':>7} {'f+b TF':>7}")
     lines = [head, "-" * len(head)]
     for r in rows:
         w = max(r["rel_l2"].values())
         tw = max(r["torch_rel_l2"].values())
-        lines.append(f"{r['case']:<24} {w:12.2e} {tw:9.2e} {'same' if r['bitwise_repeat'] else 'DIFF':>5} "
+        lines.append(f"{r['case']:<30} {w:12.2e} {tw:9.2e} {'same' if r['bitwise_repeat'] else 'DIFF':>5} "
                      f"{r['latch_fwd_ms']:9.3f} {r['torch_fwd_ms']:8.3f} {100 * r['fwd_ratio']:6.1f}% "
                      f"{r['latch_fwdbwd_ms']:9.3f} {r['torch_fwdbwd_ms']:8.3f} {100 * r['fwdbwd_ratio']:6.1f}% "
                      f"{r['latch_fwdbwd_tflops']:7.1f}{'' if r['ok'] else '  WRONG'}")
@@ -289,7 +325,10 @@ def format_table(rows: list[dict]) -> str:
 @click.option("--dir", "build_dir", default="build/bench-attention", show_default=True, type=click.Path(file_okay=False))
 @click.option("--iters", default=5, show_default=True)
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="also write the rows here")
-def bench_attention_command(only, build_dir, iters, json_path):
+@click.option("--forward", "forward", default="mma", show_default=True,
+              help="forward bodies to time, comma-separated: mma (the default body), wgmma (TMA + wgmma through "
+                   "the worker's ring); each is a row of its own on the same inputs")
+def bench_attention_command(only, build_dir, iters, json_path, forward):
     """Time latch::sdpa (forward, forward + backward) as Latch tasks against torch's flash SDPA."""
     import json
 
@@ -297,31 +336,40 @@ def bench_attention_command(only, build_dir, iters, json_path):
 
     from latch_codegen_h100 import Program, build
 
+    bodies = tuple(b.strip() for b in forward.split(",") if b.strip())
+    bad_body = [b for b in bodies if b not in FORWARD_BODIES]
+    if bad_body or not bodies:
+        raise click.ClickException(f"--forward {forward!r}: each entry must be one of {FORWARD_BODIES}")
     if not torch.cuda.is_available():
         raise click.ClickException("bench-attention runs on the GPU; torch sees no CUDA device")
     case_list = [c for c in CASES if only is None or only in c.name]
     if not case_list:
         raise click.ClickException(f"no case matches --only {only!r}; cases: {[c.name for c in CASES]}")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    t0 = time.perf_counter()
-    doc = plan_document(attention_document(case_list), sms)
-    t1 = time.perf_counter()
-    doc = build(doc, build_dir)
-    t2 = time.perf_counter()
-    click.echo(f"bench-attention: {len(case_list)} cases, plan {t1 - t0:.1f} s, build {t2 - t1:.1f} s "
-               f"({dict(doc.build.stats).get('cached')})")
-    for c in case_list:
-        click.echo(f"  {c.name}: tasks {task_counts(doc, c.name + '.fwdbwd')}")
-    prog = Program.load(build_dir)
     rows, failed = [], []
-    for i, c in enumerate(case_list):
-        try:
-            rows.append(run_case(prog, c, iters, seed=i))
-            click.echo(f"  {c.name}: done")
-        except Exception as e:  # one failing case must not hide the others' numbers
-            failed.append(c.name)
-            click.echo(f"{c.name}: FAILED: {type(e).__name__}: {e}")
-        torch.cuda.empty_cache()
+    for d, group, doc in head_dim_documents(case_list, bodies):  # one build per head dim
+        gdir = str(Path(build_dir) / f"d{d}")
+        t0 = time.perf_counter()
+        doc = plan_document(doc, sms)
+        t1 = time.perf_counter()
+        doc = build(doc, gdir)
+        t2 = time.perf_counter()
+        click.echo(f"bench-attention: head dim {d}: {len(group)} cases, plan {t1 - t0:.1f} s, build {t2 - t1:.1f} s "
+                   f"({dict(doc.build.stats).get('cached')}; {dict(doc.build.stats).get('wgmma_warnings', 'no')} "
+                   "wgmma warnings)")
+        for c in group:
+            for b in bodies:
+                click.echo(f"  {variant(c, b).name}: tasks {task_counts(doc, variant(c, b).name + '.fwdbwd')}")
+        prog = Program.load(gdir)
+        for c in group:
+            try:
+                rows.extend(run_case(prog, c, iters, seed=case_list.index(c), bodies=bodies))
+                click.echo(f"  {c.name}: done")
+            except Exception as e:  # one failing case must not hide the others' numbers
+                failed.append(c.name)
+                click.echo(f"{c.name}: FAILED: {type(e).__name__}: {e}")
+            torch.cuda.empty_cache()
+        del prog
     if json_path:
         Path(json_path).write_text(json.dumps(rows, indent=1))
     click.echo(format_table(rows))
@@ -330,4 +378,4 @@ def bench_attention_command(only, build_dir, iters, json_path):
         raise click.ClickException(f"wrong or failed: {bad}")
 
 
-__all__ = ["Case", "CASES", "attention_document", "plan_document", "bench_attention_command"]
+__all__ = ["Case", "CASES", "attention_document", "head_dim_documents", "plan_document", "bench_attention_command"]

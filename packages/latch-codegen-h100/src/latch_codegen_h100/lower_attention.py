@@ -10,15 +10,28 @@ the key rows of the same block (``latch_ops.attention.key_block``), one warp per
 over each key/value head's query heads in head order. Grouped-query attention: query head h reads
 key/value head h / G. Head dims up to 256 (8 chunks of 32 per lane). ``operand_dtype="bf16"``
 rounds q, k, v (and P) to bf16.
+
+``attention_body="wgmma"`` on a ``latch::sdpa`` node selects the forward on the worker's ring
+(latch_attention_wgmma.cuh): the producer warp TMA-loads Q and the key/value blocks through the
+kernel's ring of stages, the consumers run S = Q K^T and O += P V on wgmma with the online softmax in
+registers. It serves BF16 storage with head dims 64/128 (:func:`wgmma_forward`); asked for anything
+else it is an error naming the node's shapes. The backward has no wgmma body yet: ``"wgmma"`` on a
+``latch::sdpa_backward`` node is an error (put the attribute on the forward only). The mma.sync
+bodies stay the default until the wgmma forward is measured correct and faster on the H200.
 """
 
 from __future__ import annotations
 
+import struct
+
 from . import cgen
-from .lowering import BodyContext, Lowering, LoweringError
+from .lowering import BodyContext, Lowering, LoweringError, OnlyWhen, TensorMap
 
 HEADER = "latch_attention.cuh"
 MMA_HEADER = "latch_attention_mma.cuh"
+WGMMA_HEADER = "latch_attention_wgmma.cuh"
+BODIES = ("simt", "mma", "wgmma")  # values of the ``attention_body`` attribute
+WGMMA_ROWS = 128  # query rows per tile of the wgmma forward (latch::awg::FwdShape::BM)
 MAX_HEAD = 256
 MMA_HEADS = (64, 128)
 MMA_BLOCK = 64  # keys (and backward query rows) per staged block of the mma bodies
@@ -32,11 +45,93 @@ def tensor_cores(ctx: BodyContext) -> bool:
     head dims) runs the SIMT bodies, which compute in the storage's precision (the FP64 tests'
     exact path). ``attention_body="simt"`` on the node forces the SIMT bodies (tests compare them)."""
     q, k, v = ctx.inputs[2:5] if ctx.op.endswith("backward") else ctx.inputs[:3]
-    if ctx.attr("attention_body") == "simt":
+    body = _chosen(ctx)
+    if body == "simt":
+        return False
+    if body == "wgmma" and wgmma_forward(ctx):
         return False
     op = ctx.attr("operand_dtype")
     dtype_ok = (q.dtype == "bf16" and op in (None, "bf16")) or (q.dtype == "f32" and op == "bf16")
     return dtype_ok and q.dtype == k.dtype == v.dtype and q.shape[3] == v.shape[3] and q.shape[3] in MMA_HEADS
+
+
+def _chosen(ctx: BodyContext) -> str | None:
+    """The node's ``attention_body`` attribute, checked (None: the default choice)."""
+    body = ctx.attr("attention_body")
+    if body is not None and body not in BODIES:
+        raise LoweringError(f"{ctx.op}: attention_body={body!r} is not one of {BODIES}; drop it for the default")
+    if body == "wgmma" and ctx.op.endswith("backward"):
+        raise LoweringError(f"{ctx.op}: attention_body='wgmma' exists only for the forward (latch::sdpa); put it "
+                            "on the sdpa node and leave the backward's attribute unset or 'mma'")
+    return body
+
+
+def wgmma_forward(ctx: BodyContext) -> bool:
+    """Whether the forward node runs the wgmma body: only when ``attention_body="wgmma"`` asks for
+    it, which needs BF16 storage (TMA copies the bytes as they are: FP32 values under the BF16
+    policy cannot be rounded on the way) and equal head dims 64 or 128."""
+    if _chosen(ctx) != "wgmma" or ctx.op.endswith("backward"):
+        return False
+    q, k, v = ctx.inputs[:3]
+    op = ctx.attr("operand_dtype")
+    if not (q.dtype == k.dtype == v.dtype == "bf16" and op in (None, "bf16") and q.shape[3] == k.shape[3] == v.shape[3]
+            and q.shape[3] in MMA_HEADS):
+        raise LoweringError(f"{ctx.op}: attention_body='wgmma' needs BF16 q/k/v with equal head dims 64 or 128; got "
+                            f"q {q.dtype}{list(q.shape)}, k {k.dtype}{list(k.shape)}, v {v.dtype}{list(v.shape)}, "
+                            f"operand_dtype {op!r}: use attention_body='mma' (or leave it unset)")
+    if max(q.shape[0] * q.shape[1], q.shape[2], k.shape[2]) >= 2 ** 31:
+        raise LoweringError(f"{ctx.op}: attention_body='wgmma' takes 32-bit TMA coordinates; q {list(q.shape)} is too large")
+    return True
+
+
+def _wgmma_dims(ctx: BodyContext):
+    q, k, _ = ctx.inputs[:3]
+    B, H, Tq, D = q.shape
+    return B, H, k.shape[1], Tq, k.shape[2], D, ("true" if ctx.attr("causal") else "false")
+
+
+def _wgmma_args(ctx: BodyContext) -> tuple[int, ...]:
+    """The wgmma forward's run-time constants (``c.args``): H, Hkv, Tq, Tk and the scale's FP32 bits,
+    so that every node of one (head dim, causal) shares one inlined body."""
+    if not wgmma_forward(ctx):
+        return ()
+    B, H, Hkv, Tq, Tk, D, _ = _wgmma_dims(ctx)
+    bits = struct.unpack("<i", struct.pack("<f", float(ctx.attr("scale"))))[0]
+    return (H, Hkv, Tq, Tk, bits)
+
+
+def _wgmma_body(ctx: BodyContext) -> str:
+    out, lse = ctx.outputs
+    D, causal = _wgmma_dims(ctx)[5:]
+    lse_arg = lse.ptr if lse.present else "(float*)nullptr"
+    return "\n".join([
+        "latch::Pipe p = c.pipe;",
+        f"if (!latch::awg::fwd_consume<{D}, {causal}>(p, c.t, {out.ptr}, {lse_arg}, (int)c.args[0], (int)c.args[2], "
+        f"(int)c.args[3], __int_as_float((int)c.args[4]), {ctx.smem})) return;",
+    ])
+
+
+def _wgmma_producer(ctx: BodyContext) -> str:
+    D, causal = _wgmma_dims(ctx)[5:]
+    return (f"if (!latch::awg::fwd_produce<{D}, {causal}>(p, c.t, {ctx.tmap(0)}, {ctx.tmap(1)}, {ctx.tmap(2)}, "
+            "(int)c.args[0], (int)c.args[1], (int)c.args[2], (int)c.args[3])) return false;")
+
+
+def _wgmma_keys(D: int) -> int:
+    return 128 if D == 64 else 64  # latch::awg::FwdShape::BN
+
+
+def _wgmma_tensor_maps(ctx: BodyContext) -> list[TensorMap]:
+    B, H, Hkv, Tq, Tk, D, _ = _wgmma_dims(ctx)
+    bn = _wgmma_keys(D)
+    # [B*H][T][D] as 3-D boxes of (64 columns, rows, one head): rows past T read as zeros
+    return [TensorMap(0, (D, Tq, B * H), (64, WGMMA_ROWS, 1)), TensorMap(1, (D, Tk, B * Hkv), (64, bn, 1)),
+            TensorMap(2, (D, Tk, B * Hkv), (64, bn, 1))]
+
+
+def _wgmma_stage_bytes(ctx: BodyContext) -> int:
+    D = ctx.inputs[0].shape[3]
+    return 2 * _wgmma_keys(D) * D * 2  # K and V of one key block
 
 
 def _common(ctx: BodyContext, q, k, v):
@@ -57,6 +152,8 @@ def _forward(ctx: BodyContext) -> str:
     out, lse = ctx.outputs
     B, H, Hkv, Tq, Tk, D, Dv, acc, nc, rnd, causal, scale = _common(ctx, q, k, v)
     G = H // Hkv
+    if wgmma_forward(ctx):
+        return _wgmma_body(ctx)
     if tensor_cores(ctx):
         lse_arg = f"{lse.ptr} + bh * {Tq}LL" if lse.present else "(float*)nullptr"
         return "\n".join([
@@ -156,6 +253,8 @@ def _backward_mma(ctx: BodyContext, B, H, Hkv, Tq, Tk, D, causal) -> str:
 
 
 def _smem(ctx: BodyContext) -> int:
+    if wgmma_forward(ctx):
+        return WGMMA_ROWS * ctx.inputs[0].shape[3] * 2  # the Q tile (K and V stay in the ring's stages)
     if tensor_cores(ctx):
         D = ctx.inputs[2 if ctx.op.endswith("backward") else 0].shape[3]
         if ctx.op.endswith("backward"):
@@ -167,9 +266,13 @@ def _smem(ctx: BodyContext) -> int:
 
 def lowerings() -> list[Lowering]:
     return [
-        Lowering("latch::sdpa", body=_forward, headers=(HEADER, MMA_HEADER), smem=_smem,
+        Lowering("latch::sdpa", body=_forward, headers=(HEADER, MMA_HEADER, WGMMA_HEADER), smem=_smem,
+                 producer=OnlyWhen(wgmma_forward, _wgmma_producer),
+                 tensor_maps=OnlyWhen(wgmma_forward, _wgmma_tensor_maps),
+                 stage_bytes=OnlyWhen(wgmma_forward, _wgmma_stage_bytes), args=_wgmma_args,
                  doc="bf16, head dim 64/128: flash forward on mma.sync (16 query rows per warp, 64-key blocks, online "
-                     "softmax, lse saved); else warp per query row"),
+                     "softmax, lse saved), or with attention_body='wgmma' on wgmma fed by TMA through the ring; "
+                     "else warp per query row"),
         Lowering("latch::sdpa_backward", body=_backward, headers=(HEADER, MMA_HEADER), smem=_smem,
                  doc="per (batch, head group, block): dq of the query rows, dk/dv of the block's key rows summed "
                      "over the group in order, P rebuilt from lse; bf16 64/128 on mma.sync, else warp per row"),
