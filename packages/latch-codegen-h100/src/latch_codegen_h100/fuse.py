@@ -122,10 +122,7 @@ class _Puller:
             name = self.load(vi, coords)
             self.memo[key] = name
             return name
-        n = self.producer.get(vi)
-        if n is None:
-            raise LoweringError(f"group value {vi} is neither an input nor computed by a node of the group")
-        low = self.low[n.op]
+        n, low = self._producer_of(vi)
         info = node_info(self.spec, n, coords)
         if low.view_map is not None:
             src = next(i for i in n.inputs if i is not None)
@@ -133,16 +130,24 @@ class _Puller:
             name = self.pull(src, in_coords)
             self.memo[key] = name
             return name
+        return self._elementwise(key, v, n, low, info,
+                                 lambda i: self.pull(i, broadcast_coords(self.spec.values[i].shape, v.shape, coords)))
+
+    def _producer_of(self, vi: int):
+        """The group node computing value ``vi`` and its lowering."""
+        n = self.producer.get(vi)
+        if n is None:
+            raise LoweringError(f"group value {vi} is neither an input nor computed by a node of the group")
+        return n, self.low[n.op]
+
+    def _elementwise(self, key, v, n, low, info, pull_input) -> str:
+        """``n``'s elementwise expression over its inputs (each from ``pull_input(value index)``, in
+        input order), bound to a fresh register of ``v``'s compute type and memoised under ``key``."""
         if low.expr is None:
             raise LoweringError(f"{n.op} has no elementwise or view form")
         if len(n.outputs) != 1:
             raise LoweringError(f"{n.op} has {len(n.outputs)} outputs; the elementwise form computes one")
-        args = []
-        for i in n.inputs:
-            if i is None:
-                args.append("")
-                continue
-            args.append(self.pull(i, broadcast_coords(self.spec.values[i].shape, v.shape, coords)))
+        args = ["" if i is None else pull_input(i) for i in n.inputs]
         expr = low.expr(args, info)
         name = self._fresh("v")
         ct = compute_type(v.dtype)
@@ -318,10 +323,7 @@ class _IlpPuller(_Puller):
             name = self._access(vi, dot(coords, strides(v.shape)), st)
             self.memo[key] = name
             return name
-        n = self.producer.get(vi)
-        if n is None:
-            raise LoweringError(f"group value {vi} is neither an input nor computed by a node of the group")
-        low = self.low[n.op]
+        n, low = self._producer_of(vi)
         info = node_info(self.spec, n, coords)
         if low.view_map is not None:
             src = next(i for i in n.inputs if i is not None)
@@ -333,23 +335,12 @@ class _IlpPuller(_Puller):
                 name = self.pull_st(src, low.view_map(list(coords), info), sst)
             self.memo[key] = name
             return name
-        if low.expr is None:
-            raise LoweringError(f"{n.op} has no elementwise or view form")
-        if len(n.outputs) != 1:
-            raise LoweringError(f"{n.op} has {len(n.outputs)} outputs; the elementwise form computes one")
-        args = []
-        for i in n.inputs:
-            if i is None:
-                args.append("")
-                continue
+
+        def pull_input(i: int) -> str:
             shp = self.spec.values[i].shape
-            args.append(self.pull_st(i, broadcast_coords(shp, v.shape, coords), _operand_state(st, shp, v.shape)))
-        expr = low.expr(args, info)
-        name = self._fresh("v")
-        ct = compute_type(v.dtype)
-        self.lines.append(f"{self.ind}const {ct} {name} = ({ct})({expr});")
-        self.memo[key] = name
-        return name
+            return self.pull_st(i, broadcast_coords(shp, v.shape, coords), _operand_state(st, shp, v.shape))
+
+        return self._elementwise(key, v, n, low, info, pull_input)
 
 
 def _decode(shape, var: str, ind: str, itype: str) -> tuple[list[str], list[str]]:
