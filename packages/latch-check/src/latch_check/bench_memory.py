@@ -37,6 +37,7 @@ timing: relative L2 of the new weights, both moments and the norm.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from pathlib import Path
 
@@ -46,7 +47,7 @@ import click
 from latch_core.document import Document
 from latch_core.ir import BATCH, HYPER, PARAM, STATE, Graph, GraphSection, Group, Node, Value
 
-from .timing import capture_graph, median_ms
+from .timing import capture_graph, events_ms, median_ms
 
 HBM_BYTES_S = 4.27e12  # measured copy bandwidth of the H200 (TARGETS.md)
 GOAL = 0.80  # of the bytes floor
@@ -308,23 +309,7 @@ def back_to_back_ms(fn, iters: int, reps: int = BACK_TO_BACK, warmup: int = 2) -
     training loop, so the figure is the GPU's time per call when the GPU is the slower side. (Timed
     alone, event - call - event, the host's binding of ~270 tensors runs while the GPU idles between
     the events and is counted: ``*_alone_ms``.)"""
-    import statistics
-
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / reps)
-    return statistics.median(times)
+    return statistics.median(events_ms(fn, iters, warmup, reps))
 
 
 def optimizer_inputs(shapes, device, seed: int = 0, grad_scale: float = 1e-3):

@@ -363,15 +363,7 @@ def gpu_compare(example, build_dir: str | Path, *, steps: int = 10, thresholds: 
 def _pipelined_ms(fn: Callable[[], Any], n: int) -> float:
     """ms per call over ``n`` back-to-back calls without waiting in between (the host may run
     ahead of the GPU, as in a training loop that does not read the loss every step)."""
-    fn()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(n):
-        fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / n
+    return events_ms(fn, 1, 1, reps=n)[0]
 
 
 def _flatten(x, prefix=""):

@@ -8,8 +8,10 @@ import statistics
 from typing import Any, Callable
 
 
-def events_ms(fn: Callable[[], Any], iters: int, warmup: int) -> list[float]:
-    """ms of each of ``iters`` calls of ``fn``, timed alone with CUDA events after ``warmup`` calls."""
+def events_ms(fn: Callable[[], Any], iters: int, warmup: int, reps: int = 1) -> list[float]:
+    """ms per call of ``fn`` in each of ``iters`` samples, after ``warmup`` calls: a sample is ``reps``
+    calls issued back to back between two CUDA events (1: each call timed alone; more: the host's
+    work for one call overlaps the GPU's for the one before, as in a training loop)."""
     import torch
 
     for _ in range(warmup):
@@ -19,10 +21,11 @@ def events_ms(fn: Callable[[], Any], iters: int, warmup: int) -> list[float]:
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
-        fn()
+        for _ in range(reps):
+            fn()
         b.record()
         b.synchronize()
-        times.append(a.elapsed_time(b))
+        times.append(a.elapsed_time(b) / reps)
     return times
 
 
