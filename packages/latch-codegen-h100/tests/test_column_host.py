@@ -139,23 +139,9 @@ def _case(name):
     raise KeyError(name)
 
 
-VEC_COLUMNS = {"sum_rows_of_product_vec", "amax_rows_vec", "mean_lead_two"}  # kept dim a multiple of four
-
-
-@pytest.mark.parametrize("name", ["sum_rows_of_product", "sum_rows_of_product_vec", "amax_rows_vec",
-                                  "mean_lead_two", "amax_rows", "row_sum_of_squares",
-                                  "row_mean_short", "row_amax", "row_mean_broadcast_prologue",
-                                  "row_sum_rstd_prologue"])
-def test_column_and_row_reductions_reduce_in_a_fixed_order(tmp_path, name):
-    g, y, oshape, ref = _case(name)
-    spec = g.spec([y])
-    src = render_body(spec, _lowerings()).source.replace(FUNC, "body")
-    row = name.startswith("row_")
-    marker = "load4v(b_ + r_, v_[u_][k_])" if row else "cs_[warp_ * 32 + lane_]"
-    assert marker in src and "atomic" not in src  # the row / column path, no atomics
-    if name in VEC_COLUMNS:  # four consecutive columns per thread, 16-byte loads, and the scalar path beside it
-        assert "load4(b_ + off(r_ + k_ * RW_), v_[k_])" in src
-    code = HARNESS + src + r"""
+# The entry points of a host build: run(operands, tile lo, tile hi) runs the body on LATCH_THREADS
+# threads (the block barrier and the per-warp barriers of HARNESS), vec4() counts 16-byte accesses.
+RUN = r"""
 extern "C" void run(char** ops, const int* lo, const int* hi) {
   latch::Task t;
   for (int d = 0; d < 8; ++d) { t.lo[d] = lo[d]; t.hi[d] = hi[d]; }
@@ -172,10 +158,35 @@ extern "C" void run(char** ops, const int* lo, const int* hi) {
 }
 extern "C" long long vec4() { long long v = latch::vec4_; latch::vec4_ = 0; return v; }
 """
+
+
+def _host_lib(tmp_path, code: str):
+    """``code`` compiled with g++ into a shared library, loaded (``vec4`` returns a long long)."""
     (tmp_path / "b.cpp").write_text(code)
     subprocess.run(["g++", "-O1", "-std=c++20", "-w", "-shared", "-fPIC", "-pthread", str(tmp_path / "b.cpp"), "-o",
                     str(tmp_path / "b.so")], check=True)
     lib = ctypes.CDLL(str(tmp_path / "b.so"))
+    lib.vec4.restype = ctypes.c_longlong
+    return lib
+
+
+VEC_COLUMNS = {"sum_rows_of_product_vec", "amax_rows_vec", "mean_lead_two"}  # kept dim a multiple of four
+
+
+@pytest.mark.parametrize("name", ["sum_rows_of_product", "sum_rows_of_product_vec", "amax_rows_vec",
+                                  "mean_lead_two", "amax_rows", "row_sum_of_squares",
+                                  "row_mean_short", "row_amax", "row_mean_broadcast_prologue",
+                                  "row_sum_rstd_prologue"])
+def test_column_and_row_reductions_reduce_in_a_fixed_order(tmp_path, name):
+    g, y, oshape, ref = _case(name)
+    spec = g.spec([y])
+    src = render_body(spec, _lowerings()).source.replace(FUNC, "body")
+    row = name.startswith("row_")
+    marker = "load4v(b_ + r_, v_[u_][k_])" if row else "cs_[warp_ * 32 + lane_]"
+    assert marker in src and "atomic" not in src  # the row / column path, no atomics
+    if name in VEC_COLUMNS:  # four consecutive columns per thread, 16-byte loads, and the scalar path beside it
+        assert "load4(b_ + off(r_ + k_ * RW_), v_[k_])" in src
+    lib = _host_lib(tmp_path, HARNESS + src + RUN)
     rng = random.Random(3)
     bufs, flat = [], {}
     for vname in g.ins:
@@ -187,7 +198,6 @@ extern "C" long long vec4() { long long v = latch::vec4_; latch::vec4_ = 0; retu
     # vector column path does not apply), and for the vector cases [4, n - 4) (it does)
     (dim,) = [d for d, e in enumerate(oshape) if e > 1]
     want = ref(flat)
-    lib.vec4.restype = ctypes.c_longlong
     for first, last in [(3, 2)] + ([(4, 4)] if name in VEC_COLUMNS else []):
         lo = [0] * len(oshape)
         hi = list(oshape)
@@ -267,26 +277,9 @@ template <class Op, class T> T block_reduce(T v, T*) {  // thread order, on the 
   return s;
 }
 """ + _device_template("reduce_rows_vec4_block") + "\n}  // namespace latch\n"
-    code = HARNESS + block + src + r"""
-extern "C" void run(char** ops, const int* lo, const int* hi) {
-  latch::Task t;
-  for (int d = 0; d < 8; ++d) { t.lo[d] = lo[d]; t.hi[d] = hi[d]; }
-  static double smem[1024];
-  latch::Ctx c{&t, ops, (char*)smem};
-  std::barrier<> b(LATCH_THREADS);
-  bar_ = &b;
-  std::vector<std::thread> th;
-  for (unsigned k = 0; k < LATCH_THREADS; ++k) th.emplace_back([&c, k] { threadIdx.x = k; body(c); });
-  for (auto& x : th) x.join();
-}
-extern "C" long long vec4() { long long v = latch::vec4_; latch::vec4_ = 0; return v; }
-"""
+    code = HARNESS + block + src + RUN
     assert "for (int k = 0; k < U; ++k) load4(b + r + S * k, v[k]);" in code
-    (tmp_path / "b.cpp").write_text(code)
-    subprocess.run(["g++", "-O1", "-std=c++20", "-w", "-shared", "-fPIC", "-pthread", str(tmp_path / "b.cpp"), "-o",
-                    str(tmp_path / "b.so")], check=True)
-    lib = ctypes.CDLL(str(tmp_path / "b.so"))
-    lib.vec4.restype = ctypes.c_longlong
+    lib = _host_lib(tmp_path, code)
     rng = random.Random(5)
     x = [float(ctypes.c_float(rng.gauss(0, 1)).value) for _ in range(T * K)]
     buf = (ctypes.c_float * (T * K))(*x)
