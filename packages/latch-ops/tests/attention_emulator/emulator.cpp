@@ -13,63 +13,18 @@ thread_local Dim3 threadIdx;
 
 namespace emu {
 constexpr int N = 256;
-static ucontext_t sched_ctx, fib_ctx[N];
-static bool done[N];
-static int cur;
-struct Barrier { int size, count = 0; long gen = 0; };
+#include "fibers.h"
 static Barrier block_bar{N};
 static Barrier warp_bar[N / 32] = {{32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}};
 static float fbuf[N / 32][32];
 static uint32_t abuf[N / 32][32 * 4], bbuf[N / 32][32 * 2];
 
-static void yield() { swapcontext(&fib_ctx[cur], &sched_ctx); }
-static void wait(Barrier& b) {
-  const long gen = b.gen;
-  if (++b.count == b.size) {
-    b.count = 0;
-    ++b.gen;
-    return;
-  }
-  while (b.gen == gen) yield();
-}
 void block_barrier() { wait(block_bar); }
 void warp_barrier() { wait(warp_bar[threadIdx.x >> 5]); }
 float* warp_fbuf() { return fbuf[threadIdx.x >> 5]; }
 uint32_t* warp_abuf() { return abuf[threadIdx.x >> 5]; }
 uint32_t* warp_bbuf() { return bbuf[threadIdx.x >> 5]; }
 
-static void (*job)(void*);
-static void* job_arg;
-static void trampoline(int i) {
-  job(job_arg);
-  done[i] = true;
-}
-
-// Run job(arg) on all N fibers, round-robin until every one returned.
-static void run_block(void (*fn)(void*), void* arg) {
-  static std::vector<char> stacks((size_t)N * 256 * 1024);
-  job = fn;
-  job_arg = arg;
-  for (int i = 0; i < N; ++i) {
-    done[i] = false;
-    getcontext(&fib_ctx[i]);
-    fib_ctx[i].uc_stack.ss_sp = stacks.data() + (size_t)i * 256 * 1024;
-    fib_ctx[i].uc_stack.ss_size = 256 * 1024;
-    fib_ctx[i].uc_link = &sched_ctx;
-    makecontext(&fib_ctx[i], (void (*)())trampoline, 1, i);
-  }
-  bool any = true;
-  while (any) {
-    any = false;
-    for (int i = 0; i < N; ++i) {
-      if (done[i]) continue;
-      any = true;
-      cur = i;
-      threadIdx.x = (unsigned)i;
-      swapcontext(&sched_ctx, &fib_ctx[i]);
-    }
-  }
-}
 }  // namespace emu
 
 struct Args {

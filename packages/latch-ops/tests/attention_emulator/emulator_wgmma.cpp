@@ -17,10 +17,7 @@ namespace emu {
 constexpr int N = 257, PRODUCER = 256;
 char* smem_base;
 int failed;
-static ucontext_t sched_ctx, fib_ctx[N];
-static bool done[N];
-static int cur;
-struct Barrier { int size, count = 0; long gen = 0; };
+#include "fibers.h"
 static Barrier warp_bar[9] = {{32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}, {32}};
 static Barrier wg_bar[2] = {{128}, {128}};
 static float fbuf[9][32];
@@ -29,16 +26,6 @@ static uint32_t wg_a[2][128][4];
 static float* wg_d[2][128];
 static std::map<uint64_t*, Mbar> bars;
 
-void yield_now() { swapcontext(&fib_ctx[cur], &sched_ctx); }
-static void wait(Barrier& b) {
-  const long gen = b.gen;
-  if (++b.count == b.size) {
-    b.count = 0;
-    ++b.gen;
-    return;
-  }
-  while (b.gen == gen) yield_now();
-}
 void block_barrier() { failed = 3; }  // the wgmma forward never synchronises all consumers
 void warp_barrier() { wait(warp_bar[threadIdx.x >> 5]); }
 void wg_barrier() { wait(wg_bar[threadIdx.x >> 7]); }
@@ -135,37 +122,6 @@ static void wgmma(float* d, int n, const uint32_t* a, uint64_t adesc, uint64_t b
 void wgmma_rs(float* d, int n, const uint32_t* a, uint64_t desc, int scale_d, int tb) { wgmma(d, n, a, 0, desc, scale_d, tb); }
 void wgmma_ss(float* d, int n, uint64_t adesc, uint64_t bdesc, int scale_d) { wgmma(d, n, nullptr, adesc, bdesc, scale_d, 0); }
 
-static void (*job)(void*);
-static void* job_arg;
-static void trampoline(int i) {
-  job(job_arg);
-  done[i] = true;
-}
-
-static void run_block(void (*fn)(void*), void* arg) {
-  static std::vector<char> stacks((size_t)N * 256 * 1024);
-  job = fn;
-  job_arg = arg;
-  for (int i = 0; i < N; ++i) {
-    done[i] = false;
-    getcontext(&fib_ctx[i]);
-    fib_ctx[i].uc_stack.ss_sp = stacks.data() + (size_t)i * 256 * 1024;
-    fib_ctx[i].uc_stack.ss_size = 256 * 1024;
-    fib_ctx[i].uc_link = &sched_ctx;
-    makecontext(&fib_ctx[i], (void (*)())trampoline, 1, i);
-  }
-  bool any = true;
-  while (any) {
-    any = false;
-    for (int i = 0; i < N; ++i) {
-      if (done[i]) continue;
-      any = true;
-      cur = i;
-      threadIdx.x = (unsigned)i;
-      swapcontext(&sched_ctx, &fib_ctx[i]);
-    }
-  }
-}
 }  // namespace emu
 
 struct Args {
