@@ -12,7 +12,8 @@ Two bodies:
   accumulators, the store fused into the epilogue. A task's box is computed in 128 x BN sub-tiles.
   Taken when the node's ``config`` names it, or, with no ``config``, whenever it is legal.
   The epilogue goes through shared memory and TMA stores (``GemmStoreTma``: the consumers return
-  to the next tile while the copy engine writes this one; a third tensor map, 16 KiB of scratch)
+  to the next tile while the copy engine writes this one; a third tensor map, 8 KiB of scratch per
+  ``epilogue_slots``, 16 KiB by default)
   when :func:`tma_store` allows it: no split-K, a BF16/F16/F32 output whose rows are 16-byte
   multiples, and BN whole 128-byte box rows (BN % 64 for 2-byte outputs, BN % 32 for FP32);
   otherwise the accumulators are stored from registers (``GemmStore``).

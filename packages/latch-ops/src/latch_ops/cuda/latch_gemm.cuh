@@ -136,7 +136,7 @@ template <class TC> struct GemmStore {
 // or ends at the tensor's edge) take the register path; TMA clips boxes at the tensor's edges.
 constexpr int gemm_tma_store_smem(int slots) { return 8 * 1024 * slots; }
 
-template <class TC, int SLOTS = 2> struct GemmStoreTma {
+template <class TC, int SLOTS> struct GemmStoreTma {  // SLOTS: lower_matmul.py EPILOGUE_SLOTS or the node's epilogue_slots
   static_assert(SLOTS >= 1 && SLOTS <= 8, "1..8 slots of 1 KiB per consumer warp");
   GemmStore<TC> regs;  // the register path (and the box: regs.m_hi, regs.n_hi)
   const void* map;     // the output's tensor map: dims (N, M), box (128 / sizeof(TC), 8), 128-byte swizzle
