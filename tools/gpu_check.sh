@@ -78,30 +78,28 @@ row "latch gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(head -1 "$OUT/gpu.txt")
 # The matrix products of TinyMoE-200M's dense path as Latch tasks (TMA + wgmma bodies on the worker)
 # against torch.mm in a CUDA graph: correctness (FP32 output vs torch's FP32 product of the same BF16
 # operands) and time per product (latch_check/bench_matmul.py). LATCH_GPU_TOKENS picks the sizes.
-if want matmul && [ "${LATCH_GPU_MATMUL_DEFAULT:-1}" = 1 ]; then
-    say "bench-matmul"
-    LATCH_SPIN_TIMEOUT_S=5 timeout "${LATCH_GPU_MATMUL_S:-300}" "$PY" -m latch_core.cli bench-matmul --tokens "${LATCH_GPU_TOKENS:-2048,32768}" \
-        --dir "$WORK/build/bench-matmul" --json "$OUT/matmul.json" ${LATCH_GPU_MATMUL_ARGS:-} > "$WORK/matmul.log" 2>&1
-    rc=$?
-    { echo "===== bench-matmul (exit $rc)"; cat "$WORK/matmul.log"; } >> "$OUT/examples.log"
-    tail -40 "$WORK/matmul.log"
-    { echo "  MATMUL (exit $rc):"; grep -E "ring" "$WORK/matmul.log" | sed 's/^/    /'
-      sed -n '/^case /,$p' "$WORK/matmul.log" | sed 's/^/    /'; } >> "$SUMMARY"
-fi
 # LATCH_GPU_MATMUL_EPI="8 ...": the same cases again with every product's epilogue_slots set
 # (shared-memory output boxes per consumer warp; more slots, fewer ring stages), one build each;
-# LATCH_GPU_MATMUL_DEFAULT=0 skips the default run above.
+# LATCH_GPU_MATMUL_DEFAULT=0 skips the default run.
 if want matmul; then
-    for slots in ${LATCH_GPU_MATMUL_EPI:-}; do
-        say "bench-matmul --epilogue-slots $slots"
+    variants=()
+    [ "${LATCH_GPU_MATMUL_DEFAULT:-1}" = 1 ] && variants+=(default)
+    for slots in ${LATCH_GPU_MATMUL_EPI:-}; do variants+=("$slots"); done
+    for v in ${variants[@]+"${variants[@]}"}; do
+        if [ "$v" = default ]; then
+            tag=""; extra=(); what="bench-matmul"; label="MATMUL"
+        else
+            tag="-e$v"; extra=(--epilogue-slots "$v"); what="bench-matmul --epilogue-slots $v"; label="MATMUL epilogue_slots=$v"
+        fi
+        say "$what"
         LATCH_SPIN_TIMEOUT_S=5 timeout "${LATCH_GPU_MATMUL_S:-300}" "$PY" -m latch_core.cli bench-matmul \
-            --tokens "${LATCH_GPU_TOKENS:-2048,32768}" --epilogue-slots "$slots" --dir "$WORK/build/bench-matmul-e$slots" \
-            --json "$OUT/matmul-e$slots.json" ${LATCH_GPU_MATMUL_ARGS:-} > "$WORK/matmul-e$slots.log" 2>&1
+            --tokens "${LATCH_GPU_TOKENS:-2048,32768}" ${extra[@]+"${extra[@]}"} --dir "$WORK/build/bench-matmul$tag" \
+            --json "$OUT/matmul$tag.json" ${LATCH_GPU_MATMUL_ARGS:-} > "$WORK/matmul$tag.log" 2>&1
         rc=$?
-        { echo "===== bench-matmul --epilogue-slots $slots (exit $rc)"; cat "$WORK/matmul-e$slots.log"; } >> "$OUT/examples.log"
-        grep -E "ring|^row" "$WORK/matmul-e$slots.log" | head -3
-        { echo "  MATMUL epilogue_slots=$slots (exit $rc):"; grep -E "ring" "$WORK/matmul-e$slots.log" | sed 's/^/    /'
-          sed -n '/^case /,$p' "$WORK/matmul-e$slots.log" | sed 's/^/    /'; } >> "$SUMMARY"
+        { echo "===== $what (exit $rc)"; cat "$WORK/matmul$tag.log"; } >> "$OUT/examples.log"
+        tail -40 "$WORK/matmul$tag.log"
+        { echo "  $label (exit $rc):"; grep -E "ring" "$WORK/matmul$tag.log" | sed 's/^/    /'
+          sed -n '/^case /,$p' "$WORK/matmul$tag.log" | sed 's/^/    /'; } >> "$SUMMARY"
     done
 fi
 
