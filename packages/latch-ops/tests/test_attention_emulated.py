@@ -26,17 +26,22 @@ GATE = 1e-2  # BF16 outputs and P: ~2e-3 measured here; a wrong index or mask gi
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
 
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory):
-    d = tmp_path_factory.mktemp("emu")
+def build_emulator(d: Path, header: Path, source: str, *flags: str) -> ctypes.CDLL:
+    """The emulator ``source`` (a file of attention_emulator/) with the body ``header`` beside the
+    models it includes, compiled with g++ in directory ``d`` and loaded."""
     for f in (HERE / "attention_emulator").iterdir():
         shutil.copy(f, d / f.name)
-    shutil.copy(HEADER, d / HEADER.name)  # beside the model's latch_common.cuh, which it includes
-    so = d / "emu.so"
-    r = subprocess.run(["g++", "-std=c++20", "-O2", "-fno-strict-aliasing", "-shared", "-fPIC", "-o", str(so),
-                        str(d / "emulator.cpp")], capture_output=True, text=True, timeout=300)
+    shutil.copy(header, d / header.name)
+    so = d / (Path(source).stem + ".so")
+    r = subprocess.run(["g++", "-std=c++20", "-O2", "-fno-strict-aliasing", *flags, "-shared", "-fPIC", "-o", str(so),
+                        str(d / source)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return ctypes.CDLL(str(so))
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    return build_emulator(tmp_path_factory.mktemp("emu"), HEADER, "emulator.cpp")
 
 
 def _p(t):

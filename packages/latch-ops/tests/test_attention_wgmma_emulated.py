@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import math
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,8 @@ from latch_ops import attention as A
 
 torch = pytest.importorskip("torch")
 
-HERE = Path(__file__).parent
+from test_attention_emulated import build_emulator  # noqa: E402
+
 HEADER = Path(A.__file__).parent / "cuda" / "latch_attention_wgmma.cuh"
 GATE = 1e-2  # BF16 outputs and P (as the mma model's test)
 
@@ -30,15 +30,7 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    d = tmp_path_factory.mktemp("emu_wgmma")
-    for f in (HERE / "attention_emulator").iterdir():
-        shutil.copy(f, d / f.name)
-    shutil.copy(HEADER, d / HEADER.name)
-    so = d / "emu_wgmma.so"
-    r = subprocess.run(["g++", "-std=c++20", "-O2", "-fno-strict-aliasing", "-Wno-unknown-pragmas", "-shared", "-fPIC",
-                        "-o", str(so), str(d / "emulator_wgmma.cpp")], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return ctypes.CDLL(str(so))
+    return build_emulator(tmp_path_factory.mktemp("emu_wgmma"), HEADER, "emulator_wgmma.cpp", "-Wno-unknown-pragmas")
 
 
 def _boxes(B, H, Tq, rows, heads):
