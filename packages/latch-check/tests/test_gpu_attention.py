@@ -30,8 +30,9 @@ F64_GATE = 1e-10
 # (tag, storage, grad_lse, forced body, operand_dtype, forward body): "mma_f32" is FP32 values under
 # the BF16 policy (captured models), which the tensor-core bodies serve by rounding as they stage;
 # "wgmma" is the forward on wgmma + TMA through the worker's ring (attention_body="wgmma" on the
-# forward node; its backward, on mma.sync, reads the wgmma forward's out and lse)
-VARIANTS = (("mma", "bf16", False, None, None, None), ("mma_glse", "bf16", True, None, None, None),
+# forward node, BF16 storage's default; its backward, on mma.sync, reads the wgmma forward's out
+# and lse); "mma" / "mma_glse" force the mma.sync forward
+VARIANTS = (("mma", "bf16", False, None, None, "mma"), ("mma_glse", "bf16", True, None, None, "mma"),
             ("mma_f32", "f32", True, None, "bf16", None), ("simt", "bf16", False, "simt", None, None),
             ("f64", "f64", True, None, None, None), ("wgmma", "bf16", True, None, None, "wgmma"))
 

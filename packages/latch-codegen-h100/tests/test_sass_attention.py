@@ -29,6 +29,8 @@ def _attention_doc(dtype: str, d: int, operand: str | None = None):
     a = {"causal": True, "scale": d ** -0.5}
     if operand:
         a["operand_dtype"] = operand
+    if dtype == "bf16":
+        a["attention_body"] = "mma"  # (BF16 storage's default forward is the wgmma one)
     nodes = [("fwd", "latch::sdpa", ("q", "k", "v"), ("o", "lse"), a),
              ("bwd", "latch::sdpa_backward", ("go", None, "q", "k", "v", "o", "lse"), ("dq", "dk", "dv"), a)]
     g = H.graph("update", values, nodes, [("batch", ["q", "k", "v", "go"])], [("metrics", ["o", "dq", "dk", "dv"])])
@@ -130,8 +132,11 @@ def test_wgmma_forward_refuses_what_it_cannot_run():
         return BodyContext(op, dict({"causal": True, "scale": 0.125}, **attrs), ins, (q, q))
 
     assert wgmma_forward(ctx(attention_body="wgmma"))
-    assert not wgmma_forward(ctx())  # the default stays mma.sync
-    assert not wgmma_forward(ctx(attention_body="mma"))
+    assert wgmma_forward(ctx())  # BF16 storage's default
+    assert not wgmma_forward(ctx(attention_body="mma")) and not wgmma_forward(ctx(attention_body="simt"))
+    # where it cannot run, the default is the mma.sync (or SIMT) body, without an error
+    assert not wgmma_forward(ctx(d=32)) and not wgmma_forward(ctx(dtype="f32", operand_dtype="bf16"))
+    assert not wgmma_forward(ctx(op="latch::sdpa_backward"))
     with pytest.raises(LoweringError, match="needs BF16 q/k/v with equal head dims 64 or 128"):
         wgmma_forward(ctx(d=32, attention_body="wgmma"))
     with pytest.raises(LoweringError, match="needs BF16"):

@@ -121,11 +121,11 @@ def attention_document(case_list: Iterable[Case], dtype: str = "bf16", glse: boo
                        body: str | None = None, fwd_body: str | None = None) -> Document:
     """Per case ``<case>.fwd`` and ``<case>.fwdbwd`` (see the module docstring); ``glse``: the
     backward also takes a gradient of lse (a batch input ``<case>.glse``); ``body="simt"`` forces
-    the SIMT bodies (attribute ``attention_body``); ``fwd_body="wgmma"`` the forward's wgmma body
-    (the forward node only). With ``fwd_body``, each case is named ``<case>-<fwd_body>``, so one
-    document can hold both forwards of a case."""
+    the SIMT bodies (attribute ``attention_body``); ``fwd_body`` ("mma", "wgmma") the forward's body
+    (the forward node only). With ``fwd_body`` other than "mma", each case is named
+    ``<case>-<fwd_body>`` (:func:`variant`), so one document can hold both forwards of a case."""
     if fwd_body:
-        case_list = [attrs.evolve(c, name=f"{c.name}-{fwd_body}") for c in case_list]
+        case_list = [variant(c, fwd_body) for c in case_list]
     progs = [p for c in case_list for p in _programs(c, dtype, glse, body, fwd_body=fwd_body)]
     return Document(graph=GraphSection(progs, (), {"example": "bench_attention"}))
 
@@ -137,7 +137,7 @@ def head_dim_documents(case_list: Iterable[Case], bodies: tuple[str, ...] = ("mm
     case_list = list(case_list)
     for d in sorted({c.head_dim for c in case_list}):
         group = [c for c in case_list if c.head_dim == d]
-        progs = [g for b in bodies for g in attention_document(group, fwd_body=None if b == "mma" else b).graph.programs]
+        progs = [g for b in bodies for g in attention_document(group, fwd_body=b).graph.programs]
         yield d, group, Document(graph=GraphSection(progs, (), {"example": "bench_attention"}))
 
 
@@ -253,7 +253,7 @@ def check_case(prog, c: Case, ins: dict, ref: dict, glse: bool = False) -> tuple
     return {key: rel_l2(first[key], ref[key]) for key in names}, identical
 
 
-FORWARD_BODIES = ("mma", "wgmma")  # --forward: the default (mma.sync) forward, the wgmma/TMA one
+FORWARD_BODIES = ("mma", "wgmma")  # --forward: the mma.sync forward, the wgmma/TMA one (the default)
 
 
 def variant(c: Case, body: str) -> Case:
@@ -325,9 +325,9 @@ def format_table(rows: list[dict]) -> str:
 @click.option("--dir", "build_dir", default="build/bench-attention", show_default=True, type=click.Path(file_okay=False))
 @click.option("--iters", default=5, show_default=True)
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="also write the rows here")
-@click.option("--forward", "forward", default="mma", show_default=True,
-              help="forward bodies to time, comma-separated: mma (the default body), wgmma (TMA + wgmma through "
-                   "the worker's ring); each is a row of its own on the same inputs")
+@click.option("--forward", "forward", default="wgmma", show_default=True,
+              help="forward bodies to time, comma-separated: wgmma (the default: TMA + wgmma through the worker's "
+                   "ring), mma (mma.sync); each is a row of its own on the same inputs")
 def bench_attention_command(only, build_dir, iters, json_path, forward):
     """Time latch::sdpa (forward, forward + backward) as Latch tasks against torch's flash SDPA."""
     import json

@@ -11,13 +11,12 @@ over each key/value head's query heads in head order. Grouped-query attention: q
 key/value head h / G. Head dims up to 256 (8 chunks of 32 per lane). ``operand_dtype="bf16"``
 rounds q, k, v (and P) to bf16.
 
-``attention_body="wgmma"`` on a ``latch::sdpa`` node selects the forward on the worker's ring
-(latch_attention_wgmma.cuh): the producer warp TMA-loads Q and the key/value blocks through the
-kernel's ring of stages, the consumers run S = Q K^T and O += P V on wgmma with the online softmax in
-registers. It serves BF16 storage with head dims 64/128 (:func:`wgmma_forward`); asked for anything
-else it is an error naming the node's shapes. The backward has no wgmma body yet: ``"wgmma"`` on a
-``latch::sdpa_backward`` node is an error (put the attribute on the forward only). The mma.sync
-bodies stay the default until the wgmma forward is measured correct and faster on the H200.
+The forward of BF16 storage with head dims 64/128 runs on the worker's ring by default
+(latch_attention_wgmma.cuh, :func:`wgmma_forward`): the producer warp TMA-loads Q and the key/value
+blocks through the kernel's ring of stages, the consumers run S = Q K^T and O += P V on wgmma with
+the online softmax in registers (measured on the H200: results/fa.md). ``attention_body`` on a node
+chooses: ``"wgmma"`` (an error naming the node's shapes where it cannot run), ``"mma"``, ``"simt"``.
+The backward has no wgmma body yet: ``"wgmma"`` on a ``latch::sdpa_backward`` node is an error.
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ def tensor_cores(ctx: BodyContext) -> bool:
     body = _chosen(ctx)
     if body == "simt":
         return False
-    if body == "wgmma" and wgmma_forward(ctx):
+    if wgmma_forward(ctx):
         return False
     op = ctx.attr("operand_dtype")
     dtype_ok = (q.dtype == "bf16" and op in (None, "bf16")) or (q.dtype == "f32" and op == "bf16")
@@ -66,22 +65,31 @@ def _chosen(ctx: BodyContext) -> str | None:
     return body
 
 
-def wgmma_forward(ctx: BodyContext) -> bool:
-    """Whether the forward node runs the wgmma body: only when ``attention_body="wgmma"`` asks for
-    it, which needs BF16 storage (TMA copies the bytes as they are: FP32 values under the BF16
-    policy cannot be rounded on the way) and equal head dims 64 or 128."""
-    if _chosen(ctx) != "wgmma" or ctx.op.endswith("backward"):
-        return False
+def _wgmma_legal(ctx: BodyContext) -> str | None:
+    """None when the wgmma forward can run the node, else why not."""
     q, k, v = ctx.inputs[:3]
     op = ctx.attr("operand_dtype")
     if not (q.dtype == k.dtype == v.dtype == "bf16" and op in (None, "bf16") and q.shape[3] == k.shape[3] == v.shape[3]
             and q.shape[3] in MMA_HEADS):
-        raise LoweringError(f"{ctx.op}: attention_body='wgmma' needs BF16 q/k/v with equal head dims 64 or 128; got "
-                            f"q {q.dtype}{list(q.shape)}, k {k.dtype}{list(k.shape)}, v {v.dtype}{list(v.shape)}, "
-                            f"operand_dtype {op!r}: use attention_body='mma' (or leave it unset)")
+        return (f"needs BF16 q/k/v with equal head dims 64 or 128; got q {q.dtype}{list(q.shape)}, "
+                f"k {k.dtype}{list(k.shape)}, v {v.dtype}{list(v.shape)}, operand_dtype {op!r}")
     if max(q.shape[0] * q.shape[1], q.shape[2], k.shape[2]) >= 2 ** 31:
-        raise LoweringError(f"{ctx.op}: attention_body='wgmma' takes 32-bit TMA coordinates; q {list(q.shape)} is too large")
-    return True
+        return f"takes 32-bit TMA coordinates; q {list(q.shape)} is too large"
+    return None
+
+
+def wgmma_forward(ctx: BodyContext) -> bool:
+    """Whether the forward node runs the wgmma body: the default wherever it can (BF16 storage, equal
+    head dims 64 or 128: TMA copies the bytes as they are, so FP32 values under the BF16 policy keep
+    the mma.sync body, which rounds as it stages); ``attention_body="wgmma"`` insists (an error where
+    it cannot), ``"mma"`` / ``"simt"`` choose the others."""
+    body = _chosen(ctx)
+    if ctx.op.endswith("backward") or body in ("mma", "simt"):
+        return False
+    why = _wgmma_legal(ctx)
+    if why and body == "wgmma":
+        raise LoweringError(f"{ctx.op}: attention_body='wgmma' {why}: use attention_body='mma' (or leave it unset)")
+    return why is None
 
 
 def _wgmma_dims(ctx: BodyContext):
