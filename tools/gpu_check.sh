@@ -176,14 +176,17 @@ run_example 80 tinymoe dataflow 10 --policy --routing "${MOE_SMALL[@]}"
 
 # ---- issue 13: transformers' GPT-2, Llama and Mixtral, unchanged (examples/hf_*.py, tiny configs,
 # BF16 policy, 10 updates; Mixtral with --routing). Needs transformers on the machine (5.17.0 there);
-# LATCH_GPU_HF=0 skips, LATCH_GPU_HF=2 also runs the dataflow strategy.
+# LATCH_GPU_HF=0 skips, LATCH_GPU_HF=2 also runs the dataflow strategy. Gated as the dense step is:
+# the fresh updates with the torch column, and the update from the state after 200 eager FP32
+# updates (docs/GATES.md: where the update itself is gated); LATCH_GPU_HF_ARGS replaces those flags.
 if [ "${LATCH_GPU_HF:-1}" != 0 ] && "$PY" -c 'import transformers' > /dev/null 2>&1; then
     HF_SCHEDS=(barrier)
     [ "${LATCH_GPU_HF:-1}" = 2 ] && HF_SCHEDS+=(dataflow)
+    read -r -a HF_ARGS <<< "${LATCH_GPU_HF_ARGS:---torch-column --trained 200}"
     for sched in "${HF_SCHEDS[@]}"; do
-        run_example 120 hf_gpt2 "$sched" 10 --policy
-        run_example 120 hf_llama "$sched" 10 --policy
-        run_example 150 hf_mixtral "$sched" 10 --policy --routing
+        run_example 120 hf_gpt2 "$sched" 10 --policy "${HF_ARGS[@]}"
+        run_example 120 hf_llama "$sched" 10 --policy "${HF_ARGS[@]}"
+        run_example 150 hf_mixtral "$sched" 10 --policy --routing "${HF_ARGS[@]}"
     done
 else
     row "  hf_gpt2/hf_llama/hf_mixtral: not run (LATCH_GPU_HF=${LATCH_GPU_HF:-1}, or transformers missing)"
