@@ -145,3 +145,18 @@ def test_matmul_layouts_out_dtypes_and_split_k_compile(tmp_path, cache_dir, monk
     assert ", true, false>(p, epi," in src  # dW: A M-major, B N-major
     assert "matmul_tile<__nv_bfloat16, __nv_bfloat16, float, float, 1, false, true>" in src  # q k^T
     assert dict(built.build.stats)["bodies"] >= 6
+
+
+@pytest.mark.slow
+def test_hf_mixtral_with_bf16_policy_and_routing_builds(tmp_path, cache_dir, monkeypatch):
+    """transformers' Mixtral, unchanged, through the whole pipeline as `latch-pipeline compile
+    --policy --routing` runs it (every pass, alias views included) to nvcc. Its router's mask chain
+    fused into a column sum once named a temporary `v4`, as the vector loader's output array was
+    named: nvcc refused the unit (H200 run 23); the output array is `o4_` now."""
+    pytest.importorskip("transformers")
+    from latch_check.pipeline import compile_example
+
+    monkeypatch.setenv("LATCH_CACHE_DIR", str(cache_dir))
+    c = compile_example(EXAMPLES / "hf_mixtral.py", scheduler="barrier", num_sms=132, policy=True, routing=True,
+                        build_dir=tmp_path / "b", cache=False)
+    assert (tmp_path / "b" / "program.so").exists() and c.doc.build is not None

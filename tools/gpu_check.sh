@@ -381,14 +381,16 @@ fi
 if want bench; then
     say "bench"
     MOE_SMALL_B=(--set vocab=256 --set d_model=64 --set layers=2 --set heads=4 --set experts=4 --set expert_hidden=32)
-    timeout "${LATCH_GPU_BENCH_SMALL_S:-200}" "$PY" -m latch_core.cli bench examples/tinymoe.py "${MOE_SMALL_B[@]}" \
-        --shapes "${LATCH_GPU_BENCH_SMALL_SHAPES:-2x32,4x2x32}" --iters 20 --gate-steps 1 --trained "${LATCH_GPU_TRAINED:-200}" \
-        --dir "$WORK/build/bench-small" --json "$WORK/bench-small.json" > "$WORK/bench-small.log" 2>&1
-    rc=$?
-    { echo "===== bench tinymoe small (exit $rc)"; cat "$WORK/bench-small.log"; } >> "$OUT/examples.log"
-    sed -n '/^BENCH TABLE/,$p' "$WORK/bench-small.log"; grep -E "^GATES|error" "$WORK/bench-small.log"
-    { echo "  BENCH tinymoe small (exit $rc):"; grep -E "^GATES" "$WORK/bench-small.log" | sed 's/^/    /'
-      sed -n '/^BENCH TABLE/,$p' "$WORK/bench-small.log" | sed 's/^/    /'; } >> "$SUMMARY"
+    if [ "${LATCH_GPU_BENCH_SMALL:-1}" = 1 ]; then   # LATCH_GPU_BENCH_SMALL=0: the full-size bench alone
+        timeout "${LATCH_GPU_BENCH_SMALL_S:-200}" "$PY" -m latch_core.cli bench examples/tinymoe.py "${MOE_SMALL_B[@]}" \
+            --shapes "${LATCH_GPU_BENCH_SMALL_SHAPES:-2x32,4x2x32}" --iters 20 --gate-steps 1 --trained "${LATCH_GPU_TRAINED:-200}" \
+            --dir "$WORK/build/bench-small" --json "$WORK/bench-small.json" > "$WORK/bench-small.log" 2>&1
+        rc=$?
+        { echo "===== bench tinymoe small (exit $rc)"; cat "$WORK/bench-small.log"; } >> "$OUT/examples.log"
+        sed -n '/^BENCH TABLE/,$p' "$WORK/bench-small.log"; grep -E "^GATES|error" "$WORK/bench-small.log"
+        { echo "  BENCH tinymoe small (exit $rc):"; grep -E "^GATES" "$WORK/bench-small.log" | sed 's/^/    /'
+          sed -n '/^BENCH TABLE/,$p' "$WORK/bench-small.log" | sed 's/^/    /'; } >> "$SUMMARY"
+    fi
     LEFT=$(( ${LATCH_GPU_BUDGET_S:-570} - SECONDS ))
     if [ "${LATCH_GPU_FULL:-1}" = 1 ] && [ "$LEFT" -gt 90 ]; then
         timeout "$LEFT" "$PY" -m latch_core.cli bench examples/tinymoe.py --shapes "${LATCH_GPU_BENCH_SHAPES:-2x1024,32x1024}" \

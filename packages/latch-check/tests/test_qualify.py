@@ -141,3 +141,18 @@ def test_compile_refuses_the_torch_column_on_the_cpu_and_names_the_cpu_tool():
     assert r.exit_code == 2 and "tools/qualify_gates.py" in r.output
     r = CliRunner().invoke(main, ["compile", str(EXAMPLES / "mlp.py"), "--target", "sim", "--trained", "5", "-q"])
     assert r.exit_code == 2 and "--trained" in r.output
+
+
+def test_the_gates_line_counts_torch_level_failures_and_still_fails():
+    from types import SimpleNamespace
+
+    from latch_check.pipeline import verdict
+
+    level = attach_torch([Gate("new_params", 1.4e-3, 1e-3, 10), Gate("loss", 1e-5, 1e-2, 1)],
+                         [Gate("new_params", 1.5e-3, 1e-3, 10), Gate("loss", 1e-5, 1e-2, 1)], "fresh")
+    wrong = attach_torch([Gate("grad w", 0.2, 0.05, 10)], [Gate("grad w", 0.01, 0.05, 10)], "fresh")
+    both = SimpleNamespace(passed=False, tables=[GateTable("a", level), GateTable("b", wrong)])
+    assert verdict(both) == ("FAIL (2 gates, 1 torch-level: PyTorch's own BF16 update fails them too, "
+                             "docs/GATES.md)")
+    assert verdict(SimpleNamespace(passed=False, tables=[GateTable("b", wrong)])) == "FAIL (1 gates)"
+    assert verdict(SimpleNamespace(passed=True, tables=[GateTable("a", level[1:])])) == "PASS"

@@ -318,7 +318,7 @@ def _load4_pulled(spec: BodySpec, lowerings: dict[str, Lowering], names: dict[in
     p = _IlpPuller(spec, lowerings, names, "    ", 4)
     lane = [f"x{d}" for d in range(r - 1)] + [f"(x{r - 1} + j_)"]
     v = p.pull_st(xi, lane, VEC_)
-    L = [f"auto load4v = [&](long long i, {ct} (&v4)[4]) {{", "  constexpr int u_ = 0;",
+    L = [f"auto load4v = [&](long long i, {ct} (&o4_)[4]) {{", "  constexpr int u_ = 0;",
          "  const int l_ = (int)i;"]
     acc_ = 1
     for d in reversed(range(1, r)):
@@ -338,10 +338,10 @@ def _load4_pulled(spec: BodySpec, lowerings: dict[str, Lowering], names: dict[in
         else:
             L.append(f"  {vct} {reg}[1] = {{latch::ld<{st}>({names[vi]}, {off})}};")
     L += ["  #pragma unroll", "  for (int j_ = 0; j_ < 4; ++j_) {"]
-    L += ["  " + ln for ln in p.lines] + [f"    v4[j_] = ({ct})({v});", "  }", "};",
-                                          f"auto load4 = [&](long long i, {acc} (&v4)[4]) {{",
+    L += ["  " + ln for ln in p.lines] + [f"    o4_[j_] = ({ct})({v});", "  }", "};",
+                                          f"auto load4 = [&](long long i, {acc} (&o4_)[4]) {{",
                                           f"  {ct} t_[4];", "  load4v(i, t_);", "  #pragma unroll",
-                                          f"  for (int j_ = 0; j_ < 4; ++j_) v4[j_] = ({acc})t_[j_];", "};"]
+                                          f"  for (int j_ = 0; j_ < 4; ++j_) o4_[j_] = ({acc})t_[j_];", "};"]
     cond = " && ".join(f"latch::aligned4({n}, 0)" for n in dict.fromkeys(vec)) or "true"
     return L, cond
 
@@ -358,12 +358,12 @@ def _load4(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int, str]
     regs = {i: f"s{i}_" for i in scalar}
     for i in full:
         regs[i] = f"r{i}_[j_]"
-    lines = [f"auto {name} = [&](long long i, {acc} (&v4)[4]) {{"]
+    lines = [f"auto {name} = [&](long long i, {acc} (&o4_)[4]) {{"]
     for i in full:
         lines += [f"  {compute_type(vals[i].dtype)} r{i}_[4];", f"  latch::gld4({names[i]}, i, r{i}_);"]
     lines += ["  #pragma unroll", "  for (int j_ = 0; j_ < 4; ++j_) {"]
     p = _VecPuller(flat, lowerings, names, "    ", regs)
     v = p.pull(xi, ["j_"])
-    lines += p.lines + [f"    v4[j_] = ({acc})({v});", "  }", "};"]
+    lines += p.lines + [f"    o4_[j_] = ({acc})({v});", "  }", "};"]
     cond = " && ".join(f"latch::aligned4({names[i]}, 0)" for i in full) or "true"
     return lines, cond, pre

@@ -97,9 +97,9 @@ def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None
         kept_last = len(kept) == 1 and kept[0] == x.rank - 1 and x.shape[-1] % 4 == 0
         if load is None and load4 is None and kept_last and ct in ("float", "double"):
             # a plain column reduction: its input read four columns at a time
-            load4 = [f"auto load4 = [&](long long i, {acc} (&v4)[4]) {{",
+            load4 = [f"auto load4 = [&](long long i, {acc} (&o4_)[4]) {{",
                      f"  {ct} r_[4];", f"  latch::gld4({x.ptr}, i, r_);",
-                     "  #pragma unroll", f"  for (int j_ = 0; j_ < 4; ++j_) v4[j_] = ({acc})r_[j_];", "};"]
+                     "  #pragma unroll", f"  for (int j_ = 0; j_ < 4; ++j_) o4_[j_] = ({acc})r_[j_];", "};"]
             vec_cond = f"latch::aligned4({x.ptr}, 0)"
         if load4 is not None and kept_last and ct in ("float", "double"):
             # four consecutive outputs per thread (the kept dim is the last: consecutive outputs are
@@ -127,10 +127,10 @@ def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None
     if load is None and load4 is None and rows_ok and vector is not None and compute_type(x.dtype) in ("float", "double"):
         # a plain reduction: its input read four at a time (the prologue path defines these itself)
         ct = compute_type(x.dtype)
-        load4 = [f"auto load4 = [&](long long i, {acc} (&v4)[4]) {{",
+        load4 = [f"auto load4 = [&](long long i, {acc} (&o4_)[4]) {{",
                  f"  {ct} r_[4];", f"  latch::gld4({x.ptr}, i, r_);",
-                 "  #pragma unroll", f"  for (int j_ = 0; j_ < 4; ++j_) v4[j_] = ({acc})r_[j_];", "};",
-                 f"auto load4v = [&](long long i, {ct} (&v4)[4]) {{ latch::gld4({x.ptr}, i, v4); }};"]
+                 "  #pragma unroll", f"  for (int j_ = 0; j_ < 4; ++j_) o4_[j_] = ({acc})r_[j_];", "};",
+                 f"auto load4v = [&](long long i, {ct} (&o4_)[4]) {{ latch::gld4({x.ptr}, i, o4_); }};"]
         vec_cond = f"latch::aligned4({x.ptr}, 0)"
     if vector is not None and R < BLOCK_THRESHOLD and load4 is not None and rows_ok and \
             compute_type(x.dtype) in ("float", "double"):
