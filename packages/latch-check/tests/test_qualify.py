@@ -156,3 +156,22 @@ def test_the_gates_line_counts_torch_level_failures_and_still_fails():
                              "docs/GATES.md)")
     assert verdict(SimpleNamespace(passed=False, tables=[GateTable("b", wrong)])) == "FAIL (1 gates)"
     assert verdict(SimpleNamespace(passed=True, tables=[GateTable("a", level[1:])])) == "PASS"
+
+
+def test_cpu_qualification_of_transformers_mixtral_replays_pytorchs_own_topk():
+    """transformers' Mixtral routes with its own torch.topk: PyTorch's choices are recorded and
+    replayed in the reference, so the torch column is measured (it was 'not measured: PyTorch made
+    0 routing decisions' on the H200, run 24)."""
+    pytest.importorskip("transformers")
+    from latch_check.pipeline import compile_example
+    from latch_check.qualify import cpu_tables, torch_update
+
+    c = compile_example(EXAMPLES / "hf_mixtral.py", build=False, routing=True)
+    (fresh,) = cpu_tables(c.example, c.doc, simulate=False)
+    assert all(g.torch_rel is not None for g in fresh.gates), fresh.format()
+    grads = [g for g in fresh.gates if g.group.startswith("grad ")]
+    assert grads and all(1e-4 < g.torch_rel < 3e-2 for g in grads), fresh.format()
+    rec: list = []
+    torch_update(c.example, c.example.params(), c.example.initial_state(), [c.example.microbatch(0)],
+                 dict(c.example.hyper or {}), routing=rec)
+    assert len(rec) == 2 and all(r.shape[-1] == 2 for r in rec)   # one top-2 per layer, in call order

@@ -22,7 +22,10 @@ computes in the operands' dtype whatever autocast says (a custom op is not autoc
   autocast it computes in the operands' dtype with a per-expert loop (CPU reference use only).
 ``token_topk`` keeps its own eager form (a stable sort: no host synchronisation); inside
 :func:`recording` every call's chosen experts are kept, in call order, so a check can replay
-PyTorch's own routing in the FP64 reference.
+PyTorch's own routing in the FP64 reference. A model that routes with its own code instead
+(transformers' Mixtral: ``torch.topk`` over the router's probabilities, which capture turns into
+the program's routing decision) has its ``torch.topk`` calls recorded the same way, in call order,
+while inside :func:`torch_native`; a check compares their count with the program's decisions.
 
 Static shapes throughout, no host synchronisation, no float atomics (every scatter is a
 permutation or an integer sum): the whole update can be captured in one CUDA graph.
@@ -171,11 +174,27 @@ def torch_native(model: torch.nn.Module):
             if new is not None:
                 patched.append((g, name, v))
                 g[name] = new
+    latch_topk = next((k for k, new in subs.items() if new.__name__ == "token_topk"), None)
+    own_topk = not any(v is latch_topk for _, _, v in patched)
+    topk = torch.topk
+    if own_topk:   # the model routes with torch.topk itself: record its choices (module docstring)
+        torch.topk = _recording_torch_topk(topk)
     try:
         yield [name for _, name, _ in patched]
     finally:
+        torch.topk = topk
         for g, name, v in reversed(patched):
             g[name] = v
+
+
+def _recording_torch_topk(original):
+    def topk(input, k, *args, **kwargs):
+        out = original(input, k, *args, **kwargs)
+        if _RECORD is not None:
+            _RECORD.append(out.indices.detach())
+        return out
+
+    return topk
 
 
 __all__ = ["torch_native", "recording", "grouped_ragged_mm", "native_route_order", "native_sdpa"]
