@@ -131,3 +131,22 @@ def test_families_capture_cannot_hold_are_refused_with_the_way_out(family):
         assert w in msg, msg
     assert e.value.source and "latch_" not in e.value.source and "Traceback" not in msg
     assert "experts_implementation" not in msg  # no switch to name: these models have their own dispatch
+
+
+def test_opt_in_eval_mode_checks_with_its_zero_by_construction_bias_gradient():
+    """OPT with LayerDrop off (model.eval(), the way out its refusal names) captures and checks. Its
+    k_proj.bias gradient is zero in exact arithmetic (no rotary: q.(k + b) adds one constant per
+    query row, which softmax removes); both sides hold ~1e-16 of noise, which the relative gate
+    compared with itself (rel L2 1.4 and 1.9, results/hf.md). Gated against all the gradients now."""
+    cfg_name, model_name, extra, _ = REFUSED["opt"]
+    FAMILIES["opt"] = (cfg_name, model_name, "", extra)
+    try:
+        model = _model("opt").eval()
+    finally:
+        del FAMILIES["opt"]
+    ex = _lm_example("hf_opt", model)
+    doc = ex.capture(grads=True)
+    result = compare(ex, doc, steps=1)
+    assert result.passed, result.format()
+    zero = [g for t in result.tables for g in t.gates if g.vs_all]
+    assert zero and all("k_proj.bias" in g.group for g in zero), result.format()

@@ -61,3 +61,31 @@ def test_table_shows_failures():
     lines = text.splitlines()
     assert lines[0] == "demo" and lines[1].split() == ["step", "group", "elements", "rel", "L2", "gate", "result"]
     assert "nan" in text and "FAIL" in text and text.endswith("2 gates, 1 FAILED")
+
+
+def _two_grad_graph():
+    vals = [Value(n, (2,), "f32", "param") for n in ("w", "b")]
+    vals += [Value(n, (2,), "f32") for n in ("grad.w", "grad.b")]
+    nodes = [Node("c", "latch::copy", ("w",), ("grad.w",)), Node("d", "latch::copy", ("b",), ("grad.b",))]
+    return Graph("update", vals, nodes, [Group("params", ["w", "b"])], [Group("grads", ["grad.w", "grad.b"])])
+
+
+def test_a_gradient_zero_by_construction_is_gated_against_all_the_gradients():
+    """OPT's k_proj.bias: exactly zero in exact arithmetic, rounding noise on both sides (results/hf.md)."""
+    g = _two_grad_graph()
+    ref = {"grad.w": torch.tensor([3.0, 4.0], dtype=torch.float64), "grad.b": torch.tensor([1e-17, 0.0], dtype=torch.float64)}
+    noise = dict(ref, **{"grad.b": torch.tensor([-2e-17, 1e-17], dtype=torch.float64)})
+    gates = {x.group: x for x in program_gates(g, noise, ref)}
+    assert rel_l2(noise["grad.b"], ref["grad.b"]) > 1.0          # noise against noise, relative to itself
+    b = gates["grad b"]
+    assert b.vs_all and b.passed and b.rel_l2 == pytest.approx(math.hypot(3e-17, 1e-17) / 5.0)
+    assert b.result_text == "ok (zero by construction: vs all grads)"
+    assert not gates["grad w"].vs_all and gates["grad w"].result_text == "ok"
+    wrong = dict(ref, **{"grad.b": torch.tensor([1e-3, 0.0], dtype=torch.float64)})   # a real value where 0 is exact
+    bad = {x.group: x for x in program_gates(g, wrong, ref)}["grad b"]
+    assert not bad.passed and bad.result_text == "FAIL (zero by construction: vs all grads)"
+    nan = dict(ref, **{"grad.b": torch.tensor([math.nan, 0.0], dtype=torch.float64)})
+    assert not {x.group: x for x in program_gates(g, nan, ref)}["grad b"].passed
+    small = dict(ref, **{"grad.b": torch.tensor([1e-6, 0.0], dtype=torch.float64)})   # small but real: relative as ever
+    sg = {x.group: x for x in program_gates(g, small, {**ref, "grad.b": torch.tensor([1e-6, 0.0], dtype=torch.float64)})}
+    assert not sg["grad b"].vs_all
