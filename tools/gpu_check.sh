@@ -394,7 +394,7 @@ if want bench; then
     LEFT=$(( ${LATCH_GPU_BUDGET_S:-570} - SECONDS ))
     if [ "${LATCH_GPU_FULL:-1}" = 1 ] && [ "$LEFT" -gt 90 ]; then
         timeout "$LEFT" "$PY" -m latch_core.cli bench examples/tinymoe.py --shapes "${LATCH_GPU_BENCH_SHAPES:-2x1024,32x1024}" \
-            ${LATCH_GPU_BENCH_ARGS:---iters 10 --latch-iters 1} --dir "$WORK/build/bench" --json "$OUT/bench.json" \
+            ${LATCH_GPU_BENCH_ARGS:---iters 10} --dir "$WORK/build/bench" --json "$OUT/bench.json" \
             > "$WORK/bench.log" 2>&1
         rc=$?
         { echo "===== bench tinymoe (exit $rc)"; cat "$WORK/bench.log"; } >> "$OUT/examples.log"
