@@ -356,7 +356,10 @@ fi
 TIMING_S=150  # what the full TinyMoE-200M timing step below takes (capture + build twice + bench)
 LEFT=$(( ${LATCH_GPU_BUDGET_S:-570} - SECONDS - TIMING_S ))
 if want full && [ "${LATCH_GPU_FULL:-1}" = 1 ] && [ "$LEFT" -gt 60 ]; then
-    run_profile "$LEFT" tinymoe-200M-barrier tinymoe --scheduler barrier --policy --updates 2
+    run_profile "$LEFT" tinymoe-200M-barrier tinymoe --scheduler barrier --policy --updates 2 \
+        --trace-dir "$OUT/timeline-tinymoe"
+    # ~100k tasks: the trace can pass the 16 MiB a returned file may have; Perfetto opens it gzipped
+    [ -f "$OUT/timeline-tinymoe/trace.json" ] && gzip -f "$OUT/timeline-tinymoe/trace.json"
 else
     row "  PROFILE tinymoe-200M: not run (LATCH_GPU_FULL=${LATCH_GPU_FULL:-1}, ${LEFT}s left of the call after the timing's ${TIMING_S}s)"
 fi
