@@ -84,6 +84,11 @@ class CostModel:
     split_k_choices: tuple[int, ...] = (1, 2, 4, 8, 16)
     split_k_min_steps: int = 4  # S > 1 only when K / S >= this many k_tile steps
     split_k_overhead: float = 5e-6
+    # The ping-pong body (configurations named ``wgmma_pp_*``, latch_schedule.matmul_configs): its
+    # tensor-core rate relative to sm_mma_flops (two m64n128 wgmma per K step of one warpgroup, B
+    # read twice: a little under the cooperative 128 x 256 body's, so long-K products keep that
+    # one); 0 leaves the ping-pong configurations out of the choice.
+    pingpong_efficiency: float = 0.95
 
     def mma_efficiency(self, bn: int) -> float:
         eff = self.mma_eff[0][1]

@@ -113,6 +113,7 @@ template <class TC> struct GemmStore {
       (*this)(row + 8, col + 8 * j, acc[4 * j + 2], acc[4 * j + 3]);
     }
   }
+  __device__ __forceinline__ void cover() const {}  // (GemmStoreTma::cover: nothing to wait for here)
   __device__ __forceinline__ void finish() const {}
 };
 
@@ -173,7 +174,10 @@ template <class TC, int SLOTS> struct GemmStoreTma {  // SLOTS: lower_matmul.py 
       if (lane == 0) sm90::bulk_wait<0>();
       waited = true;
     }
-    char* wbuf = buf + 1024 * SLOTS * (4 * wg + warp);
+    // The slots of the warp that runs this (threadIdx.x / 32): the same as 4 wg + warp when each
+    // warpgroup stores its own rows, and still the caller's own when one warpgroup stores both
+    // halves of a tile (the ping-pong body, latch_gemm_pingpong.cuh).
+    char* wbuf = buf + 1024 * SLOTS * ((int)(threadIdx.x >> 5) & 7);
     const int r = lane >> 2, q4 = lane & 3;
     const int row0 = m0 + 64 * wg + 16 * warp;
 #pragma unroll
@@ -203,6 +207,14 @@ template <class TC, int SLOTS> struct GemmStoreTma {  // SLOTS: lower_matmul.py 
         ++stored;
       }
     }
+  }
+  // Every earlier store of this warp complete, as a TMA epilogue would have waited for it: a warp
+  // that stored nothing in a body (a ping-pong warpgroup without a sub-tile) calls it before
+  // finish(), so that every consumer thread ends the body with the same ``*async_stores``.
+  __device__ __forceinline__ void cover() {
+    if (waited) return;
+    if ((threadIdx.x & 31) == 0) sm90::bulk_wait<0>();
+    waited = true;
   }
   __device__ __forceinline__ void finish() {
     if (!waited) return;
