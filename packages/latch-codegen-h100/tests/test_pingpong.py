@@ -5,6 +5,8 @@ output: tensor-core products issued back to back, TMA loads and stores, no local
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import h100_handmade as H
@@ -12,7 +14,7 @@ from latch_core.ir import Value
 from latch_codegen_h100 import build
 from latch_codegen_h100.codegen import generate
 from latch_codegen_h100.bodies import CodegenError
-from latch_codegen_h100.sass import sass_report
+from latch_codegen_h100.sass import _run, find_cuobjdump, sass_report
 
 F, BF = "f32", "bf16"
 needs_tools = pytest.mark.skipif(not H.have_sass_tools(), reason="nvcc or cuobjdump not installed")
@@ -72,3 +74,7 @@ def test_pingpong_bodies_are_hgmma_fed_by_tma_without_spills_or_serialisation(tm
     assert r.utmaldg >= 4 and r.utmastg >= 4, r
     assert r.setmaxreg_alloc == (224,) and r.setmaxreg_dealloc == (56,), r
     assert r.local_loads == 0 and r.local_stores == 0, r
+    # the turns: named barriers over both consumer warpgroups (0x100 threads), passed without waiting
+    text = _run([find_cuobjdump(), "-sass", str(out / "program.so")])
+    assert re.search(r"\bBAR\.ARV\s[^;]*0x100\s*;", text), "no bar.arrive over 256 threads"
+    assert re.search(r"\bBAR\.SYNC\S*\s[^;]*0x100\s*;", text), "no bar.sync over 256 threads"
