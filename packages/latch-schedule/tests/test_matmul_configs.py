@@ -259,3 +259,25 @@ def test_the_model_takes_pingpong_for_the_short_k_lm_head_forward_and_not_where_
     assert s > 1 and not cfg.name.startswith("wgmma_pp_")
     # pingpong_efficiency = 0 leaves them out: the choice before they existed
     assert choose(tb, 1, 32768, 768, 49152, 2, CostModel(pingpong_efficiency=0), 132)[0] == old[0]
+
+
+def test_a_wide_pingpong_task_keeps_the_l2_raster_of_the_lm_head(monkeypatch):
+    """lm_head.fwd at 32,768 tokens with ping-pong tasks of 128 x 1024 (K 768): the B block of a
+    task is 1.5 MB because it is wide, not long in K; it must keep the grouped raster order (15
+    column blocks, 23.6 MB of B in L2, all row blocks) rather than fall back to the plain order
+    that re-reads the 75 MB weight every ~3 row blocks (run 13: 71% of cuBLAS)."""
+    import latch_core.configs as core_configs
+
+    monkeypatch.setattr(core_configs, "find_config", lambda op, i, o, a, name: next(c for c in PP + WG if c.name == name))
+    bf = "bf16"
+    ins = [TensorType((32768, 768), bf), TensorType((49152, 768), bf)]
+    outs = [TensorType((32768, 49152), bf)]
+    t = tiling.matmul(ins, outs, CostModel(), {"trans_b": True, "config": "wgmma_pp_128x1024x64"})
+    assert t.granule[-2:] == (128, 1024) and t.raster == ("n", 15)
+    # the cooperative 128 x 256 tiles keep their groups of 63
+    t = tiling.matmul(ins, outs, CostModel(), {"trans_b": True, "config": "wgmma_128x256x64"})
+    assert t.raster == ("n", 63)
+    # long K stays plain, however the rows are counted
+    t = tiling.matmul([TensorType((32768, 32768), bf), TensorType((32768, 768), bf)], [TensorType((32768, 768), bf)],
+                      CostModel(), {"config": "wgmma_pp_128x512x64"})
+    assert t.raster == ()
