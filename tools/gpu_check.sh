@@ -75,6 +75,20 @@ run_example() {  # limit name scheduler steps extra-args...
 
 row "latch gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(head -1 "$OUT/gpu.txt")"
 
+# The ping-pong matmul body (latch_gemm_pingpong.cuh, results/pp.md): every width in the three
+# layouts at ragged shapes against FP64, bit-identical repeats (LATCH_GPU_ONLY=pingpong; bench-matmul
+# compares it with the cooperative body through LATCH_GPU_MATMUL_ARGS="--classic"). Before the
+# matmul step: a body that hangs or is wrong shows here first, in a small build.
+if want pingpong; then
+    say "pingpong GPU test"
+    LATCH_SPIN_TIMEOUT_S=5 timeout "${LATCH_GPU_PP_S:-120}" "$PY" -m pytest -q -m gpu packages/latch-check/tests/test_gpu_pingpong.py \
+        -p no:cacheprovider > "$WORK/pingpong.log" 2>&1
+    rc=$?
+    { echo "===== pingpong GPU test (exit $rc)"; cat "$WORK/pingpong.log"; } >> "$OUT/examples.log"
+    tail -5 "$WORK/pingpong.log"
+    row "  PINGPONG test_gpu_pingpong.py (exit $rc): $(tail -1 "$WORK/pingpong.log")"
+fi
+
 # The matrix products of TinyMoE-200M's dense path as Latch tasks (TMA + wgmma bodies on the worker)
 # against torch.mm in a CUDA graph: correctness (FP32 output vs torch's FP32 product of the same BF16
 # operands) and time per product (latch_check/bench_matmul.py). LATCH_GPU_TOKENS picks the sizes.
@@ -101,19 +115,6 @@ if want matmul; then
         { echo "  $label (exit $rc):"; grep -E "ring" "$WORK/matmul$tag.log" | sed 's/^/    /'
           sed -n '/^case /,$p' "$WORK/matmul$tag.log" | sed 's/^/    /'; } >> "$SUMMARY"
     done
-fi
-
-# The ping-pong matmul body (latch_gemm_pingpong.cuh, results/pp.md): every width in the three
-# layouts at ragged shapes against FP64, bit-identical repeats (LATCH_GPU_ONLY=pingpong; bench-matmul
-# compares it with the cooperative body through LATCH_GPU_MATMUL_ARGS="--classic").
-if want pingpong; then
-    say "pingpong GPU test"
-    timeout "${LATCH_GPU_PP_S:-120}" "$PY" -m pytest -q -m gpu packages/latch-check/tests/test_gpu_pingpong.py \
-        -p no:cacheprovider > "$WORK/pingpong.log" 2>&1
-    rc=$?
-    { echo "===== pingpong GPU test (exit $rc)"; cat "$WORK/pingpong.log"; } >> "$OUT/examples.log"
-    tail -5 "$WORK/pingpong.log"
-    row "  PINGPONG test_gpu_pingpong.py (exit $rc): $(tail -1 "$WORK/pingpong.log")"
 fi
 
 # Issue 11: the LM head fused with cross-entropy (memory.fuse_cross_entropy, latch_xent.cuh) and the
