@@ -76,3 +76,48 @@ def test_forced_configs_and_classic_variants_sit_beside_the_default():
     assert cfg(f"{classic_name(fwd)}.x1") == "wgmma_128x256x64"
     assert not any(n.startswith(classic_name(dgrad)) for n in names)
     assert doc.schedule is not None and doc.memory is not None
+
+
+def test_run_case_rows_for_forced_and_classic_variants_without_a_gpu(monkeypatch):
+    """run_case's bookkeeping for the variant rows, on the CPU: a stand-in program computes each
+    product with torch (the forced variant exactly, the classic one with a wrong element) and the
+    timers are stubbed; the rows carry their own gates and the forced row its FP32 check."""
+    import torch
+
+    import latch_check.bench_matmul as bm
+    from latch_check.bench_matmul import Case, classic_name, forced_name, run_case
+
+    c = Case("t.fwd.64", 64, 32, 16, tb=True)
+    forced, classic = forced_name(c.name, "wgmma_pp_128x256x64"), classic_name(c.name)
+
+    class Prog:
+        device = "cpu"
+
+        def launch(self, name, batch):
+            self.batch = batch
+
+        def check(self):
+            pass
+
+        def outputs(self, name, batch):
+            a, b = batch[f"{c.name}.a"], batch[f"{c.name}.b"]
+            y = torch.mm(a.double(), b.double().t()).float()
+            if name.startswith(classic):
+                y[3, 5] += 100.0  # a wrong element: its row must fail its gate
+            return {f"{name}.out0": y}
+
+    times = iter(range(1, 1000))
+    monkeypatch.setattr(bm, "median_ms", lambda fn, iters: fn() or float(next(times)))
+
+    class Graph:
+        def replay(self):
+            pass
+
+    monkeypatch.setattr(bm, "capture_graph", lambda fn, warmup, device: Graph())
+    row = run_case(Prog(), c, 3, seed=0, variants=[(forced, True), (classic, False)])
+    v = {r["case"]: r for r in row["variants"]}
+    assert set(v) == {forced, classic} and row["ok"]
+    assert v[forced]["ok"] and v[forced]["rel_l2"] < 1e-6 and v[forced]["latch_ms"] > 0
+    assert not v[classic]["ok"] and v[classic]["rel_l2"] != v[classic]["rel_l2"]  # NaN: no FP32 check
+    assert all(r["R"] == row["R"] and r["torch_ms"] == row["torch_ms"] for r in v.values())
+    assert bm.format_table(row["variants"]).count("WRONG") == 1
