@@ -242,11 +242,17 @@ def test_the_model_takes_pingpong_for_the_short_k_lm_head_forward_and_not_where_
     tb = [c for c in WG] + PP
     nn = [c for c in WG if c.tile[1] % 64 == 0] + PP
     # lm_head.fwd at 32,768 tokens (M 32768, K 768, N 49152): 49,152 one-tile tasks of 128 x 256
-    # pay the tile transition each (run 20: 79-85% of cuBLAS); ping-pong hides all but one per task
+    # pay the tile transition each (run 20: 79-85% of cuBLAS); ping-pong tasks of 8 sub-tiles hide
+    # all but one per task (run pp: 4641 us against 4939)
     cfg, s, secs, _, _ = choose(tb, 1, 32768, 768, 49152, 2, cost, 132)
-    assert cfg.name.startswith("wgmma_pp_") and s == 1
+    assert cfg.name == "wgmma_pp_128x1024x64" and s == 1
     old = choose(WG, 1, 32768, 768, 49152, 2, cost, 132)
-    assert old[0].name == "wgmma_128x256x64" and secs < 0.9 * old[2]
+    assert old[0].name == "wgmma_128x256x64" and secs < old[2]
+    # tasks of two sub-tiles lost in run pp (the other K = 768 products at 32,768 tokens: qkv.fwd 219
+    # vs 191 us, attn_out.fwd 77.5 vs 71.2, attn_out.dgrad 80.9 vs 72.2): the model keeps 128 x 256
+    assert choose(tb, 1, 32768, 768, 2304, 2, cost, 132)[0].name == "wgmma_128x256x64"
+    assert choose(tb, 1, 32768, 768, 768, 2, cost, 132)[0].name == "wgmma_128x256x64"
+    assert choose(nn, 1, 32768, 768, 768, 2, cost, 132)[0].name == "wgmma_128x256x64"
     # long K (lm_head.dgrad at 32,768 tokens, K 49,152; the weight gradients, K 32,768): the
     # cooperative 128 x 256 body's rate wins, the transition is noise
     assert choose(nn, 1, 32768, 49152, 768, 2, cost, 132)[0].name == "wgmma_128x256x64"

@@ -85,10 +85,13 @@ class CostModel:
     split_k_min_steps: int = 4  # S > 1 only when K / S >= this many k_tile steps
     split_k_overhead: float = 5e-6
     # The ping-pong body (configurations named ``wgmma_pp_*``, latch_schedule.matmul_configs): its
-    # tensor-core rate relative to sm_mma_flops (two m64n128 wgmma per K step of one warpgroup, B
-    # read twice: a little under the cooperative 128 x 256 body's, so long-K products keep that
-    # one); 0 leaves the ping-pong configurations out of the choice.
-    pingpong_efficiency: float = 0.95
+    # tensor-core rate relative to sm_mma_flops; 0 leaves the ping-pong configurations out of the
+    # choice. Measured (results/gpu.md run pp, H200, 32,768 tokens, each against the cooperative
+    # 128 x 256 choice in the same run): tasks of 2 sub-tiles LOSE (qkv.fwd 219 vs 191 us,
+    # attn_out.fwd 77.5 vs 71.2, attn_out.dgrad 80.9 vs 72.2), tasks of 8 win (lm_head.fwd 4641 vs
+    # 4939 us). Through this formula those ratios need 0.76-0.84 (a 128 x 128 sub-tile loads A
+    # again: a third more L2 -> shared traffic per flop than 128 x 256); 0.82 reproduces all four.
+    pingpong_efficiency: float = 0.82
 
     def mma_efficiency(self, bn: int) -> float:
         eff = self.mma_eff[0][1]
