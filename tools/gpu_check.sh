@@ -37,7 +37,7 @@ export PYTHONUNBUFFERED=1
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 say() { echo "== [gpu_check ${SECONDS}s] $*"; }
-# LATCH_GPU_ONLY=matmul,memory,attention,examples,readme,pytest,sanitizer,dense,denseprof,moe,profile,full,lmhead,bench runs only the steps named (default: all).
+# LATCH_GPU_ONLY=matmul,pingpong,memory,attention,examples,readme,pytest,sanitizer,dense,denseprof,moe,profile,full,lmhead,bench runs only the steps named (default: all).
 want() { [ -z "${LATCH_GPU_ONLY:-}" ] || [[ ",${LATCH_GPU_ONLY}," == *",$1,"* ]]; }
 row() { echo "$*" >> "$SUMMARY"; }
 
@@ -74,6 +74,20 @@ run_example() {  # limit name scheduler steps extra-args...
 }
 
 row "latch gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(head -1 "$OUT/gpu.txt")"
+
+# The ping-pong matmul body (latch_gemm_pingpong.cuh, results/pp.md): every width in the three
+# layouts at ragged shapes against FP64, bit-identical repeats (LATCH_GPU_ONLY=pingpong; bench-matmul
+# compares it with the cooperative body through LATCH_GPU_MATMUL_ARGS="--classic"). Before the
+# matmul step: a body that hangs or is wrong shows here first, in a small build.
+if want pingpong; then
+    say "pingpong GPU test"
+    LATCH_SPIN_TIMEOUT_S=5 timeout "${LATCH_GPU_PP_S:-120}" "$PY" -m pytest -q -m gpu packages/latch-check/tests/test_gpu_pingpong.py \
+        -p no:cacheprovider > "$WORK/pingpong.log" 2>&1
+    rc=$?
+    { echo "===== pingpong GPU test (exit $rc)"; cat "$WORK/pingpong.log"; } >> "$OUT/examples.log"
+    tail -5 "$WORK/pingpong.log"
+    row "  PINGPONG test_gpu_pingpong.py (exit $rc): $(tail -1 "$WORK/pingpong.log")"
+fi
 
 # The matrix products of TinyMoE-200M's dense path as Latch tasks (TMA + wgmma bodies on the worker)
 # against torch.mm in a CUDA graph: correctness (FP32 output vs torch's FP32 product of the same BF16

@@ -51,3 +51,73 @@ def test_cases_group_by_layout_in_order():
     assert list(g) == ["fwd", "dgrad", "wgrad"]
     assert [c.name for c in g["fwd"]][:2] == ["qkv.fwd.2048", "attn_out.fwd.2048"]
     assert sum(len(v) for v in g.values()) == 24 and all(len(v) == 8 for v in g.values())
+
+
+def test_forced_configs_and_classic_variants_sit_beside_the_default():
+    from latch_check.bench_matmul import classic_name, config_fits, forced_name
+
+    cl = [c for c in cases(32768) if c.name in ("lm_head.fwd.32768", "lm_head.dgrad.32768")]
+    pp = "wgmma_pp_128x512x64"
+    doc = plan_document(matmul_document(cl, configs=[pp, "wgmma_128x96x64"]), 132, classic=True)
+    names = _names(doc)
+    fwd, dgrad = "lm_head.fwd.32768", "lm_head.dgrad.32768"
+    # forced: every program family, checked too, where the configuration fits the layout (BN 96 needs b [N, K])
+    for suffix in ("check", "x1", "x2"):
+        assert f"{forced_name(fwd, pp)}.{suffix}" in names and f"{forced_name(dgrad, pp)}.{suffix}" in names
+    assert config_fits(cl[0], "wgmma_128x96x64") and not config_fits(cl[1], "wgmma_128x96x64")
+    assert f"{forced_name(fwd, 'wgmma_128x96x64')}.x1" in names
+    assert not any(n.startswith(forced_name(dgrad, "wgmma_128x96x64")) for n in names)
+    g = doc.graph.program(f"{forced_name(dgrad, pp)}.x1")
+    assert {n.attr("config") for n in g.nodes if n.op == "latch::matmul"} == {pp}
+    # the default takes ping-pong for the forward (K 768) and not for the input gradient (K 49,152);
+    # the classic variant exists only where it did, and is the cooperative choice
+    cfg = lambda p: next(n.attr("config") for n in doc.graph.program(p).nodes if n.op == "latch::matmul")  # noqa: E731
+    assert cfg(f"{fwd}.x1").startswith("wgmma_pp_") and not cfg(f"{dgrad}.x1").startswith("wgmma_pp_")
+    assert cfg(f"{classic_name(fwd)}.x1") == "wgmma_128x256x64"
+    assert not any(n.startswith(classic_name(dgrad)) for n in names)
+    assert doc.schedule is not None and doc.memory is not None
+
+
+def test_run_case_rows_for_forced_and_classic_variants_without_a_gpu(monkeypatch):
+    """run_case's bookkeeping for the variant rows, on the CPU: a stand-in program computes each
+    product with torch (the forced variant exactly, the classic one with a wrong element) and the
+    timers are stubbed; the rows carry their own gates and the forced row its FP32 check."""
+    import torch
+
+    import latch_check.bench_matmul as bm
+    from latch_check.bench_matmul import Case, classic_name, forced_name, run_case
+
+    c = Case("t.fwd.64", 64, 32, 16, tb=True)
+    forced, classic = forced_name(c.name, "wgmma_pp_128x256x64"), classic_name(c.name)
+
+    class Prog:
+        device = "cpu"
+
+        def launch(self, name, batch):
+            self.batch = batch
+
+        def check(self):
+            pass
+
+        def outputs(self, name, batch):
+            a, b = batch[f"{c.name}.a"], batch[f"{c.name}.b"]
+            y = torch.mm(a.double(), b.double().t()).float()
+            if name.startswith(classic):
+                y[3, 5] += 100.0  # a wrong element: its row must fail its gate
+            return {f"{name}.out0": y}
+
+    times = iter(range(1, 1000))
+    monkeypatch.setattr(bm, "median_ms", lambda fn, iters: fn() or float(next(times)))
+
+    class Graph:
+        def replay(self):
+            pass
+
+    monkeypatch.setattr(bm, "capture_graph", lambda fn, warmup, device: Graph())
+    row = run_case(Prog(), c, 3, seed=0, variants=[(forced, True), (classic, False)])
+    v = {r["case"]: r for r in row["variants"]}
+    assert set(v) == {forced, classic} and row["ok"]
+    assert v[forced]["ok"] and v[forced]["rel_l2"] < 1e-6 and v[forced]["latch_ms"] > 0
+    assert not v[classic]["ok"] and v[classic]["rel_l2"] != v[classic]["rel_l2"]  # NaN: no FP32 check
+    assert all(r["R"] == row["R"] and r["torch_ms"] == row["torch_ms"] for r in v.values())
+    assert bm.format_table(row["variants"]).count("WRONG") == 1

@@ -223,3 +223,67 @@ def test_granules_come_from_the_recorded_configuration(configs, monkeypatch):
     with pytest.raises(ConfigError, match="records body configuration 'wgmma_128x96x64'.*offer: wgmma_128x64x64"):
         tiling.matmul([a, b], [y], CostModel(), {"config": "wgmma_128x96x64"})  # BN=96 needs trans_b
     assert full_box(y.shape) == ((0, 2048), (0, 768))
+
+
+# The ping-pong configurations latch_codegen_h100 registers beside the cooperative ones
+PP = [BodyConfig(f"wgmma_pp_128x{w}x64", (128, w), 64, 256 * 128, "wgmma") for w in (256, 512, 1024)]
+
+
+def test_pingpong_price_pays_one_fill_and_one_subtile_epilogue_per_task():
+    cost = CostModel()
+    seconds, tiles, waves = price(PP[1], 1, 32768, 768, 49152, 1, 2, cost, 132)
+    assert tiles == 256 * 96 and waves == 187
+    main = 2 * 128 * 128 * 768 / (5e12 * cost.pingpong_efficiency)
+    assert seconds == pytest.approx(187 * (4 * main + 0.7e-6 + 128 * 128 * 2 / 25e9))
+
+
+def test_the_model_takes_pingpong_for_the_short_k_lm_head_forward_and_not_where_it_loses():
+    cost = CostModel()
+    tb = [c for c in WG] + PP
+    nn = [c for c in WG if c.tile[1] % 64 == 0] + PP
+    # lm_head.fwd at 32,768 tokens (M 32768, K 768, N 49152): 49,152 one-tile tasks of 128 x 256
+    # pay the tile transition each (run 20: 79-85% of cuBLAS); ping-pong tasks of 8 sub-tiles hide
+    # all but one per task (run pp: 4641 us against 4939)
+    cfg, s, secs, _, _ = choose(tb, 1, 32768, 768, 49152, 2, cost, 132)
+    assert cfg.name == "wgmma_pp_128x1024x64" and s == 1
+    old = choose(WG, 1, 32768, 768, 49152, 2, cost, 132)
+    assert old[0].name == "wgmma_128x256x64" and secs < old[2]
+    # tasks of two sub-tiles lost in run pp (the other K = 768 products at 32,768 tokens: qkv.fwd 219
+    # vs 191 us, attn_out.fwd 77.5 vs 71.2, attn_out.dgrad 80.9 vs 72.2): the model keeps 128 x 256
+    assert choose(tb, 1, 32768, 768, 2304, 2, cost, 132)[0].name == "wgmma_128x256x64"
+    assert choose(tb, 1, 32768, 768, 768, 2, cost, 132)[0].name == "wgmma_128x256x64"
+    assert choose(nn, 1, 32768, 768, 768, 2, cost, 132)[0].name == "wgmma_128x256x64"
+    # long K (lm_head.dgrad at 32,768 tokens, K 49,152; the weight gradients, K 32,768): the
+    # cooperative 128 x 256 body's rate wins, the transition is noise
+    assert choose(nn, 1, 32768, 49152, 768, 2, cost, 132)[0].name == "wgmma_128x256x64"
+    assert not choose(nn, 1, 49152, 32768, 768, 4, cost, 132)[0].name.startswith("wgmma_pp_")
+    # few tiles (attn_out.fwd at 2,048 tokens: 96 tiles of 128 x 128, one wave): a wider task is
+    # the same wave, twice as long
+    assert choose(tb, 1, 2048, 768, 768, 2, cost, 132)[0].name == "wgmma_128x128x64"
+    # few tiles and long K: split-K, never ping-pong (ping-pong is not split)
+    cfg, s, *_ = choose(nn, 1, 2048, 49152, 768, 2, cost, 132)
+    assert s > 1 and not cfg.name.startswith("wgmma_pp_")
+    # pingpong_efficiency = 0 leaves them out: the choice before they existed
+    assert choose(tb, 1, 32768, 768, 49152, 2, CostModel(pingpong_efficiency=0), 132)[0] == old[0]
+
+
+def test_a_wide_pingpong_task_keeps_the_l2_raster_of_the_lm_head(monkeypatch):
+    """lm_head.fwd at 32,768 tokens with ping-pong tasks of 128 x 1024 (K 768): the B block of a
+    task is 1.5 MB because it is wide, not long in K; it must keep the grouped raster order (15
+    column blocks, 23.6 MB of B in L2, all row blocks) rather than fall back to the plain order
+    that re-reads the 75 MB weight every ~3 row blocks (run 13: 71% of cuBLAS)."""
+    import latch_core.configs as core_configs
+
+    monkeypatch.setattr(core_configs, "find_config", lambda op, i, o, a, name: next(c for c in PP + WG if c.name == name))
+    bf = "bf16"
+    ins = [TensorType((32768, 768), bf), TensorType((49152, 768), bf)]
+    outs = [TensorType((32768, 49152), bf)]
+    t = tiling.matmul(ins, outs, CostModel(), {"trans_b": True, "config": "wgmma_pp_128x1024x64"})
+    assert t.granule[-2:] == (128, 1024) and t.raster == ("n", 15)
+    # the cooperative 128 x 256 tiles keep their groups of 63
+    t = tiling.matmul(ins, outs, CostModel(), {"trans_b": True, "config": "wgmma_128x256x64"})
+    assert t.raster == ("n", 63)
+    # long K stays plain, however the rows are counted
+    t = tiling.matmul([TensorType((32768, 32768), bf), TensorType((32768, 768), bf)], [TensorType((32768, 768), bf)],
+                      CostModel(), {"config": "wgmma_pp_128x512x64"})
+    assert t.raster == ()

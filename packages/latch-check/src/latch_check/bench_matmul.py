@@ -2,6 +2,7 @@
 
     latch-pipeline bench-matmul                      # TinyMoE-200M's dense products, 2 x 1024 and 32 x 1024 tokens
     latch-pipeline bench-matmul --tokens 2048 --only qkv
+    latch-pipeline bench-matmul --tokens 32768 --only fwd --classic --config wgmma_pp_128x512x64
 
 Every product a training step of TinyMoE-200M's dense path runs (QKV, attention output, router and
 the tied LM head: forward, input gradient and weight gradient; ``CASES``) becomes its own programs in
@@ -12,6 +13,12 @@ puts all their tiles in one phase, so the worker's producer runs from one tile i
 time per product is ``(t(xR) - t(x1)) / (R - 1)`` (launch overhead and the last wave's tail cancel);
 ``t(xR) / R`` is shown too. The control is torch.mm on the same operands, R products captured in one
 CUDA graph, timed per replay / R. Medians of CUDA-event timings; fresh random operands per case.
+
+``--config NAME`` (repeatable) adds ``<case>@NAME`` rows: the same product with that configuration
+forced (its own ``.check`` against FP64 too), for every case where NAME is legal. ``--classic``
+adds ``<case>@classic`` rows where the default chose a ping-pong configuration
+(``wgmma_pp_*``): the model's choice with ping-pong left out (``cost_pingpong_efficiency=0``),
+i.e. what the default was before it, timed in the same launch sequence.
 
 The document is built without torch (``matmul_document``), so CI can schedule, plan, validate and
 compile it (``tests/test_bench_matmul.py``); the timing needs the GPU.
@@ -129,14 +136,39 @@ def sweep_configs(c: Case) -> list[str]:
     return [f"wgmma_128x{n}x64" for n in ns if n <= max(64, 2 * c.n)]
 
 
-def matmul_document(case_list: Iterable[Case], sweep: bool = False, epilogue_slots: int | None = None) -> Document:
+def forced_name(case: str, config: str) -> str:
+    return f"{case}@{config}"
+
+
+def config_fits(c: Case, config: str) -> bool:
+    """Whether the wgmma configuration ``config`` is one the body runs for ``c``'s layout."""
+    from latch_core.configs import configs_for
+    from latch_core.ir import TensorType
+
+    a, b = TensorType(c.a_shape, "bf16"), TensorType(c.b_shape, "bf16")
+    names = {x.name for x in configs_for("latch::matmul", [a, b], [TensorType((c.m, c.n), "bf16")],
+                                         {"trans_a": c.ta, "trans_b": c.tb})}
+    return config in names
+
+
+def matmul_document(case_list: Iterable[Case], sweep: bool = False, epilogue_slots: int | None = None,
+                    configs: Iterable[str] = ()) -> Document:
     """The benchmark's graph section: per case ``<case>.check``, ``<case>.x1``, ``<case>.xR`` with the
     configuration the schedule chooses; with ``sweep``, also ``<case>@<config>.x1`` / ``.xR`` for
     every configuration of :func:`sweep_configs` (calibrating the cost model). ``epilogue_slots``:
-    every product's ``epilogue_slots`` attribute (latch_ops.matmul; None: the body's default)."""
+    every product's ``epilogue_slots`` attribute (latch_ops.matmul; None: the body's default).
+    ``configs``: per case also ``<case>@<config>.check`` / ``.x1`` / ``.xR`` with that configuration
+    forced, where it fits the case (:func:`config_fits`)."""
     progs = []
     e = epilogue_slots
+    configs = list(configs)
     for c in case_list:
+        for cfg in configs:
+            if config_fits(c, cfg):
+                f = forced_name(c.name, cfg)
+                progs.append(_program(c, f"{f}.check", 1, "f32", cfg, e))
+                progs.append(_program(c, f"{f}.x1", 1, "bf16", cfg, e))
+                progs.append(_program(c, f"{f}.x{repeats(c)}", repeats(c), "bf16", cfg, e))
         progs.append(_program(c, f"{c.name}.check", 1, "f32", epilogue_slots=e))
         progs.append(_program(c, f"{c.name}.x1", 1, "bf16", epilogue_slots=e))
         progs.append(_program(c, f"{c.name}.x{repeats(c)}", repeats(c), "bf16", epilogue_slots=e))
@@ -191,6 +223,35 @@ def with_split_variants(doc: Document, num_sms: int) -> Document:
     return attrs.evolve(doc, graph=attrs.evolve(doc.graph, programs=tuple(doc.graph.programs) + tuple(keep)))
 
 
+def classic_name(case: str) -> str:
+    return f"{case}@classic"
+
+
+def with_classic_variants(doc: Document, num_sms: int) -> Document:
+    """Add ``<case>@classic.x1`` / ``.xR`` where the default cost model chooses a ping-pong
+    configuration: the same copies configured with ping-pong left out (``cost_pingpong_efficiency
+    = 0``: the choice before it existed), so one run times both side by side."""
+    from latch_core.passes import run_pass
+    from latch_core.plugins import registries
+    from latch_schedule.matmul_configs import PINGPONG_PREFIX
+
+    timed = [g for g in doc.graph.programs if "@" not in g.name and not g.name.endswith(".check")]
+    if not timed:
+        return doc
+    renamed = [_program_like(g, f"{classic_name(g.name.rpartition('.')[0])}.{g.name.rpartition('.')[2]}")
+               for g in timed]
+    configs = registries().passes.get("schedule.matmul_configs")
+    sub = Document(graph=GraphSection(renamed, (), {}))
+    default = run_pass(configs, sub, num_sms=num_sms)
+    pp = {g.name for g in default.graph.programs
+          if any(str(n.attr("config") or "").startswith(PINGPONG_PREFIX) for n in g.nodes)}
+    classic = run_pass(configs, sub, num_sms=num_sms, cost_pingpong_efficiency=0)
+    keep = [g for g in classic.graph.programs if g.name in pp]
+    if not keep:
+        return doc
+    return attrs.evolve(doc, graph=attrs.evolve(doc.graph, programs=tuple(doc.graph.programs) + tuple(keep)))
+
+
 def _program_like(g: Graph, name: str) -> Graph:
     """``g`` with its name, nodes and outputs renamed from ``g.name`` to ``name`` (inputs shared)."""
     old = g.name
@@ -202,13 +263,16 @@ def _program_like(g: Graph, name: str) -> Graph:
     return attrs.evolve(g, name=name, values=values, nodes=nodes, outputs=outs)
 
 
-def plan_document(doc: Document, num_sms: int, split_k: bool = True) -> Document:
+def plan_document(doc: Document, num_sms: int, split_k: bool = True, classic: bool = False) -> Document:
     """The pipeline's passes from the configuration choice to the validator (latch_core.pipeline);
-    with ``split_k``, first the split-K variants (:func:`with_split_variants`)."""
+    with ``split_k``, first the split-K variants (:func:`with_split_variants`); with ``classic``, the
+    variants without ping-pong (:func:`with_classic_variants`)."""
     from latch_core.passes import run_pass
     from latch_core.plugins import registries
 
     passes = registries().passes
+    if classic:
+        doc = with_classic_variants(doc, num_sms)
     if split_k:
         doc = with_split_variants(doc, num_sms)
     doc = run_pass(passes.get("schedule.matmul_configs"), doc, num_sms=num_sms)
@@ -221,7 +285,11 @@ def plan_document(doc: Document, num_sms: int, split_k: bool = True) -> Document
 # On the GPU
 
 
-def run_case(prog, c: Case, iters: int, seed: int, configs: list[str] = (), split: bool = False) -> dict:
+def run_case(prog, c: Case, iters: int, seed: int, configs: list[str] = (), split: bool = False,
+             variants: Iterable[tuple[str, bool]] = ()) -> dict:
+    """One case's row (and its variants' rows under ``"variants"``: ``(prefix, checked)`` per
+    program family ``<prefix>.x1`` / ``.xR``, with ``<prefix>.check`` gated against FP64 where
+    ``checked``; the split-K variant under ``"split"``)."""
     import torch
 
     dev = prog.device
@@ -272,6 +340,28 @@ def run_case(prog, c: Case, iters: int, seed: int, configs: list[str] = (), spli
         del got, ref
         s1, sr = timed(sname)
         split_row = {"rel": split_rel, "ms": (sr - s1) / (R - 1), "launch_ms": sr / R}
+    variant_rows = []
+    for prefix, checked in variants:  # forced configurations and the classic choice: the same gates
+        ref = torch.mm(A.double(), B.double())
+        v_rel = v_worst = float("nan")
+        v_ok = True
+        if checked:
+            prog.launch(f"{prefix}.check", batch=batch)
+            prog.check()
+            got = prog.outputs(f"{prefix}.check", batch=batch)[f"{prefix}.check.out0"].double()
+            v_rel = (got - ref).norm().item() / norm
+            v_worst = (got - ref).abs().max().item() / max(ref.abs().max().item(), 1e-30)
+            v_ok = v_rel <= REL_GATE and v_worst <= MAX_GATE
+            del got
+        prog.launch(f"{prefix}.x1", batch=batch)
+        prog.check()
+        got = prog.outputs(f"{prefix}.x1", batch=batch)[f"{prefix}.x1.out0"].double()
+        v_bf16 = (got - ref).norm().item() / norm
+        del got, ref
+        v1, vr = timed(prefix)
+        variant_rows.append({"case": prefix, "rel": v_rel, "worst": v_worst, "bf16": v_bf16,
+                             "ms": (vr - v1) / (R - 1), "launch_ms": vr / R,
+                             "ok": v_ok and v_bf16 <= bf16_gate(torch_rel)})
     sweep = {}
     for cfg in configs:
         s1, sr = timed(f"{c.name}@{cfg}")
@@ -292,7 +382,11 @@ def run_case(prog, c: Case, iters: int, seed: int, configs: list[str] = (), spli
                          latch_launch_ms=split_row["launch_ms"], torch_ms=tt, latch_tflops=c.flops / split_row["ms"] / 1e9,
                          torch_tflops=c.flops / tt / 1e9, ratio=tt / split_row["ms"],
                          ok=split_row["rel"] <= bf16_gate(torch_rel))
-    return {"split": split_row, "case": c.name, "m": c.m, "n": c.n, "k": c.k, "layout": c.layout, "R": R, "rel_l2": rel,
+    vrows = [{"case": v["case"], "m": c.m, "n": c.n, "k": c.k, "layout": c.layout, "R": R, "rel_l2": v["rel"],
+              "max_err": v["worst"], "bf16_rel_l2": v["bf16"], "latch_ms": v["ms"], "latch_launch_ms": v["launch_ms"],
+              "torch_ms": tt, "latch_tflops": c.flops / v["ms"] / 1e9, "torch_tflops": c.flops / tt / 1e9,
+              "ratio": tt / v["ms"], "ok": v["ok"]} for v in variant_rows]
+    return {"split": split_row, "variants": vrows, "case": c.name, "m": c.m, "n": c.n, "k": c.k, "layout": c.layout, "R": R, "rel_l2": rel,
             "max_err": worst, "latch_ms": latch_ms, "latch_launch_ms": tr / R, "torch_ms": tt,
             "latch_tflops": c.flops / latch_ms / 1e9, "torch_tflops": c.flops / tt / 1e9,
             "ratio": tt / latch_ms, "torch_bf16_rel_l2": torch_rel, "bf16_rel_l2": bf16_rel, "sweep_tflops": sweep,
@@ -323,7 +417,13 @@ def format_table(rows: list[dict]) -> str:
 @click.option("--epilogue-slots", type=click.IntRange(1, 8), default=None,
               help="1 KiB output boxes each consumer warp stages before waiting for the copy engine (default: "
                    "the body's, 2); more slots take shared memory from the ring's stages")
-def bench_matmul_command(tokens, only, build_dir, iters, json_path, sweep, split_k, epilogue_slots):
+@click.option("--config", "forced", multiple=True, metavar="NAME",
+              help="also time every case with this matmul configuration forced (rows <case>@NAME, checked "
+                   "against FP64 like the default; repeatable; e.g. wgmma_pp_128x512x64, wgmma_128x256x64)")
+@click.option("--classic", is_flag=True,
+              help="where the default chose a ping-pong configuration (wgmma_pp_*), also time the choice "
+                   "without ping-pong (rows <case>@classic: the default before it)")
+def bench_matmul_command(tokens, only, build_dir, iters, json_path, sweep, split_k, epilogue_slots, forced, classic):
     """Time TinyMoE-200M's dense matrix products as Latch tasks against torch.mm in a CUDA graph."""
     import json
 
@@ -343,7 +443,16 @@ def bench_matmul_command(tokens, only, build_dir, iters, json_path, sweep, split
     # long before one large one.
     groups = case_groups(case_list)
     t0 = time.perf_counter()
-    docs = {k: plan_document(matmul_document(cs, sweep, epilogue_slots), sms, split_k=split_k)
+    forced = list(forced)
+    from latch_core.configs import configs_for  # noqa: F401 (the plugins' configurations: a typo fails here)
+
+    for cfg in forced:
+        if not any(config_fits(c, cfg) for c in case_list):
+            raise click.ClickException(f"--config {cfg!r} fits none of the cases {[c.name for c in case_list]}: "
+                                       "name one of the matmul configurations `latch-pipeline show` prints "
+                                       "(wgmma_128x<BN>x64, wgmma_pp_128x<W>x64)")
+    docs = {k: plan_document(matmul_document(cs, sweep, epilogue_slots, forced), sms, split_k=split_k,
+                             classic=classic)
             for k, cs in groups.items()}
     t1 = time.perf_counter()
     dirs = {k: Path(build_dir) / k for k in groups}
@@ -379,16 +488,24 @@ def bench_matmul_command(tokens, only, build_dir, iters, json_path, sweep, split
         for c in cs:
             try:
                 has_split = f"{split_name(c.name)}.x1" in names
+                variants = [(forced_name(c.name, cfg), True) for cfg in forced
+                            if f"{forced_name(c.name, cfg)}.x1" in names]
+                if f"{classic_name(c.name)}.x1" in names:
+                    variants.append((classic_name(c.name), False))
                 row = run_case(prog, c, iters, seed=seeds[c.name], configs=sweep_configs(c) if sweep else (),
-                               split=has_split)
+                               split=has_split, variants=variants)
                 row["config"] = chosen_config(doc, f"{c.name}.x1")
                 split_row = row.pop("split")
-                rows.append(row)
+                new = [row]
                 if split_row:
                     split_row["config"] = chosen_config(doc, f"{split_name(c.name)}.x1")
-                    rows.append(split_row)
+                    new.append(split_row)
+                for v in row.pop("variants"):
+                    v["config"] = chosen_config(doc, f"{v['case']}.x1")
+                    new.append(v)
+                rows.extend(new)
                 # each row as soon as it is measured (a run cut short by a time limit keeps what it had)
-                for r in rows[-2 if split_row else -1:]:
+                for r in new:
                     click.echo("row: " + format_table([r]).splitlines()[-1])
             except Exception as e:  # one failing case must not hide the others' numbers
                 failed.append(c.name)

@@ -11,6 +11,10 @@ Two bodies:
   operands whose rows are 16-byte aligned: TMA loads into the worker's ring, wgmma into FP32
   accumulators, the store fused into the epilogue. A task's box is computed in 128 x BN sub-tiles.
   Taken when the node's ``config`` names it, or, with no ``config``, whenever it is legal.
+  Configuration ``wgmma_pp_128x<W>x64`` (W a multiple of 128) is its **ping-pong** form
+  (latch_ops/cuda/latch_gemm_pingpong.cuh): the same producer half over 128 x 128 sub-tiles,
+  each consumer warpgroup computing whole sub-tiles in turn, so one's epilogue overlaps the
+  other's products; a task's box is 128 x W (W / 128 sub-tiles), every epilogue below applies.
   The epilogue goes through shared memory and TMA stores (``GemmStoreTma``: the consumers return
   to the next tile while the copy engine writes this one; a third tensor map, 8 KiB of scratch per
   ``epilogue_slots``, 16 KiB by default)
@@ -31,9 +35,12 @@ from .lowering import BodyContext, Lowering, LoweringError, OnlyWhen, TensorMap
 
 HEADER = "latch_matmul.cuh"
 GEMM_HEADER = "latch_gemm.cuh"
+PINGPONG_HEADER = "latch_gemm_pingpong.cuh"
 BM, BK = 128, 64
 WGMMA_N = (16, 32, 64, 96, 128, 192, 256)
 CONFIG = re.compile(r"wgmma_(\d+)x(\d+)x(\d+)$")
+PINGPONG = re.compile(r"wgmma_pp_(\d+)x(\d+)x(\d+)$")
+PINGPONG_BN = 128  # latch_gemm_pingpong.cuh GEMM_PP_BN: the sub-tile one warpgroup owns is 128 x 128
 
 
 # --------------------------------------------------------------------------------------------
@@ -77,6 +84,13 @@ def _config(ctx: BodyContext, mm: _Mm) -> tuple[int, int] | None:
         if cfg:
             raise ctx.fail(f"config {cfg!r}: a split-K chunk of {mm.chunk} is not a multiple of {BK}")
         return None
+    if cfg and cfg.startswith("wgmma_pp_"):
+        m = PINGPONG.match(cfg)
+        bm, bw, bk = (int(x) for x in m.groups()) if m else (0, 0, 0)
+        if not m or bm != BM or bk != BK or bw % PINGPONG_BN:
+            raise ctx.fail(f"config {cfg!r} is not one the ping-pong body runs (wgmma_pp_{BM}x<W>x{BK}, W a "
+                           f"multiple of {PINGPONG_BN}: a task of W / {PINGPONG_BN} sub-tiles of {BM} x {PINGPONG_BN})")
+        return BM, PINGPONG_BN
     if cfg:
         m = CONFIG.match(cfg)
         if not m:
@@ -108,6 +122,12 @@ def _split_loop(mm: _Mm, ctx: BodyContext, shared: bool = False) -> tuple[list[s
         f"  const int k_begin = s * (int){chunk}, k_end = min((int){K}, (s + 1) * (int){chunk});",
         f"  const long long c_off = (long long)s * {M} * {N};",
     ], "k_begin", "k_end"
+
+
+def _pingpong(ctx: BodyContext) -> bool:
+    """The node's configuration is the ping-pong body's (legality: :func:`_config`)."""
+    cfg = ctx.attr("config")
+    return isinstance(cfg, str) and cfg.startswith("wgmma_pp_")
 
 
 def _args(ctx: BodyContext) -> tuple[int, ...]:
@@ -160,7 +180,11 @@ def _wgmma_body(ctx: BodyContext) -> str:
                      "(int)c.args[1], &c.async_stores};")
     else:
         lines.append(f"  latch::GemmStore<{out.ctype}> epi{regs};")
-    lines.append(f"  if (!latch::gemm_consume<{mm.a.ctype}, {tmpl}>(p, epi, m_lo, m_hi, n_lo, n_hi, {kb}, {ke})) return;")
+    if _pingpong(ctx):
+        flags = f"{'true' if mm.ta else 'false'}, {'true' if mm.tb else 'false'}"
+        lines.append(f"  if (!latch::gemm_pp_consume<{mm.a.ctype}, {flags}>(p, epi, m_lo, m_hi, n_lo, n_hi, {kb}, {ke})) return;")
+    else:
+        lines.append(f"  if (!latch::gemm_consume<{mm.a.ctype}, {tmpl}>(p, epi, m_lo, m_hi, n_lo, n_hi, {kb}, {ke})) return;")
     lines.append("}")
     return "\n".join(lines)
 
@@ -269,7 +293,7 @@ def _smem(ctx: BodyContext) -> int:
 
 
 def lowerings() -> list[Lowering]:
-    return [Lowering("latch::matmul", body=_body, headers=(HEADER, GEMM_HEADER), smem=_smem,
+    return [Lowering("latch::matmul", body=_body, headers=(HEADER, GEMM_HEADER, PINGPONG_HEADER), smem=_smem,
                      producer=OnlyWhen(_is_wgmma, _wgmma_producer), tensor_maps=OnlyWhen(_is_wgmma, _tensor_maps),
                      stage_bytes=OnlyWhen(_is_wgmma, _stage_bytes), args=_args,
                      doc="wgmma + TMA through the worker's ring for BF16/F16 rank-2 products (FP32 accumulation, "

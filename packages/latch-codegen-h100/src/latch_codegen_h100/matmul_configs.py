@@ -11,6 +11,12 @@ records its name (attribute ``config``); the matmul lowering instantiates that b
     ``K % 8`` for ``[N, K]`` (``trans_b``);
   - ``BN`` is a multiple of 64 when ``b`` is stored ``[K, N]`` (its tile is loaded N-major, in
     64-element swizzled rows).
+- **wgmma ping-pong** (``latch_gemm_pingpong.cuh``): the same legality; a task is ``128 x W`` with
+  ``W`` in ``PINGPONG_WIDTHS`` (256, 512, 1024), computed as ``W / 128`` sub-tiles of 128 x 128,
+  each consumer warpgroup owning whole sub-tiles in turn (one's epilogue runs while the other's
+  products do); ``stage_bytes = (128 + 128) * BK * 2``; name ``wgmma_pp_128x{W}x{BK}``. The
+  scheduler prices it with the ping-pong formula (``latch_schedule.matmul_configs``, names that
+  start ``wgmma_pp_``).
 - **simt** (CUDA cores, ``latch_matmul.cuh``): everything else (F32/F64 operands, batch dims,
   misaligned strides): ONE configuration whose tile is the scheduler's historical rule (the largest
   of 128 x 128 / 128 x 256 / 256 x 256 that still gives two waves on the 132 SMs of an H100/H200),
@@ -32,6 +38,8 @@ WGMMA_BM = 128
 WGMMA_BK = 64
 WGMMA_BN = (16, 32, 64, 96, 128, 192, 256)
 TENSOR_CORE_DTYPES = ("bf16", "f16")
+PINGPONG_BN = 128  # the sub-tile one consumer warpgroup owns (latch_gemm_pingpong.cuh GEMM_PP_BN)
+PINGPONG_WIDTHS = (256, 512, 1024)  # task widths: 2, 4, 8 sub-tiles
 
 # The SIMT body (latch_matmul.cuh): MM_BM = MM_BN = 64, MM_BK = 32, MM_PAD = 1.
 SIMT_BK = 32
@@ -77,5 +85,10 @@ def configs(in_types, out_types, attrs) -> list[BodyConfig]:
             out.append(BodyConfig(f"wgmma_{WGMMA_BM}x{bn}x{WGMMA_BK}", (WGMMA_BM, bn), WGMMA_BK,
                                   (WGMMA_BM + bn) * WGMMA_BK * 2, "wgmma",
                                   notes=f"TMA + wgmma, b stored {'[N, K]' if tb else '[K, N]'}"))
+        for w in PINGPONG_WIDTHS:
+            out.append(BodyConfig(f"wgmma_pp_{WGMMA_BM}x{w}x{WGMMA_BK}", (WGMMA_BM, w), WGMMA_BK,
+                                  (WGMMA_BM + PINGPONG_BN) * WGMMA_BK * 2, "wgmma",
+                                  notes=f"ping-pong: {w // PINGPONG_BN} sub-tiles of 128 x {PINGPONG_BN}, the two "
+                                        "consumer warpgroups alternating (epilogue under the other's products)"))
         return out
     return [simt_config(batch, m, n, 8 if a.dtype == "f64" else 4)]

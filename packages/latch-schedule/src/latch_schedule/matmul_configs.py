@@ -16,6 +16,18 @@ tiles than SMs (splitting only pays where SMs would idle)::
 and ``sm_flops`` for CUDA-core ones ("simt"); ``out_bytes`` is 4 for split partials (FP32). The
 cheapest wins; ties go to the first configuration listed, then the smaller ``S``.
 
+**Ping-pong** configurations (names ``wgmma_pp_<BM>x<W>x<BK>``, latch_gemm_pingpong.cuh) compute a
+task of ``BM x W`` as ``T = W / 128`` sub-tiles of ``BM x 128``, the two consumer warpgroups taking
+them in turn: every sub-tile's epilogue but the last runs under the other warpgroup's products, so
+a task pays one fill and one sub-tile's epilogue, and its stores overlap its math::
+
+    main  = 2 * BM * 128 * K / (sm_mma_flops * pingpong_efficiency)      epi = BM * 128 * out_bytes / sm_bytes
+    cost  = waves * (max(T * main, T * epi) + mma_fill + epi)            (never split along K)
+
+Where K is short (12 K blocks at K = 768) the cooperative body's per-tile fill and epilogue are a
+fifth of its time and ping-pong wins; where K is long they vanish and the cooperative 128 x 256
+body's higher rate wins; where tiles are few, the wider task loses on waves.
+
 The choice is recorded on the node (attribute ``config``), so tiling takes the configuration's
 tile and code generation instantiates that body. ``S > 1`` rewrites the node (deterministic:
 the reduction reads the ``S`` partials in a fixed order, no atomics)::
@@ -60,12 +72,25 @@ def _layout(ta: bool, tb: bool) -> str:
     return ("T" if ta else "N") + ("T" if tb else "N")
 
 
+PINGPONG_PREFIX = "wgmma_pp_"  # latch_codegen_h100.matmul_configs: the ping-pong body's configurations
+PINGPONG_BN = 128  # the sub-tile one warpgroup of the ping-pong body owns: BM x 128
+
+
+def is_pingpong(cfg) -> bool:
+    return cfg.kind == "wgmma" and cfg.name.startswith(PINGPONG_PREFIX)
+
+
 def price(cfg, batch: int, m: int, k: int, n: int, s: int, out_bytes: int, cost: CostModel,
           num_sms: int) -> tuple[float, int, int]:
     """(seconds, tiles, waves) of one configuration at split factor ``s`` (module docstring)."""
     bm, bn = cfg.tile[-2:]
     tiles = batch * math.ceil(m / bm) * math.ceil(n / bn) * s
     waves = math.ceil(tiles / num_sms)
+    if is_pingpong(cfg):
+        subs = math.ceil(bn / PINGPONG_BN)
+        main = 2 * bm * PINGPONG_BN * math.ceil(k / s) / (cost.sm_mma_flops * cost.pingpong_efficiency)
+        epi = bm * PINGPONG_BN * (4 if s > 1 else out_bytes) / cost.sm_bytes
+        return waves * (max(subs * main, subs * epi) + cost.mma_fill + epi), tiles, waves
     rate = cost.sm_mma_flops * cost.mma_efficiency(bn) if cfg.kind == "wgmma" else cost.sm_flops
     ob = 4 if s > 1 else out_bytes
     per_tile = 2 * bm * bn * math.ceil(k / s) / rate + cost.mma_fill + bm * bn * ob / cost.sm_bytes
@@ -80,6 +105,8 @@ def choose(cands, batch: int, m: int, k: int, n: int, out_bytes: int, cost: Cost
     """(config, S, seconds, tiles, waves) of the cheapest candidate, or None without candidates."""
     best = None
     for cfg in cands:
+        if is_pingpong(cfg) and cost.pingpong_efficiency <= 0:
+            continue
         bm, bn = cfg.tile[-2:]
         tiles1 = batch * math.ceil(m / bm) * math.ceil(n / bn)
         fixed = fixed_split > 1
@@ -89,6 +116,8 @@ def choose(cands, batch: int, m: int, k: int, n: int, out_bytes: int, cost: Cost
             # A body streaming K in k_tile blocks (TMA) cannot stop inside a block: every partial's
             # K range (ceil(K / S) long, latch_ops.matmul) must be whole blocks.
             if s > 1 and not fixed and cfg.kind == "wgmma" and math.ceil(k / s) % cfg.k_tile:
+                continue
+            if s > 1 and not fixed and is_pingpong(cfg):  # (ping-pong wins on many tiles; split-K is for few)
                 continue
             seconds, tiles, waves = price(cfg, batch, m, k, n, s, out_bytes, cost, num_sms)
             if best is None or seconds < best[2]:

@@ -84,6 +84,14 @@ class CostModel:
     split_k_choices: tuple[int, ...] = (1, 2, 4, 8, 16)
     split_k_min_steps: int = 4  # S > 1 only when K / S >= this many k_tile steps
     split_k_overhead: float = 5e-6
+    # The ping-pong body (configurations named ``wgmma_pp_*``, latch_schedule.matmul_configs): its
+    # tensor-core rate relative to sm_mma_flops; 0 leaves the ping-pong configurations out of the
+    # choice. Measured (results/gpu.md run pp, H200, 32,768 tokens, each against the cooperative
+    # 128 x 256 choice in the same run): tasks of 2 sub-tiles LOSE (qkv.fwd 219 vs 191 us,
+    # attn_out.fwd 77.5 vs 71.2, attn_out.dgrad 80.9 vs 72.2), tasks of 8 win (lm_head.fwd 4641 vs
+    # 4939 us). Through this formula those ratios need 0.76-0.84 (a 128 x 128 sub-tile loads A
+    # again: a third more L2 -> shared traffic per flop than 128 x 256); 0.82 reproduces all four.
+    pingpong_efficiency: float = 0.82
 
     def mma_efficiency(self, bn: int) -> float:
         eff = self.mma_eff[0][1]
@@ -272,11 +280,14 @@ def matmul(in_types, out_types, cost: CostModel, attr: dict[str, Any] | None = N
         tm, tn = matmul_rule_tile(batch, m, n, cost)
     esize = lambda t: DTYPES.get(t.dtype, 4)  # noqa: E731
     kk = math.ceil(K / S) if S > 1 else K
-    order = raster(math.ceil(m / tm), math.ceil(n / tn), tm * kk * esize(a), tn * kk * esize(b), cost)
+    # (shortness judged on blocks of at most 256 rows: a ping-pong task 1024 wide is wide, not long in K)
+    short = max(min(tm, 256) * kk * esize(a), min(tn, 256) * kk * esize(b)) <= cost.l2_bytes / 2 / 32
+    order = raster(math.ceil(m / tm), math.ceil(n / tn), tm * kk * esize(a), tn * kk * esize(b), cost, short)
     return Tiling(tuple(range(R)), fp, granule=(1,) * (R - 2) + (tm, tn), kind="matmul", raster=order)
 
 
-def raster(n_m: int, n_n: int, a_block: int, b_block: int, cost: CostModel) -> tuple[str, int]:
+def raster(n_m: int, n_n: int, a_block: int, b_block: int, cost: CostModel,
+           short: bool | None = None) -> tuple[str, int]:
     """The order the SMs take a product's tiles in (they run consecutive tiles at the same time),
     so that what runs together shares operand blocks in L2:
 
@@ -288,9 +299,12 @@ def raster(n_m: int, n_n: int, a_block: int, b_block: int, cost: CostModel) -> t
       the whole 75 MB weight again for every row block of M (19 GB from HBM: 5.76 ms, 71% of
       cuBLAS, run 13); in groups of 63 column blocks it reads A three times and B once.
     Long-K blocks stream through the ring in step with the tiles that share them, so they keep the
-    plain rule."""
+    plain rule. ``short``: whether the blocks are short in K (default: both blocks within
+    ``budget / 32``; :func:`matmul` judges blocks of at most 256 rows, so a wide ping-pong task is
+    not taken for a long one)."""
     budget = cost.l2_bytes / 2
-    short = max(a_block, b_block) <= budget / 32
+    if short is None:
+        short = max(a_block, b_block) <= budget / 32
     if n_m < n_n:
         g = n_m if n_m * a_block <= budget or not short else max(1, int(budget // a_block))
         return ("m", g)

@@ -28,7 +28,8 @@
 // a failing producer hands over an end item, aborted consumers keep releasing slots without running
 // bodies until they get it, and the producer finally waits for every release still outstanding, so
 // no barrier is left half-arrived. Named barrier ids: 0 __syncthreads, 1 the consumers' block_sync,
-// 2-3 latch_moe.cuh's per-warpgroup barriers, LATCH_BAR_FULL.. and LATCH_BAR_EMPTY.. the queue's.
+// 2-3 latch_moe.cuh's per-warpgroup barriers, LATCH_BAR_FULL.. and LATCH_BAR_EMPTY.. the queue's,
+// 14-15 latch_gemm_pingpong.cuh's turns (GEMM_PP_TURN + w).
 // Shared memory (dynamic): the ring (1024-byte aligned), then LATCH_SCRATCH_BYTES of scratch for
 // the bodies (Ctx::smem; never used by the producer, so prefetching never touches it).
 //
@@ -90,6 +91,7 @@
 #define LATCH_BAR_EMPTY (LATCH_BAR_FULL + LATCH_QUEUE)
 #define LATCH_MAX_BLOCKS 1024                     // latch_done_words (the runtime refuses larger grids)
 static_assert(LATCH_BAR_EMPTY + LATCH_QUEUE <= 16, "16 named barriers per block");
+static_assert(LATCH_BAR_EMPTY + LATCH_QUEUE <= 14, "named barriers 14-15 are the ping-pong body's turns");
 #define LATCH_PRODUCER_REGS 56
 #define LATCH_CONSUMER_REGS 224
 static_assert(LATCH_THREADS == 256, "two consumer warpgroups");

@@ -21,12 +21,16 @@
 // (gemm_consume, run by the 256 consumer threads) walk the same sub-tiles and K blocks, so they
 // agree on the ring position without talking; K blocks past ``k_end`` are never loaded (a split-K
 // slice must end at a multiple of BK or at K).
+// The CPU test (latch-ops tests/gemm_emulator, LATCH_EMULATED_GEMM) compiles this header against
+// its own model of the worker and the hardware, so the guarded parts below are the hardware's only.
 #pragma once
 
+#ifndef LATCH_EMULATED_GEMM
 #include "latch_common.cuh"
 #include "latch_pipe.cuh"
 #include "latch_sm90.cuh"
 #include "latch_wgmma.cuh"
+#endif
 
 namespace latch {
 
@@ -113,6 +117,7 @@ template <class TC> struct GemmStore {
       (*this)(row + 8, col + 8 * j, acc[4 * j + 2], acc[4 * j + 3]);
     }
   }
+  __device__ __forceinline__ void cover() const {}  // (GemmStoreTma::cover: nothing to wait for here)
   __device__ __forceinline__ void finish() const {}
 };
 
@@ -148,6 +153,9 @@ template <class TC, int SLOTS> struct GemmStoreTma {  // SLOTS: lower_matmul.py 
 
   // (a, b) rounded to TC at shared-memory address ``addr`` (st.shared: a generic store would go
   // through the address translation and cost more)
+#ifdef LATCH_EMULATED_GEMM
+  template <class X> static void put(uint32_t addr, float a, float b, X*) { emu::put_shared<X>(addr, a, b); }
+#else
   __device__ __forceinline__ static void put(uint32_t addr, float a, float b, __nv_bfloat16*) {
     __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
     asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(*reinterpret_cast<uint32_t*>(&v)) : "memory");
@@ -159,6 +167,7 @@ template <class TC, int SLOTS> struct GemmStoreTma {  // SLOTS: lower_matmul.py 
   __device__ __forceinline__ static void put(uint32_t addr, float a, float b, float*) {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
   }
+#endif
 
   template <int BN>
   __device__ __forceinline__ void tile(const float (&acc)[BN / 2], int m0, int n0, int wg, int warp, int lane) {
@@ -173,7 +182,10 @@ template <class TC, int SLOTS> struct GemmStoreTma {  // SLOTS: lower_matmul.py 
       if (lane == 0) sm90::bulk_wait<0>();
       waited = true;
     }
-    char* wbuf = buf + 1024 * SLOTS * (4 * wg + warp);
+    // The slots of the warp that runs this (threadIdx.x / 32): the same as 4 wg + warp when each
+    // warpgroup stores its own rows, and still the caller's own when one warpgroup stores both
+    // halves of a tile (the ping-pong body, latch_gemm_pingpong.cuh).
+    char* wbuf = buf + 1024 * SLOTS * ((int)(threadIdx.x >> 5) & 7);
     const int r = lane >> 2, q4 = lane & 3;
     const int row0 = m0 + 64 * wg + 16 * warp;
 #pragma unroll
@@ -203,6 +215,14 @@ template <class TC, int SLOTS> struct GemmStoreTma {  // SLOTS: lower_matmul.py 
         ++stored;
       }
     }
+  }
+  // Every earlier store of this warp complete, as a TMA epilogue would have waited for it: a warp
+  // that stored nothing in a body (a ping-pong warpgroup without a sub-tile) calls it before
+  // finish(), so that every consumer thread ends the body with the same ``*async_stores``.
+  __device__ __forceinline__ void cover() {
+    if (waited) return;
+    if ((threadIdx.x & 31) == 0) sm90::bulk_wait<0>();
+    waited = true;
   }
   __device__ __forceinline__ void finish() {
     if (!waited) return;
