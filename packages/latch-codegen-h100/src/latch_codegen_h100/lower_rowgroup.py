@@ -32,8 +32,12 @@ from .bodies import IN, OUT, BodySpec, _ptr_decl
 from .lowering import Lowering, LoweringError, compute_type, storage_type
 
 ROW_REDUCTIONS = frozenset({"latch::sum", "latch::mean"})  # latch-schedule rowgroups.ROW_REDUCTIONS
-ROW_ACCESSES = 16  # 16-byte loads in flight per lane (RU rows x PER groups x FULL inputs)
+ROW_ACCESSES = 12  # 16-byte loads per lane of one batch (RU rows x PER groups x FULL inputs)
 ROW_MAX_RU = 4
+# registers of one batch's row elements up to which the next batch is loaded while this one is
+# computed (two buffers; lower_reduce.rows_statements does the same): RMSNorm's forward (two
+# 768-rows, 48 floats) and backward (x and dy of one row) are; three row inputs of 768 are not
+PIPELINE_REGS = 56
 FULL, ROWVEC, STAT, SCALAR = "full", "rowvec", "stat", "scalar"
 
 
@@ -204,29 +208,51 @@ def _loop(spec, lowerings, cls, names, full_in, vec_in, stat_in, full_out, stat_
               f"{I}#pragma unroll", f"{I}for (int k_ = 0; k_ < {PER}; ++k_) {{",
               f"{I}  if ({col} < {R}) {{ {_ld4(vec, v.dtype, names[i], col, f'w{i}_[k_]')} }}",
               f"{I}  else {{ w{i}_[k_][0] = w{i}_[k_][1] = w{i}_[k_][2] = w{i}_[k_][3] = 0; }}", f"{I}}}"]
-    L.append(f"{I}for (long long i0_ = (long long)warp_ * {RU}; i0_ < n_rows_; i0_ += (long long)NW_ * {RU}) {{")
+    pipe = RU * PER * 4 * len(full_in) <= PIPELINE_REGS and bool(full_in)
     J = I + "  "
-    L.append(f"{J}{it} row_[{RU}];")
-    L += [f"{J}#pragma unroll", f"{J}for (int u_ = 0; u_ < {RU}; ++u_) row_[u_] = i0_ + u_ < n_rows_ ? ({it})row_of_(i0_ + u_) : 0;"]
-    # the load phase: every FULL input's columns of every row, then the statistics read
-    for i in full_in:
-        L.append(f"{J}{compute_type(spec.values[i].dtype)} f{i}_[{RU}][{PER}][4];")
-    for i in stat_in:
-        L.append(f"{J}{compute_type(spec.values[i].dtype)} s{i}_[{RU}];")
-    L += [f"{J}#pragma unroll", f"{J}for (int u_ = 0; u_ < {RU}; ++u_) {{"]
-    for i in stat_in:
-        v = spec.values[i]
-        L.append(f"{J}  s{i}_[u_] = i0_ + u_ < n_rows_ ? latch::ld<{storage_type(v.dtype)}>({names[i]}, row_[u_]) : 0;")
-    if full_in:
-        L += [f"{J}  #pragma unroll", f"{J}  for (int k_ = 0; k_ < {PER}; ++k_) {{",
-              f"{J}    if (i0_ + u_ < n_rows_ && {col} < {R}) {{"]
+
+    def fill(i0: str, pre: str, ind: str) -> list[str]:
+        """The load phase of the rows i0.. (arrays named with prefix ``pre``)."""
+        F = [f"{ind}#pragma unroll",
+             f"{ind}for (int u_ = 0; u_ < {RU}; ++u_) {pre}row_[u_] = {i0} + u_ < n_rows_ ? ({it})row_of_({i0} + u_) : 0;",
+             f"{ind}#pragma unroll", f"{ind}for (int u_ = 0; u_ < {RU}; ++u_) {{"]
+        for i in stat_in:
+            v = spec.values[i]
+            F.append(f"{ind}  {pre}s{i}_[u_] = {i0} + u_ < n_rows_ ? latch::ld<{storage_type(v.dtype)}>({names[i]}, "
+                     f"{pre}row_[u_]) : 0;")
+        if full_in:
+            F += [f"{ind}  #pragma unroll", f"{ind}  for (int k_ = 0; k_ < {PER}; ++k_) {{",
+                  f"{ind}    if ({i0} + u_ < n_rows_ && {col} < {R}) {{"]
+            for i in full_in:
+                F.append(f"{ind}      {_ld4(vec, spec.values[i].dtype, names[i], f'{pre}row_[u_] * {R} + {col}', f'{pre}f{i}_[u_][k_]')}")
+            F.append(f"{ind}    }} else {{")
+            for i in full_in:
+                a = f"{pre}f{i}_[u_][k_]"
+                F.append(f"{ind}      {a}[0] = {a}[1] = {a}[2] = {a}[3] = 0;")
+            F += [f"{ind}    }}", f"{ind}  }}"]
+        F.append(f"{ind}}}")
+        return F
+
+    pres = ["", "n"] if pipe else [""]
+    for pre in pres:  # the rows being computed, and (pipelined) the next batch's
+        L.append(f"{I}{it} {pre}row_[{RU}];")
         for i in full_in:
-            L.append(f"{J}      {_ld4(vec, spec.values[i].dtype, names[i], f'row_[u_] * {R} + {col}', f'f{i}_[u_][k_]')}")
-        L.append(f"{J}    }} else {{")
-        for i in full_in:
-            L.append(f"{J}      f{i}_[u_][k_][0] = f{i}_[u_][k_][1] = f{i}_[u_][k_][2] = f{i}_[u_][k_][3] = 0;")
-        L += [f"{J}    }}", f"{J}  }}"]
-    L.append(f"{J}}}")
+            L.append(f"{I}{compute_type(spec.values[i].dtype)} {pre}f{i}_[{RU}][{PER}][4];")
+        for i in stat_in:
+            L.append(f"{I}{compute_type(spec.values[i].dtype)} {pre}s{i}_[{RU}];")
+    L.append(f"{I}long long i0_ = (long long)warp_ * {RU};")
+    if pipe:
+        L.append(f"{I}if (i0_ < n_rows_) {{")
+        L += fill("i0_", "", I + "  ")
+        L.append(f"{I}}}")
+    L.append(f"{I}for (; i0_ < n_rows_; i0_ += (long long)NW_ * {RU}) {{")
+    if pipe:
+        L += [f"{J}const long long i1_ = i0_ + (long long)NW_ * {RU};",
+              f"{J}if (i1_ < n_rows_) {{  // the next batch's loads, in flight while this one is computed"]
+        L += fill("i1_", "n", J + "  ")
+        L.append(f"{J}}}")
+    else:
+        L += fill("i0_", "", J)
     # the group's nodes in order: reductions and the statistic chain, once per row
     computed_stats = set()
     for n in spec.nodes:
@@ -288,5 +314,13 @@ def _loop(spec, lowerings, cls, names, full_in, vec_in, stat_in, full_out, stat_
             v = spec.values[i]
             L.append(f"{J}      latch::st<{storage_type(v.dtype)}>({names[i]}, row_[u_], {p.stat(i)});")
         L += [f"{J}    }}", f"{J}  }}", f"{J}}}"]
+    if pipe:  # the next batch becomes the current one
+        L += [f"{J}#pragma unroll", f"{J}for (int u_ = 0; u_ < {RU}; ++u_) {{", f"{J}  row_[u_] = nrow_[u_];"]
+        L += [f"{J}  s{i}_[u_] = ns{i}_[u_];" for i in stat_in]
+        for i in full_in:
+            L += [f"{J}  #pragma unroll", f"{J}  for (int k_ = 0; k_ < {PER}; ++k_) {{",
+                  f"{J}    #pragma unroll", f"{J}    for (int j_ = 0; j_ < 4; ++j_) f{i}_[u_][k_][j_] = nf{i}_[u_][k_][j_];",
+                  f"{J}  }}"]
+        L.append(f"{J}}}")
     L.append(f"{I}}}")
     return L

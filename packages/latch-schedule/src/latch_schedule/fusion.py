@@ -345,7 +345,8 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True,
     if enabled and row_groups:
         from .rowgroups import merge_row_groups
 
-        row_roots = merge_row_groups(graph, nodes, pointwise, find, parent, consumers, internal, prefix)
+        reductions = frozenset(o for o in prologue_ops if o.split("::")[-1] in ("sum", "mean"))
+        row_roots = merge_row_groups(graph, nodes, pointwise, find, parent, consumers, internal, prefix, reductions)
     if enabled:
         _siblings(graph, nodes, pointwise, view, find, parent, consumers, internal)
         _horizontal(graph, nodes, pointwise, find, parent, consumers, internal)

@@ -63,10 +63,10 @@ def _dims(n: Node, rank: int) -> tuple[int, ...]:
     return tuple(sorted({int(k) % rank for k in d}))
 
 
-def is_row_reduction(graph: Graph, n: Node) -> bool:
+def is_row_reduction(graph: Graph, n: Node, reductions=ROW_REDUCTIONS) -> bool:
     """A reduction the row body computes: sum/mean over the innermost dim only, keepdim, a float
     input whose rows are a multiple of four and at most ROW_GROUP_MAX_ROW long."""
-    if n.op not in ROW_REDUCTIONS or len(n.outputs) != 1 or len([v for v in n.inputs if v is not None]) != 1:
+    if n.op not in reductions or len(n.outputs) != 1 or len([v for v in n.inputs if v is not None]) != 1:
         return False
     x = graph.value(n.inputs[0])
     rank = len(x.shape)
@@ -94,7 +94,8 @@ def value_class(shape, rows: int, R: int) -> str | None:
     return None
 
 
-def row_group_ok(graph: Graph, nodes, pointwise: set[str], rows: int, R: int) -> str | None:
+def row_group_ok(graph: Graph, nodes, pointwise: set[str], rows: int, R: int,
+                 reductions=ROW_REDUCTIONS) -> str | None:
     """None when the row body can compute ``nodes`` (module docstring), else the reason."""
     for n in nodes:
         if len(n.outputs) != 1:
@@ -103,8 +104,8 @@ def row_group_ok(graph: Graph, nodes, pointwise: set[str], rows: int, R: int) ->
         oc = value_class(out.shape, rows, R)
         ins = [graph.value(v) for v in n.inputs if v is not None]
         ics = [value_class(v.shape, rows, R) for v in ins]
-        if n.op in ROW_REDUCTIONS:
-            if not is_row_reduction(graph, n) or ics != [FULL] or oc != STAT:
+        if n.op in reductions:
+            if not is_row_reduction(graph, n, reductions) or ics != [FULL] or oc != STAT:
                 return f"{n.name}: not a row reduction of the group's rows"
             continue
         if n.op == "latch::reshape":
@@ -139,9 +140,10 @@ def row_group_ok(graph: Graph, nodes, pointwise: set[str], rows: int, R: int) ->
 
 
 def merge_row_groups(graph: Graph, nodes, pointwise: list[bool], find, parent, consumers,
-                     internal: set[str], blocked: set[int]) -> dict[int, int]:
+                     internal: set[str], blocked: set[int], reductions=ROW_REDUCTIONS) -> dict[int, int]:
     """Apply the rule (module docstring) to the union-find of :func:`latch_schedule.fusion.fuse`
-    after its plain rules. ``blocked``: nodes that may not move (alias prefixes). Returns
+    after its plain rules. ``blocked``: nodes that may not move (alias prefixes); ``reductions``:
+    the row reductions' op names (those of ROW_REDUCTIONS that take a prologue). Returns
     {root of each row group: its row length R}."""
     outputs = set(graph.output_names())
     pw_names = {nodes[i].name for i in range(len(nodes)) if pointwise[i]}
@@ -156,7 +158,7 @@ def merge_row_groups(graph: Graph, nodes, pointwise: list[bool], find, parent, c
     groups = members()
     for b in range(len(nodes)):
         n = nodes[b]
-        if find(b) != b or not is_row_reduction(graph, n) or b in row_roots:
+        if find(b) != b or not is_row_reduction(graph, n, reductions) or b in row_roots:
             continue
         x = graph.value(n.inputs[0])
         R, S = x.shape[-1], tuple(graph.value(n.outputs[0]).shape)
@@ -201,7 +203,7 @@ def merge_row_groups(graph: Graph, nodes, pointwise: list[bool], find, parent, c
             continue
         unit = set(moved) | {G}
         all_nodes = sorted(i for r in unit for i in groups[r])
-        if row_group_ok(graph, [nodes[i] for i in all_nodes], pw_names, rows, R) is not None:
+        if row_group_ok(graph, [nodes[i] for i in all_nodes], pw_names, rows, R, reductions) is not None:
             continue
         # legality: every reader outside of a moved value runs after G's sink
         if not all(find(c) in unit or find(c) > G
@@ -225,7 +227,8 @@ def merge_row_groups(graph: Graph, nodes, pointwise: list[bool], find, parent, c
                     continue
                 if not all(c in mine or find(c) == r for o in outs for c in consumers.get(o, [])):
                     continue
-                if row_group_ok(graph, [nodes[i] for i in sorted(mine | set(m))], pw_names, rows, R) is not None:
+                if row_group_ok(graph, [nodes[i] for i in sorted(mine | set(m))], pw_names, rows, R,
+                                reductions) is not None:
                     continue
                 parent[r] = G
                 groups = members()
@@ -233,6 +236,9 @@ def merge_row_groups(graph: Graph, nodes, pointwise: list[bool], find, parent, c
                 break
             if not joined:
                 break
+        _absorb_consumers(graph, nodes, pointwise, find, parent, consumers, G, groups, blocked, pw_names, rows, R,
+                          reductions)
+        groups = members()
         mine = set(groups[G])
         for i in mine:
             o = nodes[i].outputs[0]
@@ -242,3 +248,50 @@ def merge_row_groups(graph: Graph, nodes, pointwise: list[bool], find, parent, c
                 internal.discard(o)
         row_roots[G] = R
     return row_roots
+
+
+def _absorb_consumers(graph: Graph, nodes, pointwise, find, parent, consumers, G: int, groups, blocked,
+                      pw_names, rows: int, R: int, reductions) -> None:
+    """Later pointwise groups that read the row group's values at its rows join it, so their input
+    is computed in registers instead of written and read back (RMSNorm's ``(x * r) * w`` and its
+    BF16 copy when ``x * r`` is also saved for the backward; the backward's reshape + cast of dx).
+    A joining group X (pointwise nodes and reshapes only, no in-place output) moves from its own
+    sink to G's: legal when every input of X is computed in the row group or by a group that runs
+    before G (its readers run after X's sink, later still). Its sink becomes the group's last node
+    and primary; every other output of the merged group must be read inside it or have the
+    primary's shape (the tiler propagates footprints from those)."""
+    inplace_new = {new for new, _ in graph.inplace}
+    outputs = set(graph.output_names())
+    producer = {o: i for i, n in enumerate(nodes) for o in n.outputs}
+    mine = set(groups[G])
+    made = {o for i in mine for o in nodes[i].outputs}
+    for r in sorted(groups):
+        if r <= G or r not in groups:
+            continue
+        m = groups[r]
+        if any(i in blocked for i in m) or not all(pointwise[i] or nodes[i].op == "latch::reshape" for i in m):
+            continue
+        ins = {v for i in m for v in nodes[i].inputs if v is not None} - {o for i in m for o in nodes[i].outputs}
+        if not ins & made:
+            continue
+        if any(o in inplace_new for i in m for o in nodes[i].outputs):
+            continue
+        if not all(v in made or v not in producer or find(producer[v]) < G for v in ins):
+            continue
+        merged = sorted(mine | set(m))
+        if row_group_ok(graph, [nodes[i] for i in merged], pw_names, rows, R, reductions) is not None:
+            continue
+        primary = nodes[merged[-1]].outputs[0]
+        pshape = tuple(graph.value(primary).shape)
+        read_inside = {v for i in merged for v in nodes[i].inputs if v is not None}
+        ok = True
+        for i in merged:
+            o = nodes[i].outputs[0]
+            leaves = o in outputs or any(c not in mine and c not in m for c in consumers.get(o, []))
+            if leaves and o != primary and o not in read_inside and tuple(graph.value(o).shape) != pshape:
+                ok = False
+        if not ok:
+            continue
+        parent[r] = G
+        mine |= set(m)
+        made |= {o for i in m for o in nodes[i].outputs}
