@@ -146,8 +146,9 @@ def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None
 # 16-byte loads per lane of one batch of rows of a row reduction, and the batch after it loaded while
 # this one is reduced (a software pipeline): the clip's sum of squares over 768-rows ran at ~31% of
 # the bytes floor with 6 loads per lane and ~40% with 16, nothing in flight while a warp reduced its
-# batch (results/gpu.md run 21); two batches of 12 keep 12-24 loads per lane in flight throughout
-ROW_ACCESSES = 12
+# batch (results/gpu.md run 21). Two batches of 8 (one 768-row, two 512-rows: 6-8 loads each) keep
+# loads in flight throughout; two of 12 spilled (16 bytes, ptxas sm_90a, the 512-row body)
+ROW_ACCESSES = 8
 ROW_MAX_RU = 16  # rows one warp holds at once (short rows)
 
 

@@ -32,12 +32,13 @@ from .bodies import IN, OUT, BodySpec, _ptr_decl
 from .lowering import Lowering, LoweringError, compute_type, storage_type
 
 ROW_REDUCTIONS = frozenset({"latch::sum", "latch::mean"})  # latch-schedule rowgroups.ROW_REDUCTIONS
-ROW_ACCESSES = 12  # 16-byte loads per lane of one batch (RU rows x PER groups x FULL inputs)
+ROW_ACCESSES = 6  # 16-byte loads per lane of one batch (RU rows x PER groups x FULL inputs)
 ROW_MAX_RU = 4
 # registers of one batch's row elements up to which the next batch is loaded while this one is
-# computed (two buffers; lower_reduce.rows_statements does the same): RMSNorm's forward (two
-# 768-rows, 48 floats) and backward (x and dy of one row) are; three row inputs of 768 are not
-PIPELINE_REGS = 56
+# computed (two buffers; lower_reduce.rows_statements does the same): RMSNorm's forward (one
+# 768-row, 24 floats) is; its backward (x and dy, 48 floats) is not: two buffers of 48 spilled
+# (ptxas, sm_90a: 600-900 bytes per body, copies or ping-pong alike), one batch of 12 loads doesn't
+PIPELINE_REGS = 24
 FULL, ROWVEC, STAT, SCALAR = "full", "rowvec", "stat", "scalar"
 
 
