@@ -57,6 +57,13 @@ and the view is no copy task of its own. Nothing else may join a prefix (the ope
 stays outside). A view read by several groups is cloned per reader first (the pass
 ``schedule.alias_views``, :mod:`latch_schedule.aliases`).
 
+Row groups (option ``row_groups``; issue 11): after the rules above, a row reduction over the
+innermost dim, the pointwise chain on its ``(T, 1)`` statistic and the broadcast consumer at the
+rows' shape merge into one group whose tasks cover whole rows (RMSNorm forward and backward,
+LayerNorm); a statistic read outside stays an output of shape ``(T, 1)``. The rule, its legality
+argument and the value classes the row body needs are in :mod:`latch_schedule.rowgroups`. Sibling
+and horizontal fusion leave row groups alone (they hold a reduction).
+
 Every group gets a body signature key: a hash of its nodes' ops, attributes, operand/result types
 and internal wiring (group inputs numbered by first use). Groups with equal keys share one body.
 """
