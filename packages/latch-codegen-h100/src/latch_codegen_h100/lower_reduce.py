@@ -143,55 +143,39 @@ def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None
     return "\n".join(lines)
 
 
-# 16-byte loads per lane of one batch of rows of a row reduction, and the batch after it loaded while
-# this one is reduced (a software pipeline): the clip's sum of squares over 768-rows ran at ~31% of
-# the bytes floor with 6 loads per lane and ~40% with 16, nothing in flight while a warp reduced its
-# batch (results/gpu.md run 21). Two batches of 8 (one 768-row, two 512-rows: 6-8 loads each) keep
-# loads in flight throughout; two of 12 spilled (16 bytes, ptxas sm_90a, the 512-row body)
-ROW_ACCESSES = 8
+# 16-byte loads in flight per lane in a row reduction (over one or several rows): 16 x 16 B x 256
+# threads = 64 KiB per SM (the clip's sum of squares over 768-rows ran at ~31% of the bytes floor
+# with 6, ~24 KiB, and nothing in flight while a warp reduced)
+ROW_ACCESSES = 16
 ROW_MAX_RU = 16  # rows one warp holds at once (short rows)
 
 
 def rows_statements(acc: str, ct: str, op: str, R: int) -> list[str]:
     """A row reduction of rows of ``R`` contiguous elements (R % 4 == 0, R < BLOCK_THRESHOLD):
     a warp per row, each lane holding its PER = ceil(R / 128) groups of four of the row in
-    registers, RU rows per warp at once (RU * PER ~ ROW_ACCESSES loads per lane), the next batch
-    of RU rows loaded before the current one is reduced (two buffers: loads in flight while the
-    warp adds and shuffles), then per row four accumulators in index order, combined in a fixed
-    order and across the warp by xor shuffles: the same bits on every run. ``load4v(i, v)``
+    registers, RU rows per warp at once (RU * PER ~ ROW_ACCESSES loads in flight per lane, all
+    issued before any arithmetic), then per row four accumulators in index order, combined in a
+    fixed order and across the warp by xor shuffles: the same bits on every run. ``load4v(i, v)``
     fills v with elements i..i+3 in compute type ``ct``."""
     per = -(-R // 128)
     ru = max(1, min(ROW_MAX_RU, ROW_ACCESSES // per))
     init_c = f"{op}::template init<{ct}>()"
     init = f"{op}::template init<{acc}>()"
-
-    def fill(o0: str, buf: str) -> list[str]:
-        return [
-            "  #pragma unroll",
-            f"  for (int u_ = 0; u_ < {ru}; ++u_) {{",
-            f"    const long long b_ = {o0} + u_ < n_out ? base({o0} + u_) : 0LL;",
-            "    #pragma unroll",
-            f"    for (int k_ = 0; k_ < {per}; ++k_) {{",
-            "      const long long r_ = 4LL * lane_ + 128LL * k_;",
-            f"      if ({o0} + u_ < n_out && r_ < {R}LL) load4v(b_ + r_, {buf}[u_][k_]);",
-            f"      else {{ {buf}[u_][k_][0] = {buf}[u_][k_][1] = {buf}[u_][k_][2] = {buf}[u_][k_][3] = {init_c}; }}",
-            "    }",
-            "  }",
-        ]
-
     return [
         "{",
         "const int lane_ = threadIdx.x & 31, warp_ = threadIdx.x >> 5;",
         "constexpr int NW_ = LATCH_THREADS / 32;",
-        f"{ct} v_[{ru}][{per}][4], w_[{ru}][{per}][4];",
-        f"long long o0_ = (long long)warp_ * {ru};",
-        "if (o0_ < n_out) {",
-    ] + fill("o0_", "v_") + [
-        "}",
-        f"for (; o0_ < n_out; o0_ += (long long)NW_ * {ru}) {{",
-        f"  const long long o1_ = o0_ + (long long)NW_ * {ru};",
-        "  if (o1_ < n_out) {  // the next batch's loads, in flight while this one is reduced",
-    ] + ["  " + x for x in fill("o1_", "w_")] + [
+        f"for (long long o0_ = (long long)warp_ * {ru}; o0_ < n_out; o0_ += (long long)NW_ * {ru}) {{",
+        f"  {ct} v_[{ru}][{per}][4];",
+        "  #pragma unroll",
+        f"  for (int u_ = 0; u_ < {ru}; ++u_) {{",
+        "    const long long b_ = o0_ + u_ < n_out ? base(o0_ + u_) : 0LL;",
+        "    #pragma unroll",
+        f"    for (int k_ = 0; k_ < {per}; ++k_) {{",
+        "      const long long r_ = 4LL * lane_ + 128LL * k_;",
+        f"      if (o0_ + u_ < n_out && r_ < {R}LL) load4v(b_ + r_, v_[u_][k_]);",
+        f"      else {{ v_[u_][k_][0] = v_[u_][k_][1] = v_[u_][k_][2] = v_[u_][k_][3] = {init_c}; }}",
+        "    }",
         "  }",
         "  #pragma unroll",
         f"  for (int u_ = 0; u_ < {ru}; ++u_) {{",
@@ -204,14 +188,6 @@ def rows_statements(acc: str, ct: str, op: str, R: int) -> list[str]:
         f"    {acc} t_ = {op}::apply({op}::apply(a_[0], a_[1]), {op}::apply(a_[2], a_[3]));",
         f"    t_ = latch::warp_reduce<{op}>(t_);",
         "    if (lane_ == 0 && o0_ + u_ < n_out) store(o0_ + u_, t_);",
-        "  }",
-        "  #pragma unroll",
-        f"  for (int u_ = 0; u_ < {ru}; ++u_) {{",
-        "    #pragma unroll",
-        f"    for (int k_ = 0; k_ < {per}; ++k_) {{",
-        "      #pragma unroll",
-        "      for (int j_ = 0; j_ < 4; ++j_) v_[u_][k_][j_] = w_[u_][k_][j_];",
-        "    }",
         "  }",
         "}",
         "}",

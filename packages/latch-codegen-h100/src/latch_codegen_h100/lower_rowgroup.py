@@ -32,13 +32,16 @@ from .bodies import IN, OUT, BodySpec, _ptr_decl
 from .lowering import Lowering, LoweringError, compute_type, storage_type
 
 ROW_REDUCTIONS = frozenset({"latch::sum", "latch::mean"})  # latch-schedule rowgroups.ROW_REDUCTIONS
-ROW_ACCESSES = 6  # 16-byte loads per lane of one batch (RU rows x PER groups x FULL inputs)
+ROW_ACCESSES = 12  # 16-byte loads per lane of one batch (RU rows x PER groups x FULL inputs)
 ROW_MAX_RU = 4
 # registers of one batch's row elements up to which the next batch is loaded while this one is
-# computed (two buffers; lower_reduce.rows_statements does the same): RMSNorm's forward (one
-# 768-row, 24 floats) is; its backward (x and dy, 48 floats) is not: two buffers of 48 spilled
-# (ptxas, sm_90a: 600-900 bytes per body, copies or ping-pong alike), one batch of 12 loads doesn't
-PIPELINE_REGS = 24
+# computed (two buffers, a software pipeline): 0, off. In the bench document alone a pipelined
+# RMSNorm forward (one 768-row per batch, 24 floats) compiled without spills, but inside the full
+# dense transformer's kernel ptxas spilled it (600 bytes; the same body's text) and the pipelined
+# row reductions (lower_reduce) likewise (160-288 bytes): the registers a callee may use depend on
+# the kernel around it. One batch of 12 loads (two 768-rows of x, or one of x and dy) is what the
+# row reductions ran before without spilling there.
+PIPELINE_REGS = 0
 FULL, ROWVEC, STAT, SCALAR = "full", "rowvec", "stat", "scalar"
 
 

@@ -283,6 +283,8 @@ def _absorb_consumers(graph: Graph, nodes, pointwise, find, parent, consumers, G
             continue
         primary = nodes[merged[-1]].outputs[0]
         pshape = tuple(graph.value(primary).shape)
+        if value_class(pshape, rows, R) != FULL:
+            continue  # the row body writes its primary row by row (a statistic's reader stays out)
         read_inside = {v for i in merged for v in nodes[i].inputs if v is not None}
         ok = True
         for i in merged:
