@@ -25,9 +25,11 @@ def test_the_list_reads_top_to_bottom():
         "schedule", "memory.plan", "schedule.validate",
         "build"]
     opts = pipeline.Request("ex.py", scheduler="dataflow", num_sms=8, remat_budget=10).options()
-    assert opts["schedule"] == {"num_sms": 8, "scheduler": "dataflow", "alias_views": True} and opts["memory.remat"] == {"budget_bytes": 10}
+    assert opts["schedule"] == {"num_sms": 8, "scheduler": "dataflow", "alias_views": True, "row_groups": True} and \
+        opts["memory.remat"] == {"budget_bytes": 10}
     assert opts["capture"]["example"] == "ex.py"
     assert pipeline.Request("ex.py", alias_views=False).options()["schedule"]["alias_views"] is False
+    assert pipeline.Request("ex.py", row_groups=False).options()["schedule"]["row_groups"] is False
 
 
 def test_sub_lists():

@@ -500,7 +500,18 @@ def run_body(prog, body: Body, iters: int, seed: int, doc: Document) -> dict:
         torch_ms = None
     extra = {} if torch_ms is None else {"torch_ms": torch_ms}
     return {**extra, "case": body.name, "bytes": body.floor_bytes(outs), "latch_ms": (tr - t1) / (REPEATS - 1),
-            "latch_launch_ms": t1, "rel_l2": {"max": rel}, "gate": CAST_GATE if bf16 else BODY_GATE}
+            "latch_launch_ms": t1, "rel_l2": {"max": rel}, "gate": CAST_GATE if bf16 else BODY_GATE,
+            "groups": len(next(p for p in doc.schedule.programs if p.program == f"{body.name}.x1").groups),
+            "row_groups": row_groups(doc, f"{body.name}.x1")}
+
+
+def row_groups(doc: Document, program: str) -> int:
+    """How many of ``program``'s groups are row groups (latch_schedule.rowgroups: a sum or mean
+    before the group's last node: statistic, chain and consumer in one pass)."""
+    g = doc.graph.program(program)
+    ops = {n.name: n.op for n in g.nodes}
+    ps = next(p for p in doc.schedule.programs if p.program == program)
+    return sum(1 for grp in ps.groups if any(ops[n] in ("latch::sum", "latch::mean") for n in grp.nodes[:-1]))
 
 
 def finish(row: dict) -> dict:

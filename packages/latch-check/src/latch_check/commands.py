@@ -47,6 +47,9 @@ def _fail(e: Exception, code: int = 2):
               help="schedule.split_reductions: big full reductions in two levels")
 @click.option("--alias-views/--no-alias-views", default=True, show_default=True,
               help="contiguous views fold into their readers as addresses (schedule.alias_views + schedule option)")
+@click.option("--row-groups/--no-row-groups", default=True, show_default=True,
+              help="a row reduction, the chain on its statistic and their broadcast consumer as one group "
+                   "(RMSNorm reads x once; schedule option row_groups)")
 @click.option("--routing/--no-routing", default=None,
               help="output routing decisions and replay them in the reference (default: when the update routes)")
 @click.option("--target", type=click.Choice(TARGETS), default="auto", show_default=True,
@@ -69,7 +72,8 @@ def _fail(e: Exception, code: int = 2):
 @click.option("--build-dir", "--dir", "build_dir", type=click.Path(file_okay=False), default=None,
               help="default: build/EXAMPLE-STRATEGY")
 @click.option("-q", "--quiet", is_flag=True, help="no per-stage lines and no progress bars")
-def compile_command(example, overrides, scheduler, num_sms, policy, remat_budget, split_reductions, alias_views, routing, target,
+def compile_command(example, overrides, scheduler, num_sms, policy, remat_budget, split_reductions, alias_views, row_groups,
+                    routing, target,
                     steps, seed, bench, iters, strongest, no_eager, torch_column, trained, twice, no_build, no_cache,
                     output, build_dir, quiet):
     """Compile EXAMPLE.py's whole training update into one kernel, run it and check it.
@@ -103,7 +107,8 @@ def compile_command(example, overrides, scheduler, num_sms, policy, remat_budget
             raise click.UsageError(f"--trained must be 0 or more, got {trained}")
         kw = dict(overrides=parse_overrides(list(overrides)), scheduler=scheduler, num_sms=num_sms, policy=policy,
                   remat_budget=remat_budget, split_reductions=split_reductions, build_dir=build_dir,
-                  build=not no_build, routing=routing, cache=not no_cache, alias_views=alias_views)
+                  build=not no_build, routing=routing, cache=not no_cache, alias_views=alias_views,
+                  row_groups=row_groups)
         compiled = compile_example(example, say=say, **kw)
         click.echo(summary_line(compiled))
         if output:

@@ -258,6 +258,14 @@ def render_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> Rendered:
         from .lower_reduce import PROLOGUE_REDUCTIONS
 
         missing = [n.op for n in spec.nodes if not lowerings[n.op].fusable]
+        from .lower_rowgroup import ROW_REDUCTIONS, is_row_group
+
+        if missing and is_row_group(spec) and set(missing) <= ROW_REDUCTIONS:
+            # a row group (latch_schedule.rowgroups): statistic, chain and consumer in one pass
+            from .lower_rowgroup import row_body
+
+            out = [f"__device__ __noinline__ void {FUNC}(const latch::Ctx& c) {{"] + row_body(spec, lowerings) + ["}", ""]
+            return Rendered("\n".join(out), 0, (), 0, ())
         if missing == [spec.nodes[-1].op] and missing[0] in PROLOGUE_REDUCTIONS:
             # a reduction with its elementwise prologue (latch_schedule.fusion): flat.reduce_body
             from .flat import reduce_body

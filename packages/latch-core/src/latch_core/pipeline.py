@@ -97,6 +97,7 @@ class Request:
     matmul_layouts: bool = True
     matmul_configs: bool = True
     alias_views: bool = True  # contiguous views fold into their reader's operand address (schedule option)
+    row_groups: bool = True  # a row reduction, its statistic's chain and its consumer in one group (schedule option)
     build: bool = True
     build_dir: str | None = None  # default: build/<example>-<strategy>
     routing: bool | str = "auto"  # expose routing decisions as outputs ("auto": when the update routes)
@@ -116,7 +117,7 @@ class Request:
                         "routing": self.routing, "cache": self.cache, "progress": self.progress},
             "schedule.split_reductions": {"num_sms": self.num_sms},
             "schedule.matmul_configs": {"num_sms": self.num_sms},
-            "schedule": {"num_sms": self.num_sms, "alias_views": self.alias_views},
+            "schedule": {"num_sms": self.num_sms, "alias_views": self.alias_views, "row_groups": self.row_groups},
             "build": {"directory": self.build_dir, "use_cache": self.cache, "progress": self.progress},
         }
         if self.scheduler:

@@ -57,6 +57,13 @@ and the view is no copy task of its own. Nothing else may join a prefix (the ope
 stays outside). A view read by several groups is cloned per reader first (the pass
 ``schedule.alias_views``, :mod:`latch_schedule.aliases`).
 
+Row groups (option ``row_groups``; issue 11): after the rules above, a row reduction over the
+innermost dim, the pointwise chain on its ``(T, 1)`` statistic and the broadcast consumer at the
+rows' shape merge into one group whose tasks cover whole rows (RMSNorm forward and backward,
+LayerNorm); a statistic read outside stays an output of shape ``(T, 1)``. The rule, its legality
+argument and the value classes the row body needs are in :mod:`latch_schedule.rowgroups`. Sibling
+and horizontal fusion leave row groups alone (they hold a reduction).
+
 Every group gets a body signature key: a hash of its nodes' ops, attributes, operand/result types
 and internal wiring (group inputs numbered by first use). Groups with equal keys share one body.
 """
@@ -91,6 +98,8 @@ class GroupPlan:
     body: str
     pointwise: bool  # every node elementwise/copy: output element i needs operand elements at i only
     pointwise_nodes: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)  # by name
+    # a row group's row length (latch_schedule.rowgroups): its tasks cover whole rows; 0 otherwise
+    row: int = 0
 
     def inplace_safe(self, graph: Graph, old: str, new: str) -> bool:
         """May one task of this group read ``old`` and write ``new`` over the same bytes?
@@ -250,10 +259,13 @@ def _horizontal(graph: Graph, nodes, pointwise, find, parent, consumers, interna
 
 
 def fuse(graph: Graph, ops: Registry | None, enabled: bool = True,
-         prologue_ops: frozenset[str] = PROLOGUE_REDUCTIONS, alias_views: bool = False) -> list[GroupPlan]:
+         prologue_ops: frozenset[str] = PROLOGUE_REDUCTIONS, alias_views: bool = False,
+         row_groups: bool = False) -> list[GroupPlan]:
     """Groups of ``graph``'s nodes, in an order that is topological for the groups. ``prologue_ops``:
     the reductions that take an elementwise prologue (empty: none do). ``alias_views``: contiguous
-    views join the group that reads them as its alias prefix (module docstring)."""
+    views join the group that reads them as its alias prefix (module docstring). ``row_groups``:
+    a row reduction, the chain on its statistic and their broadcast consumer form one row group
+    (:mod:`latch_schedule.rowgroups`)."""
     nodes = graph.nodes
     index = {n.name: i for i, n in enumerate(nodes)}
     consumers: dict[str, list[int]] = {}
@@ -336,6 +348,12 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True,
                 internal.add(o)
             parent[i] = root
 
+    row_roots: dict[int, int] = {}
+    if enabled and row_groups:
+        from .rowgroups import merge_row_groups
+
+        reductions = frozenset(o for o in prologue_ops if o.split("::")[-1] in ("sum", "mean"))
+        row_roots = merge_row_groups(graph, nodes, pointwise, find, parent, consumers, internal, prefix, reductions)
     if enabled:
         _siblings(graph, nodes, pointwise, view, find, parent, consumers, internal)
         _horizontal(graph, nodes, pointwise, find, parent, consumers, internal)
@@ -345,9 +363,9 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True,
     # A group runs at its sink (the union-find root; its last node unless siblings joined it, which
     # read only the sink's outputs and so may run with it): ordering groups by it keeps them
     # topological.
-    order = [members[r] for r in sorted(members)]
     plans = []
-    for m in order:
+    for r in sorted(members):
+        m = members[r]
         gnodes = [nodes[i] for i in m]
         produced = {o for n in gnodes for o in n.outputs}
         ins: list[str] = []
@@ -366,5 +384,6 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True,
             body=body_key(graph, gnodes, ins),
             pointwise=all(pointwise[i] for i in m),
             pointwise_nodes={nodes[i].name for i in m if pointwise[i]},
+            row=row_roots.get(r, 0),
         ))
     return plans

@@ -5,6 +5,9 @@ Options shared by the built-in strategies:
 - ``fuse`` (bool, default True): fuse elementwise chains (:mod:`latch_schedule.fusion`);
 - ``alias_views`` (bool, default True): contiguous views become their reader's alias prefix
   (:mod:`latch_schedule.fusion`), not copy tasks;
+- ``row_groups`` (bool, default True): a row reduction, the chain on its per-row statistic and
+  their broadcast consumer form one group whose tasks cover whole rows
+  (:mod:`latch_schedule.rowgroups`: RMSNorm reads x once);
 - ``ops``: the op registry to read tags, costs and tilings from (default: installed plugins);
 - ``matmul_tile`` ((M, N)), ``cost_<field>``: overrides of :class:`latch_schedule.tiling.CostModel`;
 - ``sync_seconds`` (float, default 1e-6): the estimated cost of a barrier / a cross-SM wait.
@@ -57,7 +60,9 @@ def task_graphs(doc: Document, options: dict[str, Any]) -> list[TaskGraph]:
     cost = options_cost(options)
     fuse = _bool(options.get("fuse", True))
     alias = _bool(options.get("alias_views", True))
-    return [build(g, ops, fuse_ops=fuse, num_sms=num_sms, cost=cost, alias_views=alias) for g in doc.graph.programs]
+    rows = _bool(options.get("row_groups", True))
+    return [build(g, ops, fuse_ops=fuse, num_sms=num_sms, cost=cost, alias_views=alias, row_groups=rows)
+            for g in doc.graph.programs]
 
 
 def _run(name: str, doc: Document, options: dict[str, Any],
@@ -90,6 +95,9 @@ def _run(name: str, doc: Document, options: dict[str, Any],
     stats["seconds_strategy"] = round(t2 - t1, 4)
     stats["fuse"] = _bool(options.get("fuse", True))
     stats["alias_views"] = _bool(options.get("alias_views", True))
+    stats["row_groups"] = _bool(options.get("row_groups", True))
+    row = [p.nodes[-1].name for tg in tgs for p in tg.plans if p.row]
+    stats["row_group_count"] = len(row)
     if any(aliases.values()):
         stats["aliases"] = aliases
     return ScheduleSection(strategy=name, num_sms=num_sms, programs=programs, stats=stats)

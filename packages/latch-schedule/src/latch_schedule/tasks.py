@@ -122,7 +122,13 @@ class GroupTiler:
 
     @property
     def tiling(self) -> Tiling:
-        return self.tilings[-1]
+        t = self.tilings[-1]
+        if self.plan.row and self.shape:  # a row group's task covers whole rows (latch_schedule.rowgroups)
+            last = len(self.shape) - 1
+            keep = [k for k, d in enumerate(t.split_dims) if d != last]
+            t = attrs.evolve(t, split_dims=tuple(t.split_dims[k] for k in keep),
+                             granule=tuple(t.granule[k] for k in keep) if t.granule else ())
+        return t
 
     def footprint(self, box: Box) -> tuple[dict[str, Box], dict[str, Box]]:
         plan = self.plan
@@ -173,7 +179,7 @@ def group_cost(graph: Graph, plan: GroupPlan, ops: Registry | None, cost: CostMo
 
 
 def build(graph: Graph, ops: Registry | None, *, fuse_ops: bool = True, num_sms: int = 132,
-          cost: CostModel | None = None, alias_views: bool = False) -> TaskGraph:
+          cost: CostModel | None = None, alias_views: bool = False, row_groups: bool = False) -> TaskGraph:
     cost = attrs.evolve(cost or CostModel(), num_sms=num_sms)
     for n in graph.nodes:
         if n.op == REPEAT_OP:
@@ -182,7 +188,7 @@ def build(graph: Graph, ops: Registry | None, *, fuse_ops: bool = True, num_sms:
                 "unroll the region before scheduling")
         if not n.outputs:
             raise ScheduleError(f"program {graph.name!r} {_where(n)}: a node without outputs cannot be scheduled")
-    plans = fuse(graph, ops, fuse_ops, alias_views=alias_views)
+    plans = fuse(graph, ops, fuse_ops, alias_views=alias_views, row_groups=row_groups)
     interned: dict[tuple, Access] = {}  # equal accesses share one record (whole-value reads)
 
     def access(v: str, b: Box) -> Access:
