@@ -57,10 +57,10 @@ template <int D> struct BwdShape {
 // dK and dV of a key block in one pass over the queries, or in two (dV, then dK: S recomputed) where
 // the accumulators of both would not fit the registers beside S and dP.
 template <int D> struct BwdPasses {
-#ifdef LATCH_BWD_TWO_PASSES
-  static constexpr int N = D == 128 ? 2 : 1;
-#else
+#ifdef LATCH_BWD_ONE_PASS
   static constexpr int N = 1;
+#else
+  static constexpr int N = D == 128 ? 2 : 1;
 #endif
 };
 
@@ -330,7 +330,7 @@ __device__ __forceinline__ bool bwd_dq_block(Pipe& p, __nv_bfloat16* dq, int bh,
     }
     if ((n & 1) == wg) {
       const char* st = p.at(p.stage);
-      float s[32], dp[32];
+      float s[32], dp[32];  // (written whole by their first product: scale-d 0)
       fence_regs(acc);
       sm90::wgmma_fence();
       bwd_issue_ss<D>(s, smem, st);                // S = Q K^T
@@ -400,21 +400,19 @@ __device__ __forceinline__ bool bwd_dkdv_block(Pipe& p, __nv_bfloat16* dk, __nv_
       const int qb = qstart + (pi % nq) * S::B;
       const char* st = p.at(sa);
       const uint32_t rt = sm90::smem_addr(smem + S::RT_OFF) + 1024 * wg + 512 * ((pi >> 1) & 1);
-      float s[32], dp[32];
-      if (ok) {
-        if (DK) fence_regs(ak);
-        if (DV) fence_regs(av);
-        sm90::wgmma_fence();
-        bwd_issue_ss<D>(s, smem, st);  // S^T = K Q^T
-        if (DK) bwd_issue_ss<D>(dp, smem + S::TILE, st + S::TILE);  // dP^T = V dO^T
-        sm90::wgmma_commit();
-        bwd_row_terms<D>(rt, p.at(sb), st + S::TILE, qb, Tq, glse);
-      }
-      if (sm90::named_sync_or(2 + wg, 128, !ok)) {
-        sm90::wgmma_wait<0>();
+      if (sm90::named_sync_or(2 + wg, 128, !ok)) {  // a failed wait, voted on: no warp is left at a barrier
         fail = true;
         break;
       }
+      float s[32], dp[32];  // (written whole by their first product: scale-d 0)
+      if (DK) fence_regs(ak);
+      if (DV) fence_regs(av);
+      sm90::wgmma_fence();
+      bwd_issue_ss<D>(s, smem, st);  // S^T = K Q^T
+      if (DK) bwd_issue_ss<D>(dp, smem + S::TILE, st + S::TILE);  // dP^T = V dO^T
+      sm90::wgmma_commit();
+      bwd_row_terms<D>(rt, p.at(sb), st + S::TILE, qb, Tq, glse);
+      sm90::named_sync(2 + wg, 128);  // the warpgroup's row terms are written
       sm90::wgmma_wait<0>();
       fence_regs(s);
       if (DK) fence_regs(dp);
