@@ -329,7 +329,7 @@ def _wgmma_bwd_tensor_maps(ctx: BodyContext) -> list[TensorMap]:
 def _wgmma_bwd_stage_bytes(ctx: BodyContext) -> int:
     D = ctx.inputs[2].shape[3]
     tile = WGMMA_BWD_BLOCK * D * 2
-    return 2 * tile if D == 128 else 3 * tile + 512  # latch::awg::BwdShape::STAGE
+    return (2 if D == 128 else 3) * tile + 512  # latch::awg::BwdShape::STAGE: Q | dO (| O) | lse | glse
 
 
 def _wgmma_bwd_smem(D: int) -> int:

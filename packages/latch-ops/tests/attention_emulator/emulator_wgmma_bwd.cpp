@@ -50,9 +50,10 @@ extern "C" int attn_backward_wgmma(int D, int causal, int B, int H, int Hkv, int
                                    const void* go, const void* o, const float* lse, const float* glse, void* dq,
                                    void* dk, void* dv) {
   if ((D != 64 && D != 128) || stages < 2) return 9;
-  const int stage_bytes = 32768;
+  // the worker's ring: stages of the body's size rounded up to 1 KiB (codegen.ring_geometry)
+  const int need = D == 64 ? latch::awg::BwdShape<64>::STAGE : latch::awg::BwdShape<128>::STAGE;
+  const int stage_bytes = (need + 1023) / 1024 * 1024;
   const int scratch = D == 64 ? latch::awg::BwdShape<64>::SCRATCH : latch::awg::BwdShape<128>::SCRATCH;
-  if ((D == 64 ? latch::awg::BwdShape<64>::STAGE : latch::awg::BwdShape<128>::STAGE) > stage_bytes) return 9;
   const size_t bytes = (size_t)stages * stage_bytes + scratch;
   void* mem = std::aligned_alloc(1024, (bytes + 1023) / 1024 * 1024);
   std::memset(mem, 0x7f, bytes);  // poisoned: a stage read before it is filled shows

@@ -18,8 +18,9 @@
 // bits on every run. A warpgroup still waits for, and releases, the stages of the other's blocks.
 //
 // Stages (the producer's order is the consumers'):
-//   query block (bh, qb): Q | dO (| O | lse | glse for D = 64), and for D = 128 a second stage
-//     O | lse | glse; Q, dO, O as D/64 3-D boxes of (64 columns, 64 rows, 1 head) of [B*H][T][D]
+//   query block (bh, qb): Q | dO | O | lse | glse for D = 64; for D = 128 Q | dO | lse | glse and,
+//     where the block needs dO . O (dQ, dK), a second stage O. Q, dO, O as D/64 3-D boxes of (64
+//     columns, 64 rows, 1 head) of [B*H][T][D]
 //     (rows past T read as zeros), lse and glse as 1-D boxes of 64 floats of the flat [B*H*Tq]
 //     tensors (rows past Tq read the next head's values: the body ignores them);
 //   key block (bkv, kb): K | V, D/64 boxes each.
@@ -43,11 +44,12 @@ template <int D> struct BwdShape {
   static constexpr int B = 64;                   // rows of every block (queries or keys)
   static constexpr int DB = D / 64;              // 64-column (128-byte) boxes of a row
   static constexpr int TILE = B * D * 2;         // one [64][D] BF16 block: DB boxes of 8 KiB
-  static constexpr bool SPLIT = D == 128;        // a query block over two stages
-  static constexpr int QSTAGES = SPLIT ? 2 : 1;
+  static constexpr bool SPLIT = D == 128;        // O of a query block in a second stage
   static constexpr int O_OFF = SPLIT ? 0 : 2 * TILE;  // in the query block's last stage
-  static constexpr int LSE_OFF = O_OFF + TILE, GLSE_OFF = LSE_OFF + 256;
-  static constexpr int STAGE = SPLIT ? 2 * TILE : GLSE_OFF + 256;  // bytes of a stage the body needs
+  static constexpr int LSE_OFF = SPLIT ? 2 * TILE : 3 * TILE, GLSE_OFF = LSE_OFF + 256;  // in its first
+  static constexpr int STAGE = GLSE_OFF + 256;   // bytes of a stage the body needs
+  // stages of a query block: 1, or 2 where the block needs O (dO . O) and O has its own stage
+  __device__ __forceinline__ static constexpr int qstages(bool with_o) { return SPLIT && with_o ? 2 : 1; }
   static constexpr int RT_OFF = 2 * TILE;        // scratch: two blocks, then the row terms
   static constexpr int SCRATCH = RT_OFF + 2 * 2 * 2 * 64 * 4;  // [wg][buffer][lse2, dterm][64]
   static_assert(2 * TILE <= STAGE, "a key block (K, V) fits one stage");
@@ -103,30 +105,33 @@ struct BwdMaps {
   const void *q, *k, *v, *go, *o, *lse, *glse;  // glse may be null (no gradient of lse)
 };
 
+// A query block's stage(s); ``with_o``: the block needs O (D = 64 always loads it: one stage).
 template <int D>
-__device__ __forceinline__ bool bwd_load_query_block(Pipe& p, const BwdMaps& m, int bh, int qb, int Tq) {
+__device__ __forceinline__ bool bwd_load_query_block(Pipe& p, const BwdMaps& m, int bh, int qb, int Tq, bool with_o) {
   typedef BwdShape<D> S;
-  const int extra = 256 * (m.glse ? 2 : 1);
-#pragma unroll
-  for (int s = 0; s < S::QSTAGES; ++s) {
+  const bool o_here = !S::SPLIT;  // O in the first stage
+  {
     if (!pipe_wait(&p.empty[p.stage], p.phase ^ 1u, p)) return false;
     char* st = p.at(p.stage);
     uint64_t* full = &p.full[p.stage];
-    const bool first = s == 0, last = s == S::QSTAGES - 1;
-    sm90::mbar_arrive_expect_tx(full, (first ? 2 * S::TILE : 0) + (last ? S::TILE + extra : 0));
-    if (first) {
+    sm90::mbar_arrive_expect_tx(full, (o_here ? 3 : 2) * S::TILE + 256 * (m.glse ? 2 : 1));
 #pragma unroll
-      for (int j = 0; j < S::DB; ++j) {
-        tma_load_3d(st + j * 8192, m.q, full, 64 * j, qb, bh);
-        tma_load_3d(st + S::TILE + j * 8192, m.go, full, 64 * j, qb, bh);
-      }
+    for (int j = 0; j < S::DB; ++j) {
+      tma_load_3d(st + j * 8192, m.q, full, 64 * j, qb, bh);
+      tma_load_3d(st + S::TILE + j * 8192, m.go, full, 64 * j, qb, bh);
+      if (o_here) tma_load_3d(st + S::O_OFF + j * 8192, m.o, full, 64 * j, qb, bh);
     }
-    if (last) {
+    tma_load_1d(st + S::LSE_OFF, m.lse, full, bh * Tq + qb);
+    if (m.glse) tma_load_1d(st + S::GLSE_OFF, m.glse, full, bh * Tq + qb);
+    p.advance();
+  }
+  if (S::qstages(with_o) == 2) {
+    if (!pipe_wait(&p.empty[p.stage], p.phase ^ 1u, p)) return false;
+    char* st = p.at(p.stage);
+    uint64_t* full = &p.full[p.stage];
+    sm90::mbar_arrive_expect_tx(full, S::TILE);
 #pragma unroll
-      for (int j = 0; j < S::DB; ++j) tma_load_3d(st + S::O_OFF + j * 8192, m.o, full, 64 * j, qb, bh);
-      tma_load_1d(st + S::LSE_OFF, m.lse, full, bh * Tq + qb);
-      if (m.glse) tma_load_1d(st + S::GLSE_OFF, m.glse, full, bh * Tq + qb);
-    }
+    for (int j = 0; j < S::DB; ++j) tma_load_3d(st + S::O_OFF + j * 8192, m.o, full, 64 * j, qb, bh);
     p.advance();
   }
   return true;
@@ -158,7 +163,7 @@ __device__ __forceinline__ bool bwd_produce(Pipe& p, const Task* t, const BwdMap
     for (int h = t->lo[1]; h < t->hi[1]; ++h)
       for (int r = r0; r < r1; r += S::B) {
         const int re = r + S::B < r1 ? r + S::B : r1, bkv = b * Hkv + h / G;
-        if (!bwd_load_query_block<D>(p, m, b * H + h, r, Tq)) return false;
+        if (!bwd_load_query_block<D>(p, m, b * H + h, r, Tq, true)) return false;
         const int kend = bwd_dq_key_end<CAUSAL>(re, Tk);
         for (int kb = 0; kb < kend; kb += S::B)
           if (!bwd_load_key_block<D>(p, m, bkv, kb)) return false;
@@ -169,7 +174,7 @@ __device__ __forceinline__ bool bwd_produce(Pipe& p, const Task* t, const BwdMap
           if (!bwd_load_key_block<D>(p, m, b * Hkv + g, kb)) return false;
           for (int hh = 0; hh < G; ++hh)
             for (int qb = bwd_q_start<CAUSAL>(kb); qb < Tq; qb += S::B)
-              if (!bwd_load_query_block<D>(p, m, b * H + g * G + hh, qb, Tq)) return false;
+              if (!bwd_load_query_block<D>(p, m, b * H + g * G + hh, qb, Tq, pass == BwdPasses<D>::N - 1)) return false;
         }
   }
   return true;
@@ -195,15 +200,16 @@ __device__ __forceinline__ bool bwd_copy_block(Pipe& p, char* smem) {
   return !sm90::named_sync_or(1, 256, !ok);
 }
 
-// A warpgroup's row terms of query block [qb, qb + 64) from the block's last stage ``st`` into
-// ``rt`` (shared-memory address: lse2[64] then dterm[64]); rows past Tq get 0 (they are masked).
-// Two threads per row; thread 2 i + half reads half of the row's bytes of O and dO.
-template <int D>
-__device__ __forceinline__ void bwd_row_terms(uint32_t rt, const char* st, const char* go_st, int qb, int Tq, bool glse) {
+// A warpgroup's row terms of query block [qb, qb + 64) from its first stage ``st0`` and last ``st1``
+// into ``rt`` (shared-memory address: lse2[64] then dterm[64]; dterm only WITH_O); rows past Tq get 0
+// (they are masked). Two threads per row; thread 2 i + half reads half of the row's bytes of O and dO.
+template <int D, bool WITH_O>
+__device__ __forceinline__ void bwd_row_terms(uint32_t rt, const char* st0, const char* st1, int qb, int Tq, bool glse) {
   typedef BwdShape<D> S;
   const int l = threadIdx.x & 127, row = l >> 1, half = l & 1;
-  const uint32_t o = sm90::smem_addr(st + S::O_OFF), g = sm90::smem_addr(go_st);
+  const uint32_t o = sm90::smem_addr(st1 + S::O_OFF), g = sm90::smem_addr(st0 + S::TILE);
   float d = 0.f;
+  if (WITH_O)
   // D = 64: the row's 128 bytes are one box row, halves of 64 bytes; D = 128: box ``half``'s row
 #pragma unroll
   for (int c = 0; c < 4 * S::DB; ++c) {
@@ -217,13 +223,15 @@ __device__ __forceinline__ void bwd_row_terms(uint32_t rt, const char* st, const
       d += x.y * y.y;
     }
   }
-  d += __shfl_xor_sync(0xffffffffu, d, 1);
+  if (WITH_O) d += __shfl_xor_sync(0xffffffffu, d, 1);
   if (half == 0) {
     const bool in = qb + row < Tq;
-    const float lse = ld_shared_f32(sm90::smem_addr(st + S::LSE_OFF) + 4 * row);
-    const float gl = glse ? ld_shared_f32(sm90::smem_addr(st + S::GLSE_OFF) + 4 * row) : 0.f;
+    const float lse = ld_shared_f32(sm90::smem_addr(st0 + S::LSE_OFF) + 4 * row);
     st_shared_f32(rt + 4 * row, in ? lse * LOG2E : 0.f);
-    st_shared_f32(rt + 256 + 4 * row, in ? d - gl : 0.f);
+    if (WITH_O) {
+      const float gl = glse ? ld_shared_f32(sm90::smem_addr(st0 + S::GLSE_OFF) + 4 * row) : 0.f;
+      st_shared_f32(rt + 256 + 4 * row, in ? d - gl : 0.f);
+    }
   }
 }
 
@@ -303,7 +311,7 @@ __device__ __forceinline__ bool bwd_dq_block(Pipe& p, __nv_bfloat16* dq, int bh,
       p.advance();
       ok = pipe_wait_warp(&p.full[p.stage], p.phase, p);
     }
-    if (ok) bwd_row_terms<D>(rt, p.at(p.stage), p.at(first) + S::TILE, r, Tq, glse);
+    if (ok) bwd_row_terms<D, true>(rt, p.at(first), p.at(p.stage), r, Tq, glse);
     __syncwarp();
     if (ok && lane == 0) {
       sm90::mbar_arrive(&p.empty[first]);
@@ -389,13 +397,14 @@ __device__ __forceinline__ bool bwd_dkdv_block(Pipe& p, __nv_bfloat16* dk, __nv_
   bool fail = false;
 #pragma unroll 1
   for (int pi = 0; pi < total; ++pi) {
+    constexpr bool TWO = S::qstages(DK) == 2;  // (dV alone needs no O)
     const uint32_t sa = p.stage;
     bool ok = pipe_wait_warp(&p.full[p.stage], p.phase, p);
-    if (S::SPLIT) {
+    if (TWO) {
       p.advance();
       ok = ok && pipe_wait_warp(&p.full[p.stage], p.phase, p);
     }
-    const uint32_t sb = p.stage;  // the block's last stage (O, lse, glse)
+    const uint32_t sb = p.stage;  // the block's last stage
     if ((pi & 1) == wg) {
       const int qb = qstart + (pi % nq) * S::B;
       const char* st = p.at(sa);
@@ -411,7 +420,7 @@ __device__ __forceinline__ bool bwd_dkdv_block(Pipe& p, __nv_bfloat16* dk, __nv_
       bwd_issue_ss<D>(s, smem, st);  // S^T = K Q^T
       if (DK) bwd_issue_ss<D>(dp, smem + S::TILE, st + S::TILE);  // dP^T = V dO^T
       sm90::wgmma_commit();
-      bwd_row_terms<D>(rt, p.at(sb), st + S::TILE, qb, Tq, glse);
+      bwd_row_terms<D, DK>(rt, st, p.at(sb), qb, Tq, glse);
       sm90::named_sync(2 + wg, 128);  // the warpgroup's row terms are written
       sm90::wgmma_wait<0>();
       fence_regs(s);
@@ -456,7 +465,7 @@ __device__ __forceinline__ bool bwd_dkdv_block(Pipe& p, __nv_bfloat16* dk, __nv_
     __syncwarp();
     if (lane == 0) {
       sm90::mbar_arrive(&p.empty[sa]);
-      if (S::SPLIT) sm90::mbar_arrive(&p.empty[sb]);
+      if (TWO) sm90::mbar_arrive(&p.empty[sb]);
     }
     p.advance();
   }
