@@ -209,21 +209,23 @@ __device__ __forceinline__ void bwd_row_terms(uint32_t rt, const char* st0, cons
   const int l = threadIdx.x & 127, row = l >> 1, half = l & 1;
   const uint32_t o = sm90::smem_addr(st1 + S::O_OFF), g = sm90::smem_addr(st0 + S::TILE);
   float d = 0.f;
-  if (WITH_O)
-  // D = 64: the row's 128 bytes are one box row, halves of 64 bytes; D = 128: box ``half``'s row
+  if (WITH_O) {
+    // D = 64: the row's 128 bytes are one box row, halves of 64 bytes; D = 128: box ``half``'s row.
+    // (The 128-byte swizzle permutes the 16-byte chunks within a row, the same for O and dO.)
 #pragma unroll
-  for (int c = 0; c < 4 * S::DB; ++c) {
-    const uint32_t off = S::DB == 1 ? 128 * row + 64 * half + 16 * c : 8192 * half + 128 * row + 16 * c;
-    const uint4 a = ld_shared_v4(o + off), b = ld_shared_v4(g + off);
-    const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+    for (int c = 0; c < 4 * S::DB; ++c) {
+      const uint32_t off = S::DB == 1 ? 128 * row + 64 * half + 16 * c : 8192 * half + 128 * row + 16 * c;
+      const uint4 a = ld_shared_v4(o + off), b = ld_shared_v4(g + off);
+      const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float2 x = bf2_to_f2(av[e]), y = bf2_to_f2(bv[e]);
-      d += x.x * y.x;
-      d += x.y * y.y;
+      for (int e = 0; e < 4; ++e) {
+        const float2 x = bf2_to_f2(av[e]), y = bf2_to_f2(bv[e]);
+        d += x.x * y.x;
+        d += x.y * y.y;
+      }
     }
+    d += __shfl_xor_sync(0xffffffffu, d, 1);
   }
-  if (WITH_O) d += __shfl_xor_sync(0xffffffffu, d, 1);
   if (half == 0) {
     const bool in = qb + row < Tq;
     const float lse = ld_shared_f32(sm90::smem_addr(st0 + S::LSE_OFF) + 4 * row);
