@@ -34,11 +34,11 @@ F64_GATE = 1e-10
 # the BF16 policy (captured models), which the tensor-core bodies serve by rounding as they stage;
 # "wgmma" is the forward on wgmma + TMA through the worker's ring (attention_body="wgmma" on the
 # forward node, BF16 storage's default; its backward, on mma.sync, reads the wgmma forward's out
-# and lse); "mma" / "mma_glse" force the mma.sync forward; "wgmma_bwd*" the wgmma backward (last field:
-# the backward node's body)
-VARIANTS = (("mma", "bf16", False, None, None, "mma", None), ("mma_glse", "bf16", True, None, None, "mma", None),
+# and lse); "mma" / "mma_glse" force the mma.sync forward and backward; "wgmma_bwd*" the wgmma
+# backward, BF16 storage's default (last field: the backward node's body)
+VARIANTS = (("mma", "bf16", False, None, None, "mma", "mma"), ("mma_glse", "bf16", True, None, None, "mma", "mma"),
             ("mma_f32", "f32", True, None, "bf16", None, None), ("simt", "bf16", False, "simt", None, None, None),
-            ("f64", "f64", True, None, None, None, None), ("wgmma", "bf16", True, None, None, "wgmma", None),
+            ("f64", "f64", True, None, None, None, None), ("wgmma", "bf16", True, None, None, "wgmma", "mma"),
             ("wgmma_bwd", "bf16", True, None, None, "wgmma", "wgmma"),
             ("wgmma_bwd_nog", "bf16", False, None, None, "wgmma", "wgmma"))
 

@@ -81,7 +81,8 @@ def _wgmma_forward_doc(d: int, causal: bool, fwd_only: bool):
     if not fwd_only:
         values += [Value("go", q, "bf16", "batch"), Value("dq", q, "bf16"), Value("dk", kv, "bf16"),
                    Value("dv", kv, "bf16")]
-        nodes.append(("bwd", "latch::sdpa_backward", ("go", None, "q", "k", "v", "o", "lse"), ("dq", "dk", "dv"), a))
+        nodes.append(("bwd", "latch::sdpa_backward", ("go", None, "q", "k", "v", "o", "lse"), ("dq", "dk", "dv"),
+                      dict(a, attention_body="mma")))
         outs = ["o", "dq", "dk", "dv"]
     batch = ["q", "k", "v"] + ([] if fwd_only else ["go"])
     g = H.graph("update", values, nodes, [("batch", batch)], [("metrics", outs)])
@@ -247,7 +248,7 @@ def test_wgmma_backward_is_hgmma_fed_by_tma_without_spills(tmp_path, cache, d, c
     assert r.setmaxreg_alloc == (224,) and r.setmaxreg_dealloc == (56,), r
 
 
-def test_wgmma_backward_is_opt_in_and_refuses_what_it_cannot_run():
+def test_wgmma_backward_is_the_default_and_refuses_what_it_cannot_run():
     from latch_codegen_h100.lower_attention import tensor_cores, wgmma_backward
     from latch_codegen_h100.lowering import BodyContext, LoweringError, Operand
 
@@ -257,7 +258,9 @@ def test_wgmma_backward_is_opt_in_and_refuses_what_it_cannot_run():
         ins = (q, gl, q, q, q, q, Operand("l", (1, 2, 77), lse))
         return BodyContext("latch::sdpa_backward", dict({"causal": True, "scale": 0.125}, **attrs), ins, (q, q, q))
 
-    assert not wgmma_backward(ctx()) and tensor_cores(ctx())  # the default stays mma.sync
+    assert wgmma_backward(ctx()) and not tensor_cores(ctx())  # BF16 storage's default
+    assert not wgmma_backward(ctx(attention_body="mma")) and tensor_cores(ctx(attention_body="mma"))
+    assert not wgmma_backward(ctx(d=32))  # where it cannot run, the default is another body, no error
     assert wgmma_backward(ctx(attention_body="wgmma")) and not tensor_cores(ctx(attention_body="wgmma"))
     assert wgmma_backward(ctx(d=128, glse=True, attention_body="wgmma"))
     with pytest.raises(LoweringError, match="needs BF16 q/k/v with equal head dims 64 or 128"):

@@ -142,7 +142,7 @@ def head_dim_documents(case_list: Iterable[Case], bodies: tuple = ("mma",)):
     for d in sorted({c.head_dim for c in case_list}):
         group = [c for c in case_list if c.head_dim == d]
         progs = [g for b in bodies for g in attention_document(
-            group, fwd_body=_pair(b)[0], bwd_body=None if _pair(b)[1] == "mma" else _pair(b)[1]).graph.programs]
+            group, fwd_body=_pair(b)[0], bwd_body=_pair(b)[1]).graph.programs]
         yield d, group, Document(graph=GraphSection(progs, (), {"example": "bench_attention"}))
 
 
@@ -259,7 +259,7 @@ def check_case(prog, c: Case, ins: dict, ref: dict, glse: bool = False) -> tuple
 
 
 FORWARD_BODIES = ("mma", "wgmma")  # --forward: the mma.sync forward, the wgmma/TMA one (the default)
-BACKWARD_BODIES = ("mma", "wgmma")  # --backward: mma.sync (the default), the wgmma/TMA one (opt-in)
+BACKWARD_BODIES = ("mma", "wgmma")  # --backward: mma.sync, the wgmma/TMA one (the default)
 
 
 def _pair(body) -> tuple[str, str]:
@@ -343,9 +343,9 @@ def format_table(rows: list[dict]) -> str:
 @click.option("--forward", "forward", default="wgmma", show_default=True,
               help="forward bodies to time, comma-separated: wgmma (the default: TMA + wgmma through the worker's "
                    "ring), mma (mma.sync); each is a row of its own on the same inputs")
-@click.option("--backward", "backward", default="mma", show_default=True,
-              help="backward bodies to time, comma-separated: mma (mma.sync, the default), wgmma (TMA + wgmma "
-                   "through the worker's ring); each forward x backward pair is a row of its own")
+@click.option("--backward", "backward", default="wgmma", show_default=True,
+              help="backward bodies to time, comma-separated: wgmma (the default: TMA + wgmma through the "
+                   "worker's ring), mma (mma.sync); each forward x backward pair is a row of its own")
 def bench_attention_command(only, build_dir, iters, json_path, forward, backward):
     """Time latch::sdpa (forward, forward + backward) as Latch tasks against torch's flash SDPA."""
     import json

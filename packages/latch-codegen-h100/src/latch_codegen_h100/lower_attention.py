@@ -16,9 +16,9 @@ The forward of BF16 storage with head dims 64/128 runs on the worker's ring by d
 blocks through the kernel's ring of stages, the consumers run S = Q K^T and O += P V on wgmma with
 the online softmax in registers (measured on the H200: results/fa.md). ``attention_body`` on a node
 chooses: ``"wgmma"`` (an error naming the node's shapes where it cannot run), ``"mma"``, ``"simt"``.
-The backward's wgmma body (latch_attention_wgmma_bwd.cuh, :func:`wgmma_backward`) is opt-in until the
-H200 shows it correct and faster: ``attention_body="wgmma"`` on the ``latch::sdpa_backward`` node (an
-error naming the node's shapes where it cannot run). The producer warp TMA-loads every block (Q, dO,
+The backward of BF16 storage with head dims 64/128 runs on the ring too by default
+(latch_attention_wgmma_bwd.cuh, :func:`wgmma_backward`); ``attention_body`` on the
+``latch::sdpa_backward`` node chooses as on the forward. The producer warp TMA-loads every block (Q, dO,
 O and the 64 lse / glse values of a query block; K and V of a key block) through the ring; the
 consumers run dQ per block of 64 query rows and dK/dV per block of 64 keys, the two warpgroups
 splitting each loop and adding their FP32 partials in a fixed order (no atomics).
@@ -93,13 +93,17 @@ def _wgmma_legal(ctx: BodyContext) -> str | None:
 
 
 def wgmma_backward(ctx: BodyContext) -> bool:
-    """Whether the backward node runs the wgmma body: only where ``attention_body="wgmma"`` asks for
-    it (an error where it cannot run), until the H200 shows it correct and faster than mma.sync."""
-    if not ctx.op.endswith("backward") or _chosen(ctx) != "wgmma":
+    """Whether the backward node runs the wgmma body: the default wherever it can (BF16 storage, equal
+    head dims 64 or 128, FP32 lse); ``attention_body="wgmma"`` insists (an error where it cannot),
+    ``"mma"`` / ``"simt"`` choose the others."""
+    body = _chosen(ctx)
+    if not ctx.op.endswith("backward") or body in ("mma", "simt"):
         return False
     why = _wgmma_legal(ctx)
-    if why:
+    if why and body == "wgmma":
         raise LoweringError(f"{ctx.op}: attention_body='wgmma' {why}: use attention_body='mma' (or leave it unset)")
+    if why:
+        return False
     dq, dk, dv = ctx.outputs
     if not (dq.present and dk.present and dv.present):
         raise LoweringError(f"{ctx.op}: every output (dq, dk, dv) must reach memory")
