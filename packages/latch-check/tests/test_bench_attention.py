@@ -122,3 +122,40 @@ def test_bench_builds_per_head_dim_keep_the_wgmma_pipelined(tmp_path, monkeypatc
     assert {c.head_dim for c in group} == {d} and len(group) == 2
     built = build(BA.plan_document(doc, 132), tmp_path / "b")
     assert "wgmma_warnings" not in dict(built.build.stats), dict(built.build.stats)
+
+
+def test_bench_refuses_an_unknown_backward_body():
+    from click.testing import CliRunner
+
+    r = CliRunner().invoke(BA.bench_attention_command, ["--backward", "wgmma,fast"])
+    assert r.exit_code != 0 and "'wgmma,fast'" in r.output and "must be one of" in r.output, r.output
+
+
+def test_backward_variants_name_their_cases_and_set_the_backward_body():
+    c = BA.CASES[0]
+    assert BA.variant(c, "wgmma", "wgmma").name == f"{c.name}-wgmma-bwgmma"
+    assert BA.variant(c, "mma", "mma") is c
+    doc = BA.attention_document([c], fwd_body="wgmma", bwd_body="wgmma")
+    g = doc.graph.program(f"{c.name}-wgmma-bwgmma.fwdbwd")
+    assert [dict(n.attrs).get("attention_body") for n in g.nodes] == ["wgmma", "wgmma"]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("d", [64, 128])
+def test_bench_builds_with_both_backwards_keep_the_wgmma_pipelined(tmp_path, monkeypatch, d):
+    """What bench-attention --backward mma,wgmma measures: per head dim, the wgmma forward with the
+    mma.sync backward and with the wgmma backward in one build; ptxas keeps every wgmma pipelined and
+    the wgmma backward of each case streams through the ring (its 6 tensor maps: grad_lse absent)."""
+    import json
+
+    from latch_codegen_h100 import build
+
+    monkeypatch.setenv("LATCH_CACHE_DIR", str(tmp_path / "cache"))
+    pairs = (("wgmma", "mma"), ("wgmma", "wgmma"))
+    docs = {dd: (group, doc) for dd, group, doc in BA.head_dim_documents(BA.CASES, pairs)}
+    group, doc = docs[d]
+    built = build(BA.plan_document(doc, 132), tmp_path / "b")
+    stats = dict(built.build.stats)
+    assert "wgmma_warnings" not in stats, stats
+    man = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert sum(1 for b in man["bodies"] if b["tensor_maps"] == 6) == len(group) == 2, man["bodies"]

@@ -4,8 +4,11 @@ attention, with and without a gradient of lse; the backward must give the same b
 run. BF16 storage (and FP32 storage under operand_dtype bf16) runs the tensor-core bodies (gate:
 bench_attention.REL_GATE, the BF16 rounding of operands, outputs and P); the same shapes with ``attention_body="simt"`` and in f64 run the SIMT bodies (f64: exact
 to rounding). Variant "wgmma" runs the forward on wgmma + TMA through the worker's ring
-(``attention_body="wgmma"`` on the forward node). All cases share ONE build (one document, many
-programs)."""
+(``attention_body="wgmma"`` on the forward node); variants "wgmma_bwd" (with a gradient of lse) and
+"wgmma_bwd_nog" (without) run both the forward and the backward on wgmma + TMA (``attention_body=
+"wgmma"`` on both nodes; the backward opt-in, latch_attention_wgmma_bwd.cuh). All selected cases share
+ONE build (one document, many programs): with every variant (both head dims' wgmma bodies in one
+kernel) ptxas serialises the wgmma instructions (C7511; results/fa.md), which is slower, not wrong."""
 
 from __future__ import annotations
 
@@ -31,10 +34,13 @@ F64_GATE = 1e-10
 # the BF16 policy (captured models), which the tensor-core bodies serve by rounding as they stage;
 # "wgmma" is the forward on wgmma + TMA through the worker's ring (attention_body="wgmma" on the
 # forward node, BF16 storage's default; its backward, on mma.sync, reads the wgmma forward's out
-# and lse); "mma" / "mma_glse" force the mma.sync forward
-VARIANTS = (("mma", "bf16", False, None, None, "mma"), ("mma_glse", "bf16", True, None, None, "mma"),
-            ("mma_f32", "f32", True, None, "bf16", None), ("simt", "bf16", False, "simt", None, None),
-            ("f64", "f64", True, None, None, None), ("wgmma", "bf16", True, None, None, "wgmma"))
+# and lse); "mma" / "mma_glse" force the mma.sync forward and backward; "wgmma_bwd*" the wgmma
+# backward, BF16 storage's default (last field: the backward node's body)
+VARIANTS = (("mma", "bf16", False, None, None, "mma", "mma"), ("mma_glse", "bf16", True, None, None, "mma", "mma"),
+            ("mma_f32", "f32", True, None, "bf16", None, None), ("simt", "bf16", False, "simt", None, None, None),
+            ("f64", "f64", True, None, None, None, None), ("wgmma", "bf16", True, None, None, "wgmma", "mma"),
+            ("wgmma_bwd", "bf16", True, None, None, "wgmma", "wgmma"),
+            ("wgmma_bwd_nog", "bf16", False, None, None, "wgmma", "wgmma"))
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +54,12 @@ def programs(request, tmp_path_factory):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     progs, variants = [], {}
     wanted = {it.callspec.params.get("tag") for it in request.session.items if hasattr(it, "callspec")}
-    for tag, dtype, glse, body, operand, fwd_body in VARIANTS:
+    for tag, dtype, glse, body, operand, fwd_body, bwd_body in VARIANTS:
         if tag not in wanted:
             continue
         cases = [BA.Case(f"{tag}.{c.name}", c.batch, c.heads, c.kv_heads, c.seq, c.head_dim, c.causal) for c in CASES]
-        progs += [p for c in cases for p in BA._programs(c, dtype, glse, body, operand, fwd_body=fwd_body)]
+        progs += [p for c in cases for p in BA._programs(c, dtype, glse, body, operand, fwd_body=fwd_body,
+                                                         bwd_body=bwd_body)]
         variants[tag] = (cases, dtype, glse)
     d = tmp_path_factory.mktemp("attention")
     doc = Document(graph=GraphSection(progs, (), {"example": "test_gpu_attention"}))

@@ -81,7 +81,8 @@ def _wgmma_forward_doc(d: int, causal: bool, fwd_only: bool):
     if not fwd_only:
         values += [Value("go", q, "bf16", "batch"), Value("dq", q, "bf16"), Value("dk", kv, "bf16"),
                    Value("dv", kv, "bf16")]
-        nodes.append(("bwd", "latch::sdpa_backward", ("go", None, "q", "k", "v", "o", "lse"), ("dq", "dk", "dv"), a))
+        nodes.append(("bwd", "latch::sdpa_backward", ("go", None, "q", "k", "v", "o", "lse"), ("dq", "dk", "dv"),
+                      dict(a, attention_body="mma")))
         outs = ["o", "dq", "dk", "dv"]
     batch = ["q", "k", "v"] + ([] if fwd_only else ["go"])
     g = H.graph("update", values, nodes, [("batch", batch)], [("metrics", outs)])
@@ -106,8 +107,10 @@ def test_wgmma_forward_is_hgmma_fed_by_tma_without_spills(tmp_path, cache, d, ca
     # call (as it does with the mma.sync forward); none of it inside the forward's tensor-core code
     # (descriptors are recomputed from laundered bases, not hoisted and spilled).
     text = _run([H.cuobjdump(), "-sass", str(out / "program.so")]).splitlines()
-    hg = [i for i, line in enumerate(text) if "HGMMA" in line]
-    assert hg and not [line for line in text[hg[0]:hg[-1]] if re.search(r"\b(LDL|STL)\b", line)]
+    loops = _hgmma_loops(text)
+    assert loops, "no loop around the HGMMA instructions"
+    local = [text[i] for a, b in loops for i in range(a, b + 1) if re.search(r"\b(LDL|STL)\b", text[i])]
+    assert not local, local[:8]
     r = sass_report(out / "program.so")
     n_keys = 128 if d == 64 else 64
     # S = Q K^T (d / 16 steps of N = keys, both operands in shared memory) and O += P V (keys / 16
@@ -141,8 +144,7 @@ def test_wgmma_forward_refuses_what_it_cannot_run():
         wgmma_forward(ctx(d=32, attention_body="wgmma"))
     with pytest.raises(LoweringError, match="needs BF16"):
         wgmma_forward(ctx(dtype="f32", attention_body="wgmma", operand_dtype="bf16"))
-    with pytest.raises(LoweringError, match="only for the forward"):
-        wgmma_forward(ctx(op="latch::sdpa_backward", attention_body="wgmma"))
+    assert not wgmma_forward(ctx(op="latch::sdpa_backward", attention_body="wgmma"))  # the backward's own body
     with pytest.raises(LoweringError, match="is not one of"):
         wgmma_forward(ctx(attention_body="wgmma2"))
 
@@ -169,3 +171,99 @@ def test_wgmma_forward_beside_a_product_keeps_both_pipelined(tmp_path, cache, d)
     assert "wgmma_warnings" not in stats and stats.get("spill_stores", 0) == 0, stats
     r = sass_report(out / "program.so")
     assert r.hgmma_serialized == 0 and r.utmaldg >= 3, r
+
+
+def _hgmma_loops(text: list[str]) -> list[tuple[int, int]]:
+    """(first, last) line of every innermost loop (a backward branch's range) holding an HGMMA."""
+    addr = {}
+    for i, line in enumerate(text):
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/", line)
+        if m:
+            addr[int(m.group(1), 16)] = i
+    ranges = []
+    for i, line in enumerate(text):
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?BRA\s+(0x[0-9a-f]+)", line)
+        if m and int(m.group(3), 16) < int(m.group(1), 16) and int(m.group(3), 16) in addr:
+            ranges.append((addr[int(m.group(3), 16)], i))
+    loops = set()
+    for i, line in enumerate(text):
+        if "HGMMA" in line:
+            inside = [r for r in ranges if r[0] <= i <= r[1]]
+            if inside:
+                loops.add(min(inside, key=lambda r: r[1] - r[0]))
+    return sorted(loops)
+
+
+def _wgmma_backward_doc(d: int, causal: bool, glse: bool = False, T: int = 300):
+    """latch::sdpa then latch::sdpa_backward, both with attention_body="wgmma" (grouped-query 4:2,
+    300 rows: several blocks, the last one partial), as a training step has them."""
+    B, H_, Hkv = 1, 4, 2
+    q, kv = (B, H_, T, d), (B, Hkv, T, d)
+    values = [Value("q", q, "bf16", "batch"), Value("k", kv, "bf16", "batch"), Value("v", kv, "bf16", "batch"),
+              Value("go", q, "bf16", "batch"), Value("o", q, "bf16"), Value("lse", q[:3], "f32"),
+              Value("dq", q, "bf16"), Value("dk", kv, "bf16"), Value("dv", kv, "bf16")]
+    batch = ["q", "k", "v", "go"]
+    if glse:
+        values.append(Value("gl", q[:3], "f32", "batch"))
+        batch.append("gl")
+    a = {"causal": causal, "scale": d ** -0.5, "attention_body": "wgmma"}
+    nodes = [("fwd", "latch::sdpa", ("q", "k", "v"), ("o", "lse"), a),
+             ("bwd", "latch::sdpa_backward", ("go", "gl" if glse else None, "q", "k", "v", "o", "lse"),
+              ("dq", "dk", "dv"), a)]
+    g = H.graph("update", values, nodes, [("batch", batch)], [("metrics", ["o", "dq", "dk", "dv"])])
+    return H.planned([g], tiles=1, num_sms=1)
+
+
+@needs_tools
+@pytest.mark.parametrize("d, causal, glse", [(64, True, False), (128, True, True), (128, False, False),
+                                             (64, False, True)])
+def test_wgmma_backward_is_hgmma_fed_by_tma_without_spills(tmp_path, cache, d, causal, glse):
+    """The wgmma backward beside the wgmma forward (one head dim, as a model's kernel): every wgmma
+    pipelined (no C7510/C7511/C7512/C7515/C7518), S/dP as 64x64 products from shared memory, dQ/dK/dV
+    as 64xD products with register A, TMA loads (3-D boxes and the 1-D lse/glse boxes). ptxas keeps a
+    few words of the task loops (counters, pointers) on the stack, outside the tensor-core loops:
+    no local memory between the first and the last HGMMA."""
+    from latch_codegen_h100.sass import sass_report
+
+    out = tmp_path / "b"
+    doc = build(_wgmma_backward_doc(d, causal, glse), out, jobs=2)
+    stats = dict(doc.build.stats)
+    log = (out / "build.log").read_text()
+    assert "wgmma_warnings" not in stats, (stats, log[-3000:])
+    for w in ("C7510", "C7511", "C7512", "C7515", "C7518", "serialized"):
+        assert w not in log, log[-3000:]
+    assert stats.get("spill_stores", 0) <= 128, stats
+    text = _run([H.cuobjdump(), "-sass", str(out / "program.so")]).splitlines()
+    loops = _hgmma_loops(text)
+    assert loops, "no loop around the HGMMA instructions"
+    local = [text[i] for a, b in loops for i in range(a, b + 1) if re.search(r"\b(LDL|STL)\b", text[i])]
+    assert not local, local[:8]
+    r = sass_report(out / "program.so")
+    # backward: S (dQ half) and S^T (dK/dV half) and their dP: 4 x d/16 steps of 64x64 from shared
+    # memory; dQ, dV, dK: 3 x 4 steps of 64xd with register A
+    assert r.hgmma.get("64x64x16.F32.BF16", 0) >= 4 * (d // 16), r
+    assert r.hgmma.get(f"64x{d}x16.F32.BF16", 0) >= 3 * 4, r
+    assert r.hgmma_serialized == 0, r
+    assert r.utmaldg >= 4, r
+    assert r.setmaxreg_alloc == (224,) and r.setmaxreg_dealloc == (56,), r
+
+
+def test_wgmma_backward_is_the_default_and_refuses_what_it_cannot_run():
+    from latch_codegen_h100.lower_attention import tensor_cores, wgmma_backward
+    from latch_codegen_h100.lowering import BodyContext, LoweringError, Operand
+
+    def ctx(dtype="bf16", d=64, lse="f32", glse=False, **attrs):
+        q = Operand("q", (1, 2, 77, d), dtype)
+        gl = Operand("g", (1, 2, 77), "f32") if glse else None
+        ins = (q, gl, q, q, q, q, Operand("l", (1, 2, 77), lse))
+        return BodyContext("latch::sdpa_backward", dict({"causal": True, "scale": 0.125}, **attrs), ins, (q, q, q))
+
+    assert wgmma_backward(ctx()) and not tensor_cores(ctx())  # BF16 storage's default
+    assert not wgmma_backward(ctx(attention_body="mma")) and tensor_cores(ctx(attention_body="mma"))
+    assert not wgmma_backward(ctx(d=32))  # where it cannot run, the default is another body, no error
+    assert wgmma_backward(ctx(attention_body="wgmma")) and not tensor_cores(ctx(attention_body="wgmma"))
+    assert wgmma_backward(ctx(d=128, glse=True, attention_body="wgmma"))
+    with pytest.raises(LoweringError, match="needs BF16 q/k/v with equal head dims 64 or 128"):
+        wgmma_backward(ctx(d=32, attention_body="wgmma"))
+    with pytest.raises(LoweringError, match="FP32 lse"):
+        wgmma_backward(ctx(lse="bf16", attention_body="wgmma"))

@@ -3,6 +3,7 @@
     latch-pipeline bench-attention                 # the four cases of issue 10
     latch-pipeline bench-attention --only gqa --iters 5
     latch-pipeline bench-attention --forward mma,wgmma   # both forward bodies, a row each
+    latch-pipeline bench-attention --backward mma,wgmma  # both backward bodies (wgmma forward), a row each
 
 Each case (batch, query heads, key/value heads, sequence, head dim; causal) becomes two programs
 of ONE build: ``<case>.fwd`` (``latch::sdpa``: out and lse) and ``<case>.fwdbwd`` (``latch::sdpa``
@@ -81,9 +82,9 @@ CASES = (
 
 
 def _programs(c: Case, dtype: str = "bf16", glse: bool = False, body: str | None = None,
-              operand: str | None = None, fwd_body: str | None = None) -> list[Graph]:
-    """``body`` goes on both nodes (``attention_body``); ``fwd_body`` on the forward node only (the
-    wgmma forward has no backward twin yet, so the backward keeps its default body)."""
+              operand: str | None = None, fwd_body: str | None = None, bwd_body: str | None = None) -> list[Graph]:
+    """``body`` goes on both nodes (``attention_body``); ``fwd_body`` on the forward node only,
+    ``bwd_body`` on the backward node only (each overrides ``body`` there)."""
     q, k, v, go, gl = (f"{c.name}.{n}" for n in ("q", "k", "v", "go", "glse"))
     attrs_ = {"causal": c.causal, "scale": c.scale}
     if body:
@@ -109,8 +110,9 @@ def _programs(c: Case, dtype: str = "bf16", glse: bool = False, body: str | None
                        Value(dv, c.kv_shape, dtype)]
             if glse:
                 values.append(Value(gl, c.q_shape[:3], stat, BATCH))
+            battrs = dict(attrs_, attention_body=bwd_body) if bwd_body else attrs_
             nodes.append(Node(f"{p}.sdpa_backward", "latch::sdpa_backward", (go, gl if glse else None, q, k, v, out, lse),
-                              (dq, dk, dv), attrs_, source=f"bench_attention {c.name}"))
+                              (dq, dk, dv), battrs, source=f"bench_attention {c.name}"))
             outs = (out, dq, dk, dv)
             batch = (q, k, v, go) + ((gl,) if glse else ())
         progs.append(Graph(p, values, nodes, (Group("batch", batch),), (Group("metrics", outs),)))
@@ -118,26 +120,29 @@ def _programs(c: Case, dtype: str = "bf16", glse: bool = False, body: str | None
 
 
 def attention_document(case_list: Iterable[Case], dtype: str = "bf16", glse: bool = False,
-                       body: str | None = None, fwd_body: str | None = None) -> Document:
+                       body: str | None = None, fwd_body: str | None = None, bwd_body: str | None = None) -> Document:
     """Per case ``<case>.fwd`` and ``<case>.fwdbwd`` (see the module docstring); ``glse``: the
     backward also takes a gradient of lse (a batch input ``<case>.glse``); ``body="simt"`` forces
     the SIMT bodies (attribute ``attention_body``); ``fwd_body`` ("mma", "wgmma") the forward's body
-    (the forward node only). With ``fwd_body`` other than "mma", each case is named
-    ``<case>-<fwd_body>`` (:func:`variant`), so one document can hold both forwards of a case."""
-    if fwd_body:
-        case_list = [variant(c, fwd_body) for c in case_list]
-    progs = [p for c in case_list for p in _programs(c, dtype, glse, body, fwd_body=fwd_body)]
+    (the forward node only), ``bwd_body`` ("mma", "wgmma") the backward's. With ``fwd_body`` other
+    than "mma", each case is named ``<case>-<fwd_body>``, with ``bwd_body`` other than "mma"
+    ``...-b<bwd_body>`` (:func:`variant`), so one document can hold every body pair of a case."""
+    if fwd_body or bwd_body:
+        case_list = [variant(c, fwd_body or "mma", bwd_body or "mma") for c in case_list]
+    progs = [p for c in case_list for p in _programs(c, dtype, glse, body, fwd_body=fwd_body, bwd_body=bwd_body)]
     return Document(graph=GraphSection(progs, (), {"example": "bench_attention"}))
 
 
-def head_dim_documents(case_list: Iterable[Case], bodies: tuple[str, ...] = ("mma",)):
-    """(head dim, its cases, its document with every forward body in ``bodies``), one per head dim:
+def head_dim_documents(case_list: Iterable[Case], bodies: tuple = ("mma",)):
+    """(head dim, its cases, its document with every body in ``bodies``: forward bodies, or (forward,
+    backward) pairs), one per head dim:
     with wgmma forwards of both head dims inlined in one kernel, ptxas serialises every wgmma
     (C7511, "insufficient register resources"; results/fa.md), so each head dim is its own build."""
     case_list = list(case_list)
     for d in sorted({c.head_dim for c in case_list}):
         group = [c for c in case_list if c.head_dim == d]
-        progs = [g for b in bodies for g in attention_document(group, fwd_body=b).graph.programs]
+        progs = [g for b in bodies for g in attention_document(
+            group, fwd_body=_pair(b)[0], bwd_body=_pair(b)[1]).graph.programs]
         yield d, group, Document(graph=GraphSection(progs, (), {"example": "bench_attention"}))
 
 
@@ -254,15 +259,24 @@ def check_case(prog, c: Case, ins: dict, ref: dict, glse: bool = False) -> tuple
 
 
 FORWARD_BODIES = ("mma", "wgmma")  # --forward: the mma.sync forward, the wgmma/TMA one (the default)
+BACKWARD_BODIES = ("mma", "wgmma")  # --backward: mma.sync, the wgmma/TMA one (the default)
 
 
-def variant(c: Case, body: str) -> Case:
-    """The case as the document names it for forward body ``body`` (``attention_document``)."""
-    return c if body == "mma" else attrs.evolve(c, name=f"{c.name}-{body}")
+def _pair(body) -> tuple[str, str]:
+    """(forward body, backward body) of a forward body name or a pair."""
+    return (body, "mma") if isinstance(body, str) else tuple(body)
 
 
-def run_case(prog, c: Case, iters: int, seed: int, bodies: tuple[str, ...] = ("mma",)) -> list[dict]:
-    """One row per forward body in ``bodies``: the same inputs, FP64 reference and torch control."""
+def variant(c: Case, body: str, bwd_body: str = "mma") -> Case:
+    """The case as the document names it for forward body ``body`` and backward body ``bwd_body``
+    (``attention_document``)."""
+    name = c.name + ("" if body == "mma" else f"-{body}") + ("" if bwd_body == "mma" else f"-b{bwd_body}")
+    return attrs.evolve(c, name=name) if name != c.name else c
+
+
+def run_case(prog, c: Case, iters: int, seed: int, bodies: tuple = ("mma",)) -> list[dict]:
+    """One row per body in ``bodies`` (forward bodies, or (forward, backward) pairs): the same inputs,
+    FP64 reference and torch control."""
     import torch
 
     from .timing import capture_graph, median_ms
@@ -272,7 +286,7 @@ def run_case(prog, c: Case, iters: int, seed: int, bodies: tuple[str, ...] = ("m
     ref = reference(c, ins)
     checked = {}
     for body in bodies:
-        v = variant(c, body)
+        v = variant(c, *_pair(body))
         vins = {f"{v.name}.{k[len(c.name) + 1:]}": t for k, t in ins.items()}
         checked[body] = (v, vins, check_case(prog, v, vins, ref))
     fwd, fwdbwd, control = _torch_flash(c, ins)
@@ -294,7 +308,8 @@ def run_case(prog, c: Case, iters: int, seed: int, bodies: tuple[str, ...] = ("m
         lb = median_ms(lambda: prog.launch(f"{v.name}.fwdbwd", batch=bwd_ins), iters, warmup=1)
         prog.check()
         ok = identical and all(e <= REL_GATE for e in errs.values())
-        rows.append({"case": v.name, "forward_body": body, "batch": c.batch, "heads": c.heads,
+        rows.append({"case": v.name, "forward_body": _pair(body)[0], "backward_body": _pair(body)[1],
+                     "batch": c.batch, "heads": c.heads,
                      "kv_heads": c.kv_heads, "seq": c.seq, "head_dim": c.head_dim, "causal": c.causal,
                      "control": control, "rel_l2": errs, "torch_rel_l2": torch_errs, "bitwise_repeat": identical,
                      "latch_fwd_ms": lf, "latch_fwdbwd_ms": lb, "torch_fwd_ms": tf, "torch_fwdbwd_ms": tb,
@@ -304,13 +319,13 @@ def run_case(prog, c: Case, iters: int, seed: int, bodies: tuple[str, ...] = ("m
 
 
 def format_table(rows: list[dict]) -> str:
-    head = (f"{'case':<30} {'worst rel L2':>12} {'torch':>9} {'bits':>5} {'fwd ms':>9} {'torch':>8} {'ratio':>7} "
+    head = (f"{'case':<36} {'worst rel L2':>12} {'torch':>9} {'bits':>5} {'fwd ms':>9} {'torch':>8} {'ratio':>7} "
             f"{'f+b ms':>9} {'torch':>8} {'ratio':>7} {'f+b TF':>7}")
     lines = [head, "-" * len(head)]
     for r in rows:
         w = max(r["rel_l2"].values())
         tw = max(r["torch_rel_l2"].values())
-        lines.append(f"{r['case']:<30} {w:12.2e} {tw:9.2e} {'same' if r['bitwise_repeat'] else 'DIFF':>5} "
+        lines.append(f"{r['case']:<36} {w:12.2e} {tw:9.2e} {'same' if r['bitwise_repeat'] else 'DIFF':>5} "
                      f"{r['latch_fwd_ms']:9.3f} {r['torch_fwd_ms']:8.3f} {100 * r['fwd_ratio']:6.1f}% "
                      f"{r['latch_fwdbwd_ms']:9.3f} {r['torch_fwdbwd_ms']:8.3f} {100 * r['fwdbwd_ratio']:6.1f}% "
                      f"{r['latch_fwdbwd_tflops']:7.1f}{'' if r['ok'] else '  WRONG'}")
@@ -328,7 +343,10 @@ def format_table(rows: list[dict]) -> str:
 @click.option("--forward", "forward", default="wgmma", show_default=True,
               help="forward bodies to time, comma-separated: wgmma (the default: TMA + wgmma through the worker's "
                    "ring), mma (mma.sync); each is a row of its own on the same inputs")
-def bench_attention_command(only, build_dir, iters, json_path, forward):
+@click.option("--backward", "backward", default="wgmma", show_default=True,
+              help="backward bodies to time, comma-separated: wgmma (the default: TMA + wgmma through the "
+                   "worker's ring), mma (mma.sync); each forward x backward pair is a row of its own")
+def bench_attention_command(only, build_dir, iters, json_path, forward, backward):
     """Time latch::sdpa (forward, forward + backward) as Latch tasks against torch's flash SDPA."""
     import json
 
@@ -340,6 +358,10 @@ def bench_attention_command(only, build_dir, iters, json_path, forward):
     bad_body = [b for b in bodies if b not in FORWARD_BODIES]
     if bad_body or not bodies:
         raise click.ClickException(f"--forward {forward!r}: each entry must be one of {FORWARD_BODIES}")
+    bwd = tuple(b.strip() for b in backward.split(",") if b.strip())
+    if not bwd or [b for b in bwd if b not in BACKWARD_BODIES]:
+        raise click.ClickException(f"--backward {backward!r}: each entry must be one of {BACKWARD_BODIES}")
+    bodies = tuple((f, b) for f in bodies for b in bwd)
     if not torch.cuda.is_available():
         raise click.ClickException("bench-attention runs on the GPU; torch sees no CUDA device")
     case_list = [c for c in CASES if only is None or only in c.name]
@@ -359,7 +381,8 @@ def bench_attention_command(only, build_dir, iters, json_path, forward):
                    "wgmma warnings)")
         for c in group:
             for b in bodies:
-                click.echo(f"  {variant(c, b).name}: tasks {task_counts(doc, variant(c, b).name + '.fwdbwd')}")
+                v = variant(c, *_pair(b))
+                click.echo(f"  {v.name}: tasks {task_counts(doc, v.name + '.fwdbwd')}")
         prog = Program.load(gdir)
         for c in group:
             try:

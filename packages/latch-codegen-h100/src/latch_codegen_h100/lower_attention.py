@@ -16,7 +16,12 @@ The forward of BF16 storage with head dims 64/128 runs on the worker's ring by d
 blocks through the kernel's ring of stages, the consumers run S = Q K^T and O += P V on wgmma with
 the online softmax in registers (measured on the H200: results/fa.md). ``attention_body`` on a node
 chooses: ``"wgmma"`` (an error naming the node's shapes where it cannot run), ``"mma"``, ``"simt"``.
-The backward has no wgmma body yet: ``"wgmma"`` on a ``latch::sdpa_backward`` node is an error.
+The backward of BF16 storage with head dims 64/128 runs on the ring too by default
+(latch_attention_wgmma_bwd.cuh, :func:`wgmma_backward`); ``attention_body`` on the
+``latch::sdpa_backward`` node chooses as on the forward. The producer warp TMA-loads every block (Q, dO,
+O and the 64 lse / glse values of a query block; K and V of a key block) through the ring; the
+consumers run dQ per block of 64 query rows and dK/dV per block of 64 keys, the two warpgroups
+splitting each loop and adding their FP32 partials in a fixed order (no atomics).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from .lowering import BodyContext, Lowering, LoweringError, OnlyWhen, TensorMap
 HEADER = "latch_attention.cuh"
 MMA_HEADER = "latch_attention_mma.cuh"
 WGMMA_HEADER = "latch_attention_wgmma.cuh"
+WGMMA_BWD_HEADER = "latch_attention_wgmma_bwd.cuh"
+WGMMA_BWD_BLOCK = 64  # rows of every block of the wgmma backward (latch::awg::BwdShape::B)
 BODIES = ("simt", "mma", "wgmma")  # values of the ``attention_body`` attribute
 WGMMA_ROWS = 128  # query rows per tile of the wgmma forward (latch::awg::FwdShape::BM)
 MAX_HEAD = 256
@@ -47,7 +54,7 @@ def tensor_cores(ctx: BodyContext) -> bool:
     body = _chosen(ctx)
     if body == "simt":
         return False
-    if wgmma_forward(ctx):
+    if wgmma_forward(ctx) or wgmma_backward(ctx):
         return False
     op = ctx.attr("operand_dtype")
     dtype_ok = (q.dtype == "bf16" and op in (None, "bf16")) or (q.dtype == "f32" and op == "bf16")
@@ -59,23 +66,48 @@ def _chosen(ctx: BodyContext) -> str | None:
     body = ctx.attr("attention_body")
     if body is not None and body not in BODIES:
         raise LoweringError(f"{ctx.op}: attention_body={body!r} is not one of {BODIES}; drop it for the default")
-    if body == "wgmma" and ctx.op.endswith("backward"):
-        raise LoweringError(f"{ctx.op}: attention_body='wgmma' exists only for the forward (latch::sdpa); put it "
-                            "on the sdpa node and leave the backward's attribute unset or 'mma'")
     return body
 
 
+def _qkv(ctx: BodyContext):
+    return ctx.inputs[2:5] if ctx.op.endswith("backward") else ctx.inputs[:3]
+
+
 def _wgmma_legal(ctx: BodyContext) -> str | None:
-    """None when the wgmma forward can run the node, else why not."""
-    q, k, v = ctx.inputs[:3]
+    """None when the wgmma forward (or backward) can run the node, else why not."""
+    q, k, v = _qkv(ctx)
     op = ctx.attr("operand_dtype")
     if not (q.dtype == k.dtype == v.dtype == "bf16" and op in (None, "bf16") and q.shape[3] == k.shape[3] == v.shape[3]
             and q.shape[3] in MMA_HEADS):
         return (f"needs BF16 q/k/v with equal head dims 64 or 128; got q {q.dtype}{list(q.shape)}, "
                 f"k {k.dtype}{list(k.shape)}, v {v.dtype}{list(v.shape)}, operand_dtype {op!r}")
-    if max(q.shape[0] * q.shape[1], q.shape[2], k.shape[2]) >= 2 ** 31:
-        return f"takes 32-bit TMA coordinates; q {list(q.shape)} is too large"
+    if ctx.op.endswith("backward"):
+        go, glse, _, _, _, o, lse = ctx.inputs
+        if not (go.dtype == o.dtype == "bf16" and lse.dtype == "f32" and (glse is None or glse.dtype == "f32")):
+            return (f"needs BF16 grad_out and out and FP32 lse/grad_lse; got grad_out {go.dtype}, out {o.dtype}, "
+                    f"lse {lse.dtype}, grad_lse {None if glse is None else glse.dtype}")
+    if max(q.shape[0] * q.shape[1], q.shape[2], k.shape[2]) >= 2 ** 31 or (
+            ctx.op.endswith("backward") and q.shape[0] * q.shape[1] * q.shape[2] >= 2 ** 31):
+        return f"takes 32-bit TMA coordinates (lse as one flat tensor in the backward); q {list(q.shape)} is too large"
     return None
+
+
+def wgmma_backward(ctx: BodyContext) -> bool:
+    """Whether the backward node runs the wgmma body: the default wherever it can (BF16 storage, equal
+    head dims 64 or 128, FP32 lse); ``attention_body="wgmma"`` insists (an error where it cannot),
+    ``"mma"`` / ``"simt"`` choose the others."""
+    body = _chosen(ctx)
+    if not ctx.op.endswith("backward") or body in ("mma", "simt"):
+        return False
+    why = _wgmma_legal(ctx)
+    if why and body == "wgmma":
+        raise LoweringError(f"{ctx.op}: attention_body='wgmma' {why}: use attention_body='mma' (or leave it unset)")
+    if why:
+        return False
+    dq, dk, dv = ctx.outputs
+    if not (dq.present and dk.present and dv.present):
+        raise LoweringError(f"{ctx.op}: every output (dq, dk, dv) must reach memory")
+    return True
 
 
 def wgmma_forward(ctx: BodyContext) -> bool:
@@ -93,15 +125,15 @@ def wgmma_forward(ctx: BodyContext) -> bool:
 
 
 def _wgmma_dims(ctx: BodyContext):
-    q, k, _ = ctx.inputs[:3]
+    q, k, _ = _qkv(ctx)
     B, H, Tq, D = q.shape
     return B, H, k.shape[1], Tq, k.shape[2], D, ("true" if ctx.attr("causal") else "false")
 
 
 def _wgmma_args(ctx: BodyContext) -> tuple[int, ...]:
-    """The wgmma forward's run-time constants (``c.args``): H, Hkv, Tq, Tk and the scale's FP32 bits,
+    """The wgmma bodies' run-time constants (``c.args``): H, Hkv, Tq, Tk and the scale's FP32 bits,
     so that every node of one (head dim, causal) shares one inlined body."""
-    if not wgmma_forward(ctx):
+    if not (wgmma_forward(ctx) or wgmma_backward(ctx)):
         return ()
     B, H, Hkv, Tq, Tk, D, _ = _wgmma_dims(ctx)
     bits = struct.unpack("<i", struct.pack("<f", float(ctx.attr("scale"))))[0]
@@ -199,6 +231,8 @@ def _backward(ctx: BodyContext) -> str:
     B, H, Hkv, Tq, Tk, D, Dv, acc, nc, rnd, causal, scale = _common(ctx, q, k, v)
     G = H // Hkv
     lt = lse.ctype
+    if wgmma_backward(ctx):
+        return _wgmma_bwd_body(ctx)
     if tensor_cores(ctx):
         return _backward_mma(ctx, B, H, Hkv, Tq, Tk, D, causal)
     tp = f"{q.ctype}, {lt}, {acc}, {nc}, {causal}, {rnd}"
@@ -260,7 +294,55 @@ def _backward_mma(ctx: BodyContext, B, H, Hkv, Tq, Tk, D, causal) -> str:
     ])
 
 
+def _wgmma_bwd_body(ctx: BodyContext) -> str:
+    dq, dk, dv = ctx.outputs
+    D, causal = _wgmma_dims(ctx)[5:]
+    glse = "true" if ctx.inputs[1] is not None else "false"
+    return "\n".join([
+        "latch::Pipe p = c.pipe;",
+        f"if (!latch::awg::bwd_consume<{D}, {causal}>(p, c.t, {dq.ptr}, {dk.ptr}, {dv.ptr}, {glse}, (int)c.args[0], "
+        f"(int)c.args[1], (int)c.args[2], (int)c.args[3], __int_as_float((int)c.args[4]), {ctx.smem})) return;",
+    ])
+
+
+def _wgmma_bwd_producer(ctx: BodyContext) -> str:
+    D, causal = _wgmma_dims(ctx)[5:]
+    m = [ctx.tmap(j) for j in range(6)] + ([ctx.tmap(6)] if ctx.inputs[1] is not None else ["nullptr"])
+    return "\n".join([
+        f"const latch::awg::BwdMaps maps_{{{m[0]}, {m[1]}, {m[2]}, {m[3]}, {m[4]}, {m[5]}, {m[6]}}};",
+        f"if (!latch::awg::bwd_produce<{D}, {causal}>(p, c.t, maps_, (int)c.args[0], (int)c.args[1], (int)c.args[2], "
+        "(int)c.args[3])) return false;",
+    ])
+
+
+def _wgmma_bwd_tensor_maps(ctx: BodyContext) -> list[TensorMap]:
+    B, H, Hkv, Tq, Tk, D, _ = _wgmma_dims(ctx)
+    r = WGMMA_BWD_BLOCK
+    # inputs: 0 grad_out, 1 grad_lse (or None), 2 q, 3 k, 4 v, 5 out, 6 lse; the group's operands are the
+    # inputs that are present, in order; maps in BwdMaps' order
+    present = [i for i, x in enumerate(ctx.inputs) if x is not None]
+    op = present.index
+    maps = [TensorMap(op(2), (D, Tq, B * H), (64, r, 1)), TensorMap(op(3), (D, Tk, B * Hkv), (64, r, 1)),
+            TensorMap(op(4), (D, Tk, B * Hkv), (64, r, 1)), TensorMap(op(0), (D, Tq, B * H), (64, r, 1)),
+            TensorMap(op(5), (D, Tq, B * H), (64, r, 1)), TensorMap(op(6), (B * H * Tq,), (r,), swizzle=0)]
+    if ctx.inputs[1] is not None:
+        maps.append(TensorMap(op(1), (B * H * Tq,), (r,), swizzle=0))
+    return maps
+
+
+def _wgmma_bwd_stage_bytes(ctx: BodyContext) -> int:
+    D = ctx.inputs[2].shape[3]
+    tile = WGMMA_BWD_BLOCK * D * 2
+    return (2 if D == 128 else 3) * tile + 512  # latch::awg::BwdShape::STAGE: Q | dO (| O) | lse | glse
+
+
+def _wgmma_bwd_smem(D: int) -> int:
+    return 2 * WGMMA_BWD_BLOCK * D * 2 + 2 * 2 * 2 * 64 * 4  # latch::awg::BwdShape::SCRATCH
+
+
 def _smem(ctx: BodyContext) -> int:
+    if wgmma_backward(ctx):
+        return _wgmma_bwd_smem(ctx.inputs[2].shape[3])
     if wgmma_forward(ctx):
         return WGMMA_ROWS * ctx.inputs[0].shape[3] * 2  # the Q tile (K and V stay in the ring's stages)
     if tensor_cores(ctx):
@@ -281,7 +363,11 @@ def lowerings() -> list[Lowering]:
                  doc="bf16, head dim 64/128: flash forward on mma.sync (16 query rows per warp, 64-key blocks, online "
                      "softmax, lse saved), or with attention_body='wgmma' on wgmma fed by TMA through the ring; "
                      "else warp per query row"),
-        Lowering("latch::sdpa_backward", body=_backward, headers=(HEADER, MMA_HEADER), smem=_smem,
+        Lowering("latch::sdpa_backward", body=_backward, headers=(HEADER, MMA_HEADER, WGMMA_HEADER, WGMMA_BWD_HEADER),
+                 smem=_smem, producer=OnlyWhen(wgmma_backward, _wgmma_bwd_producer),
+                 tensor_maps=OnlyWhen(wgmma_backward, _wgmma_bwd_tensor_maps),
+                 stage_bytes=OnlyWhen(wgmma_backward, _wgmma_bwd_stage_bytes), args=_wgmma_args,
                  doc="per (batch, head group, block): dq of the query rows, dk/dv of the block's key rows summed "
-                     "over the group in order, P rebuilt from lse; bf16 64/128 on mma.sync, else warp per row"),
+                     "over the group in order, P rebuilt from lse; bf16 64/128 on mma.sync, or with "
+                     "attention_body='wgmma' on wgmma fed by TMA through the ring; else warp per row"),
     ]

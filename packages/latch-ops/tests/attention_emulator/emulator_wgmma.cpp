@@ -36,31 +36,40 @@ Mbar& mbar(uint64_t* bar) { return bars[bar]; }
 
 static float bf(uint16_t x) { return __bfloat162float(__nv_bfloat16{x}); }
 
-// Named barrier ``id`` over ``threads``: the body uses 2 + w over warpgroup w's 128 threads only.
-void named_sync(int id, int threads) {
+// Named barriers: 2 + w over warpgroup w's 128 threads; 1 over all 256 consumers only where the
+// body may use it (``allow_block``: the backward; the forward never synchronises both warpgroups).
+static Barrier all_bar{256};
+bool allow_block;
+static Barrier* named(int id, int threads, int& slot) {
   const int wg = threadIdx.x >> 7;
-  if (threads != 128 || id != 2 + wg) {
-    failed = 5;
-    return;
+  if (threads == 128 && id == 2 + wg) {
+    slot = wg;
+    return &wg_bar[wg];
   }
-  wg_barrier();
+  if (allow_block && threads == 256 && id == 1) {
+    slot = 2;
+    return &all_bar;
+  }
+  failed = 5;
+  return nullptr;
+}
+void named_sync(int id, int threads) {
+  int slot;
+  if (Barrier* b = named(id, threads, slot)) wait(*b);
 }
 
-static int wg_or[2][2];  // per warpgroup, two generations: the OR being gathered and the last one
-static long wg_or_gen[2];
+static int bar_or[3][2];  // per barrier, two generations: the OR being gathered and the last one
 bool named_sync_or(int id, int threads, bool pred) {
-  const int wg = threadIdx.x >> 7;
-  if (threads != 128 || id != 2 + wg) {
-    failed = 5;
-    return true;
-  }
-  const long gen = wg_bar[wg].gen;
-  wg_or[wg][gen & 1] |= pred ? 1 : 0;
-  wg_barrier();
-  const bool r = wg_or[wg][gen & 1] != 0;
-  wg_barrier();  // everyone read it: clear for the next use of this generation slot
-  if ((threadIdx.x & 127) == 0) wg_or[wg][gen & 1] = 0;
-  wg_barrier();
+  int slot;
+  Barrier* b = named(id, threads, slot);
+  if (!b) return true;
+  const long gen = b->gen;
+  bar_or[slot][gen & 1] |= pred ? 1 : 0;
+  wait(*b);
+  const bool r = bar_or[slot][gen & 1] != 0;
+  wait(*b);  // everyone read it: clear for the next use of this generation slot
+  if ((threadIdx.x & (threads - 1)) == 0) bar_or[slot][gen & 1] = 0;
+  wait(*b);
   return r;
 }
 
@@ -172,6 +181,7 @@ extern "C" int attn_forward_wgmma(int D, int causal, int B, int H, int Hkv, int 
   std::memset(mem, 0x7f, bytes);  // poisoned: a stage read before it is filled shows
   emu::smem_base = (char*)mem;
   emu::failed = 0;
+  emu::allow_block = false;
   emu::bars.clear();
   std::vector<uint64_t> full(stages), empty(stages);
   for (int s = 0; s < stages; ++s) {

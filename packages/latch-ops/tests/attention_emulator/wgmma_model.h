@@ -146,6 +146,36 @@ inline void tma_load_3d(void* dst, const void* map, uint64_t* bar, int c0, int c
     }
   sm90::complete_tx(bar, (uint32_t)(m.box[0] * m.box[1] * 2));
 }
+// A 1-D tensor map of FP32 values (the backward's lse and glse): ``n`` elements, boxes of ``box``.
+struct EmuMap1 {
+  const float* base;
+  long long n;
+  int box;
+};
+inline void tma_load_1d(void* dst, const void* map, uint64_t* bar, int c0) {
+  const EmuMap1& m = *(const EmuMap1*)map;
+  const uint32_t base = sm90::smem_addr(dst);
+  if (base % 128 || (m.box * 4) % 16) emu::failed = 2;
+  for (int i = 0; i < m.box; ++i) {
+    const float v = c0 + i < m.n ? m.base[c0 + i] : 0.f;
+    std::memcpy(emu::smem_base + base + 4 * i, &v, 4);
+  }
+  sm90::complete_tx(bar, (uint32_t)(m.box * 4));
+}
+inline float ld_shared_f32(uint32_t addr) {
+  float v;
+  std::memcpy(&v, emu::smem_base + addr, 4);
+  return v;
+}
+inline void st_shared_f32(uint32_t addr, float v) { std::memcpy(emu::smem_base + addr, &v, 4); }
+inline uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  std::memcpy(&v, emu::smem_base + addr, 16);
+  return v;
+}
+inline float2 bf2_to_f2(uint32_t u) {
+  return make_float2(__bfloat162float(__nv_bfloat16{(uint16_t)(u & 0xffffu)}), __bfloat162float(__nv_bfloat16{(uint16_t)(u >> 16)}));
+}
 inline uint32_t ld_shared_u32(uint32_t addr) {
   uint32_t v;
   std::memcpy(&v, emu::smem_base + addr, 4);

@@ -1,0 +1,525 @@
+// latch::sdpa_backward on the worker (sm_90a): every operand block loaded by TMA into the kernel's
+// ring of stages by the producer warp, the four products of a block on wgmma, P rebuilt from the
+// saved lse. BF16 storage, head dims D = Dv in {64, 128}; the semantics of latch_ops/attention.py
+// (causal = top-left aligned; lse natural-log; dterm = rowsum(dO * O) - glse).
+//
+// A task is latch_ops.attention.tiling_sdpa_backward's box: (batch, a group of query heads, rows
+// [r0, r1)). It computes, in this order:
+//   dQ  of its query rows, per query head and block of 64 rows: S = Q K^T, dP = dO V^T over the key
+//       blocks the rows see, dS = P (dP - dterm), dQ += dS K (register A = dS);
+//   dK, dV of its key rows (latch_ops.attention.key_block) per key/value head and block of 64 keys:
+//       S^T = K Q^T, dP^T = V dO^T over the (query head, query block) pairs of the group (heads in
+//       order, blocks ascending; causal: from the key block's own), dV += P^T dO, dK += dS^T Q
+//       (register A = P^T, dS^T).
+// Blocks are always 64 rows. The two consumer warpgroups split the loop of a block between them: the
+// even key blocks (dQ) or (head, query block) pairs (dK/dV) go to warpgroup 0, the odd ones to
+// warpgroup 1; at the end warpgroup 1 hands its FP32 partial sums to warpgroup 0 through shared memory
+// and warpgroup 0 adds them (its own + the other's, a fixed order) and stores: no atomics, the same
+// bits on every run. A warpgroup still waits for, and releases, the stages of the other's blocks.
+//
+// Stages (the producer's order is the consumers'):
+//   query block (bh, qb): Q | dO | O | lse | glse for D = 64; for D = 128 Q | dO | lse | glse and,
+//     where the block needs dO . O (dQ, dK), a second stage O. Q, dO, O as D/64 3-D boxes of (64
+//     columns, 64 rows, 1 head) of [B*H][T][D]
+//     (rows past T read as zeros), lse and glse as 1-D boxes of 64 floats of the flat [B*H*Tq]
+//     tensors (rows past Tq read the next head's values: the body ignores them);
+//   key block (bkv, kb): K | V, D/64 boxes each.
+// The fixed operands of a block (Q and dO for dQ, K and V for dK/dV) are copied from their stage into
+// the body's scratch and the stage is released at once, so no stage is held across the loop (a ring
+// walked in order would deadlock). The row terms lse2 = lse log2 e and dterm = dO . O - glse of a
+// query block are computed by the consumers from its stage (FP32, the O and dO bytes of a row in the
+// same swizzled order: each row's sum has one fixed order).
+//
+// The CPU test (latch-ops tests/test_attention_wgmma_bwd_emulated.py) compiles this header against
+// the model of attention_emulator/wgmma_model.h.
+#pragma once
+
+#include "latch_attention_wgmma.cuh"
+
+namespace latch {
+namespace awg {
+
+template <int D> struct BwdShape {
+  static_assert(D == 64 || D == 128, "head dims 64 and 128");
+  static constexpr int B = 64;                   // rows of every block (queries or keys)
+  static constexpr int DB = D / 64;              // 64-column (128-byte) boxes of a row
+  static constexpr int TILE = B * D * 2;         // one [64][D] BF16 block: DB boxes of 8 KiB
+  static constexpr bool SPLIT = D == 128;        // O of a query block in a second stage
+  static constexpr int O_OFF = SPLIT ? 0 : 2 * TILE;  // in the query block's last stage
+  static constexpr int LSE_OFF = SPLIT ? 2 * TILE : 3 * TILE, GLSE_OFF = LSE_OFF + 256;  // in its first
+  static constexpr int STAGE = GLSE_OFF + 256;   // bytes of a stage the body needs
+  // stages of a query block: 1, or 2 where the block needs O (dO . O) and O has its own stage
+  __device__ __forceinline__ static constexpr int qstages(bool with_o) { return SPLIT && with_o ? 2 : 1; }
+  static constexpr int RT_OFF = 2 * TILE;        // scratch: two blocks, then the row terms
+  static constexpr int SCRATCH = RT_OFF + 2 * 2 * 2 * 64 * 4;  // [wg][buffer][lse2, dterm][64]
+  static_assert(2 * TILE <= STAGE, "a key block (K, V) fits one stage");
+  static_assert(B * D * 4 <= 2 * TILE, "a warpgroup's FP32 partial block fits the two scratch blocks");
+};
+
+// dK and dV of a key block in one pass over the queries, or in two (dV, then dK: S recomputed) where
+// the accumulators of both would not fit the registers beside S and dP.
+template <int D> struct BwdPasses {
+#ifdef LATCH_BWD_ONE_PASS
+  static constexpr int N = 1;
+#else
+  static constexpr int N = D == 128 ? 2 : 1;
+#endif
+};
+
+#ifndef LATCH_EMULATED_WGMMA
+// One 1-D box (no swizzle) of tensor map ``map`` at element ``c0`` into shared memory at ``dst``.
+__device__ __forceinline__ void tma_load_1d(void* dst, const void* map, uint64_t* bar, int c0) {
+  asm volatile("cp.async.bulk.tensor.1d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3}], [%2];"
+               ::"r"(sm90::smem_addr(dst)), "l"(map), "r"(sm90::smem_addr(bar)), "r"(c0)
+               : "memory");
+}
+__device__ __forceinline__ float ld_shared_f32(uint32_t a) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+  return v;
+}
+__device__ __forceinline__ void st_shared_f32(uint32_t a, float v) {
+  asm volatile("st.shared.f32 [%0], %1;" ::"r"(a), "f"(v) : "memory");
+}
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a) : "memory");
+  return v;
+}
+__device__ __forceinline__ float2 bf2_to_f2(uint32_t u) {
+  return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
+}
+#endif
+
+// What both roles walk: the keys whose dK/dV a task of query rows [r0, r1) computes
+// (latch_ops.attention.key_block) and the keys a query block [r, re) sees.
+__device__ __forceinline__ void bwd_key_block(int r0, int r1, int Tq, int Tk, int& k0, int& k1) {
+  k0 = r0 < Tk ? r0 : Tk;
+  k1 = r1 >= Tq ? Tk : (r1 < Tk ? r1 : Tk);
+}
+template <bool CAUSAL> __device__ __forceinline__ int bwd_dq_key_end(int re, int Tk) { return CAUSAL ? (re < Tk ? re : Tk) : Tk; }
+template <bool CAUSAL> __device__ __forceinline__ int bwd_q_start(int kb) { return CAUSAL ? kb : 0; }
+
+// ---- producer (one thread) ----------------------------------------------------------------------
+struct BwdMaps {
+  const void *q, *k, *v, *go, *o, *lse, *glse;  // glse may be null (no gradient of lse)
+};
+
+// A query block's stage(s); ``with_o``: the block needs O (D = 64 always loads it: one stage).
+template <int D>
+__device__ __forceinline__ bool bwd_load_query_block(Pipe& p, const BwdMaps& m, int bh, int qb, int Tq, bool with_o) {
+  typedef BwdShape<D> S;
+  const bool o_here = !S::SPLIT;  // O in the first stage
+  {
+    if (!pipe_wait(&p.empty[p.stage], p.phase ^ 1u, p)) return false;
+    char* st = p.at(p.stage);
+    uint64_t* full = &p.full[p.stage];
+    sm90::mbar_arrive_expect_tx(full, (o_here ? 3 : 2) * S::TILE + 256 * (m.glse ? 2 : 1));
+#pragma unroll
+    for (int j = 0; j < S::DB; ++j) {
+      tma_load_3d(st + j * 8192, m.q, full, 64 * j, qb, bh);
+      tma_load_3d(st + S::TILE + j * 8192, m.go, full, 64 * j, qb, bh);
+      if (o_here) tma_load_3d(st + S::O_OFF + j * 8192, m.o, full, 64 * j, qb, bh);
+    }
+    tma_load_1d(st + S::LSE_OFF, m.lse, full, bh * Tq + qb);
+    if (m.glse) tma_load_1d(st + S::GLSE_OFF, m.glse, full, bh * Tq + qb);
+    p.advance();
+  }
+  if (S::qstages(with_o) == 2) {
+    if (!pipe_wait(&p.empty[p.stage], p.phase ^ 1u, p)) return false;
+    char* st = p.at(p.stage);
+    uint64_t* full = &p.full[p.stage];
+    sm90::mbar_arrive_expect_tx(full, S::TILE);
+#pragma unroll
+    for (int j = 0; j < S::DB; ++j) tma_load_3d(st + S::O_OFF + j * 8192, m.o, full, 64 * j, qb, bh);
+    p.advance();
+  }
+  return true;
+}
+
+template <int D>
+__device__ __forceinline__ bool bwd_load_key_block(Pipe& p, const BwdMaps& m, int bkv, int kb) {
+  typedef BwdShape<D> S;
+  if (!pipe_wait(&p.empty[p.stage], p.phase ^ 1u, p)) return false;
+  char* st = p.at(p.stage);
+  uint64_t* full = &p.full[p.stage];
+  sm90::mbar_arrive_expect_tx(full, 2 * S::TILE);
+#pragma unroll
+  for (int j = 0; j < S::DB; ++j) {
+    tma_load_3d(st + j * 8192, m.k, full, 64 * j, kb, bkv);
+    tma_load_3d(st + S::TILE + j * 8192, m.v, full, 64 * j, kb, bkv);
+  }
+  p.advance();
+  return true;
+}
+
+template <int D, bool CAUSAL>
+__device__ __forceinline__ bool bwd_produce(Pipe& p, const Task* t, const BwdMaps& m, int H, int Hkv, int Tq, int Tk) {
+  typedef BwdShape<D> S;
+  const int G = H / Hkv, r0 = t->lo[2], r1 = t->hi[2];
+  int k0, k1;
+  bwd_key_block(r0, r1, Tq, Tk, k0, k1);
+  for (int b = t->lo[0]; b < t->hi[0]; ++b) {
+    for (int h = t->lo[1]; h < t->hi[1]; ++h)
+      for (int r = r0; r < r1; r += S::B) {
+        const int re = r + S::B < r1 ? r + S::B : r1, bkv = b * Hkv + h / G;
+        if (!bwd_load_query_block<D>(p, m, b * H + h, r, Tq, true)) return false;
+        const int kend = bwd_dq_key_end<CAUSAL>(re, Tk);
+        for (int kb = 0; kb < kend; kb += S::B)
+          if (!bwd_load_key_block<D>(p, m, bkv, kb)) return false;
+      }
+    for (int g = t->lo[1] / G; g < (t->hi[1] + G - 1) / G; ++g)
+      for (int kb = k0; kb < k1; kb += S::B)
+        for (int pass = 0; pass < BwdPasses<D>::N; ++pass) {
+          if (!bwd_load_key_block<D>(p, m, b * Hkv + g, kb)) return false;
+          for (int hh = 0; hh < G; ++hh)
+            for (int qb = bwd_q_start<CAUSAL>(kb); qb < Tq; qb += S::B)
+              if (!bwd_load_query_block<D>(p, m, b * H + g * G + hh, qb, Tq, pass == BwdPasses<D>::N - 1)) return false;
+        }
+  }
+  return true;
+}
+
+// ---- consumers ----------------------------------------------------------------------------------
+// Both warpgroups wait for the stage, copy its first 2 TILE bytes into the scratch (the same bytes:
+// the same swizzle), release it; false (for every consumer thread) if a wait failed.
+template <int D>
+__device__ __forceinline__ bool bwd_copy_block(Pipe& p, char* smem) {
+  typedef BwdShape<D> S;
+  const int tid = threadIdx.x;
+  const bool ok = pipe_wait_warp(&p.full[p.stage], p.phase, p);
+  if (ok) {
+    const uint32_t src = sm90::smem_addr(p.at(p.stage)), dst = sm90::smem_addr(smem);
+#pragma unroll
+    for (int i = 0; i < 2 * S::TILE / (16 * 256); ++i) copy16_shared(dst + 4096 * i + 16 * tid, src + 4096 * i + 16 * tid);
+    __syncwarp();
+    if ((tid & 31) == 0) sm90::mbar_arrive(&p.empty[p.stage]);
+    p.advance();
+    sm90::fence_proxy_async_shared();  // the products read the copy through the async proxy
+  }
+  return !sm90::named_sync_or(1, 256, !ok);
+}
+
+// A warpgroup's row terms of query block [qb, qb + 64) from its first stage ``st0`` and last ``st1``
+// into ``rt`` (shared-memory address: lse2[64] then dterm[64]; dterm only WITH_O); rows past Tq get 0
+// (they are masked). Two threads per row; thread 2 i + half reads half of the row's bytes of O and dO.
+template <int D, bool WITH_O>
+__device__ __forceinline__ void bwd_row_terms(uint32_t rt, const char* st0, const char* st1, int qb, int Tq, bool glse) {
+  typedef BwdShape<D> S;
+  const int l = threadIdx.x & 127, row = l >> 1, half = l & 1;
+  const uint32_t o = sm90::smem_addr(st1 + S::O_OFF), g = sm90::smem_addr(st0 + S::TILE);
+  float d = 0.f;
+  if (WITH_O) {
+    // D = 64: the row's 128 bytes are one box row, halves of 64 bytes; D = 128: box ``half``'s row.
+    // (The 128-byte swizzle permutes the 16-byte chunks within a row, the same for O and dO.)
+#pragma unroll
+    for (int c = 0; c < 4 * S::DB; ++c) {
+      const uint32_t off = S::DB == 1 ? 128 * row + 64 * half + 16 * c : 8192 * half + 128 * row + 16 * c;
+      const uint4 a = ld_shared_v4(o + off), b = ld_shared_v4(g + off);
+      const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 x = bf2_to_f2(av[e]), y = bf2_to_f2(bv[e]);
+        d += x.x * y.x;
+        d += x.y * y.y;
+      }
+    }
+    d += __shfl_xor_sync(0xffffffffu, d, 1);
+  }
+  if (half == 0) {
+    const bool in = qb + row < Tq;
+    const float lse = ld_shared_f32(sm90::smem_addr(st0 + S::LSE_OFF) + 4 * row);
+    st_shared_f32(rt + 4 * row, in ? lse * LOG2E : 0.f);
+    if (WITH_O) {
+      const float gl = glse ? ld_shared_f32(sm90::smem_addr(st0 + S::GLSE_OFF) + 4 * row) : 0.f;
+      st_shared_f32(rt + 256 + 4 * row, in ? d - gl : 0.f);
+    }
+  }
+}
+
+// Warpgroup 1's FP32 accumulators to warpgroup 0 (which adds them to its own: a fixed order). The
+// scratch must be free (every product done: a block barrier before this).
+template <int N> __device__ __forceinline__ void bwd_combine(float (&acc)[N], char* smem) {
+  const int tid = threadIdx.x, l = tid & 127;
+  const uint32_t part = sm90::smem_addr(smem);
+  if (tid >= 128) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) st_shared_f32(part + 4 * (128 * i + l), acc[i]);
+  }
+  sm90::named_sync(1, 256);
+  if (tid < 128) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc[i] += ld_shared_f32(part + 4 * (128 * i + l));
+  }
+  sm90::named_sync(1, 256);
+}
+
+// A warpgroup's rows [row0, row0 + 64) of a [.][D] BF16 tensor from its accumulators times ``mul``,
+// rows < rend only.
+template <int D>
+__device__ __forceinline__ void bwd_store(__nv_bfloat16* dst, const float (&acc)[D / 2], float mul, int row0, int rend) {
+  const int l = threadIdx.x & 127, warp = l >> 5, lane = l & 31, g = lane >> 2, t4 = lane & 3;
+  const int ra = row0 + 16 * warp + g, rb = ra + 8;
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+    const int col = 8 * j + 2 * t4;
+    if (ra < rend) *reinterpret_cast<uint32_t*>(dst + (long long)ra * D + col) = pack_bf16(acc[4 * j] * mul, acc[4 * j + 1] * mul);
+    if (rb < rend) *reinterpret_cast<uint32_t*>(dst + (long long)rb * D + col) = pack_bf16(acc[4 * j + 2] * mul, acc[4 * j + 3] * mul);
+  }
+}
+
+// FP32 accumulators (m64 n64) -> the BF16 A fragments of a product over those 64 columns.
+__device__ __forceinline__ void bwd_pack(uint32_t (&f)[4][4], const float (&s)[32]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f[kk][e] = pack_bf16(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+}
+
+// S-like product of two 64-row K-major blocks: d (m64 n64) = A B^T over D (issued, not committed).
+template <int D> __device__ __forceinline__ void bwd_issue_ss(float (&d)[32], const char* a, const char* b) {
+  const uint64_t da = desc_base(a, 16, 1024), db = desc_base(b, 16, 1024);
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const uint32_t off = (kk >> 2) * 8192 + 32 * (kk & 3);
+    WgmmaSs<64>::run(d, desc_at(da, off), desc_at(db, off), kk == 0 ? 0 : 1);
+  }
+}
+
+// acc (m64 nD) += F B over the block's 64 rows: F register fragments, B a [64][D] block (N-major).
+template <int D> __device__ __forceinline__ void bwd_issue_rs(float (&acc)[D / 2], const uint32_t (&f)[4][4], const char* b) {
+  const uint64_t db = desc_base(b, 8192, 1024);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) WgmmaRs<D>::template run<1>(acc, f[kk], desc_at(db, 2048 * kk), 1);
+}
+
+// dQ of rows [r, re) of query head bh (stages: its query block, then its key blocks).
+template <int D, bool CAUSAL>
+__device__ __forceinline__ bool bwd_dq_block(Pipe& p, __nv_bfloat16* dq, int bh, int r, int re, int Tq, int Tk,
+                                             float scale, bool glse, char* smem) {
+  typedef BwdShape<D> S;
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const float c2 = scale * LOG2E;
+  const uint32_t rt = sm90::smem_addr(smem + S::RT_OFF) + 1024 * wg;
+  // the query block: Q | dO copied into the scratch; each warpgroup its own row terms
+  sm90::named_sync(1, 256);  // the scratch's previous readers are done
+  uint32_t first = p.stage;
+  bool ok = pipe_wait_warp(&p.full[p.stage], p.phase, p);
+  if (ok) {
+    const uint32_t src = sm90::smem_addr(p.at(p.stage)), dst = sm90::smem_addr(smem);
+#pragma unroll
+    for (int i = 0; i < 2 * S::TILE / (16 * 256); ++i) copy16_shared(dst + 4096 * i + 16 * tid, src + 4096 * i + 16 * tid);
+    if (S::SPLIT) {
+      p.advance();
+      ok = pipe_wait_warp(&p.full[p.stage], p.phase, p);
+    }
+    if (ok) bwd_row_terms<D, true>(rt, p.at(first), p.at(p.stage), r, Tq, glse);
+    __syncwarp();
+    if (ok && lane == 0) {
+      sm90::mbar_arrive(&p.empty[first]);
+      if (S::SPLIT) sm90::mbar_arrive(&p.empty[p.stage]);
+    }
+    p.advance();
+    sm90::fence_proxy_async_shared();
+  }
+  if (sm90::named_sync_or(1, 256, !ok)) return false;
+  const int la = 16 * warp + g, lb = la + 8;
+  const int row_a = r + la, row_b = r + lb;
+  const float l2a = ld_shared_f32(rt + 4 * la), l2b = ld_shared_f32(rt + 4 * lb);
+  const float dta = ld_shared_f32(rt + 256 + 4 * la), dtb = ld_shared_f32(rt + 256 + 4 * lb);
+  float acc[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
+  const int kend = bwd_dq_key_end<CAUSAL>(re, Tk), nkb = (kend + S::B - 1) / S::B;
+  bool fail = false;
+#pragma unroll 1
+  for (int n = 0; n < nkb; ++n) {
+    if (!pipe_wait_warp(&p.full[p.stage], p.phase, p)) {
+      fail = true;
+      break;
+    }
+    if ((n & 1) == wg) {
+      const char* st = p.at(p.stage);
+      float s[32], dp[32];  // (written whole by their first product: scale-d 0)
+      fence_regs(acc);
+      sm90::wgmma_fence();
+      bwd_issue_ss<D>(s, smem, st);                // S = Q K^T
+      bwd_issue_ss<D>(dp, smem + S::TILE, st + S::TILE);  // dP = dO V^T
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      fence_regs(s);
+      fence_regs(dp);
+      const int kb = n * S::B;
+      const bool edge = kb + S::B > Tk || (CAUSAL && kb + S::B - 1 > r);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = kb + 8 * j + 2 * t4 + (e & 1);
+          const int row = e < 2 ? row_a : row_b;
+          const bool vis = !edge || (col < Tk && (!CAUSAL || col <= row));
+          const float pr = exp2f(s[4 * j + e] * c2 - (e < 2 ? l2a : l2b));
+          s[4 * j + e] = vis ? pr * (dp[4 * j + e] - (e < 2 ? dta : dtb)) : 0.f;  // dS
+        }
+      uint32_t f[4][4];
+      bwd_pack(f, s);
+      sm90::wgmma_fence();
+      bwd_issue_rs<D>(acc, f, st);  // dQ += dS K
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      fence_regs(acc);
+      fence_frags(f);
+    }
+    __syncwarp();
+    if (lane == 0) sm90::mbar_arrive(&p.empty[p.stage]);
+    p.advance();
+  }
+  if (sm90::named_sync_or(1, 256, fail)) return false;
+  bwd_combine(acc, smem);
+  if (wg == 0) bwd_store<D>(dq + (long long)bh * Tq * D, acc, scale, r, re < Tq ? re : Tq);
+  return true;
+}
+
+// dK (DK) and/or dV (DV) of keys [kb, kend) of key/value head bkv, summed over its G query heads and
+// their query blocks (stages: the key block, then the query blocks in the producer's order).
+template <int D, bool CAUSAL, bool DK, bool DV>
+__device__ __forceinline__ bool bwd_dkdv_block(Pipe& p, __nv_bfloat16* dk, __nv_bfloat16* dv, int bkv, int G,
+                                               int kb, int kend, int Tq, int Tk, float scale, bool glse, char* smem) {
+  typedef BwdShape<D> S;
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const float c2 = scale * LOG2E;
+  sm90::named_sync(1, 256);  // the scratch's previous readers are done
+  if (!bwd_copy_block<D>(p, smem)) return false;  // K | V
+  float ak[D / 2], av[D / 2];  // (the pass's unused one is dead code)
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) ak[i] = av[i] = 0.f;
+  const int key_a = kb + 16 * warp + g, key_b = key_a + 8;
+  const int qstart = bwd_q_start<CAUSAL>(kb);
+  const int nq = qstart < Tq ? (Tq - qstart + S::B - 1) / S::B : 0, total = G * nq;
+  bool fail = false;
+#pragma unroll 1
+  for (int pi = 0; pi < total; ++pi) {
+    constexpr bool TWO = S::qstages(DK) == 2;  // (dV alone needs no O)
+    const uint32_t sa = p.stage;
+    bool ok = pipe_wait_warp(&p.full[p.stage], p.phase, p);
+    if (TWO) {
+      p.advance();
+      ok = ok && pipe_wait_warp(&p.full[p.stage], p.phase, p);
+    }
+    const uint32_t sb = p.stage;  // the block's last stage
+    if ((pi & 1) == wg) {
+      const int qb = qstart + (pi % nq) * S::B;
+      const char* st = p.at(sa);
+      const uint32_t rt = sm90::smem_addr(smem + S::RT_OFF) + 1024 * wg + 512 * ((pi >> 1) & 1);
+      if (sm90::named_sync_or(2 + wg, 128, !ok)) {  // a failed wait, voted on: no warp is left at a barrier
+        fail = true;
+        break;
+      }
+      float s[32], dp[32];  // (written whole by their first product: scale-d 0)
+      if (DK) fence_regs(ak);
+      if (DV) fence_regs(av);
+      sm90::wgmma_fence();
+      bwd_issue_ss<D>(s, smem, st);  // S^T = K Q^T
+      if (DK) bwd_issue_ss<D>(dp, smem + S::TILE, st + S::TILE);  // dP^T = V dO^T
+      sm90::wgmma_commit();
+      bwd_row_terms<D, DK>(rt, st, p.at(sb), qb, Tq, glse);
+      sm90::named_sync(2 + wg, 128);  // the warpgroup's row terms are written
+      sm90::wgmma_wait<0>();
+      fence_regs(s);
+      if (DK) fence_regs(dp);
+      const bool edge = qb + S::B > Tq || kb + S::B > Tk || (CAUSAL && qb < kb + S::B - 1);
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e2 = 0; e2 < 2; ++e2) {
+          const int lq = 8 * j + 2 * t4 + e2;  // this thread's query columns (rows: keys a, b)
+          const int qi = qb + lq;
+          const float l2 = ld_shared_f32(rt + 4 * lq), dt = DK ? ld_shared_f32(rt + 256 + 4 * lq) : 0.f;
+#pragma unroll
+          for (int hb = 0; hb < 2; ++hb) {
+            const int e = 2 * hb + e2, key = hb ? key_b : key_a;
+            const bool vis = !edge || (qi < Tq && key < Tk && (!CAUSAL || key <= qi));
+            const float pr = vis ? exp2f(s[4 * j + e] * c2 - l2) : 0.f;
+            s[4 * j + e] = pr;
+            if (DK) dp[4 * j + e] = vis ? pr * (dp[4 * j + e] - dt) : 0.f;  // dS^T
+          }
+        }
+      uint32_t fp[4][4], fd[4][4];
+      if (DV) bwd_pack(fp, s);
+      if (DK) bwd_pack(fd, dp);
+      sm90::wgmma_fence();
+      if (DV) bwd_issue_rs<D>(av, fp, st + S::TILE);  // dV += P^T dO
+      if (DK) bwd_issue_rs<D>(ak, fd, st);            // dK += dS^T Q
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      if (DK) {
+        fence_regs(ak);
+        fence_frags(fd);
+      }
+      if (DV) {
+        fence_regs(av);
+        fence_frags(fp);
+      }
+    } else if (sm90::named_sync_or(2 + wg, 128, !ok)) {  // the other warpgroup's block: vote the waits
+      fail = true;
+      break;
+    }
+    __syncwarp();
+    if (lane == 0) {
+      sm90::mbar_arrive(&p.empty[sa]);
+      if (TWO) sm90::mbar_arrive(&p.empty[sb]);
+    }
+    p.advance();
+  }
+  if (sm90::named_sync_or(1, 256, fail)) return false;
+  const int rend = kend < Tk ? kend : Tk;
+  if (DV) {
+    bwd_combine(av, smem);
+    if (wg == 0) bwd_store<D>(dv + (long long)bkv * Tk * D, av, 1.f, kb, rend);
+  }
+  if (DK) {
+    bwd_combine(ak, smem);
+    if (wg == 0) bwd_store<D>(dk + (long long)bkv * Tk * D, ak, scale, kb, rend);
+  }
+  return true;
+}
+
+// Consumers (threads 0..255): the task's dQ blocks, then its dK/dV blocks. Pointers at the whole
+// tensors ([B*H][Tq][D], [B*Hkv][Tk][D]); ``smem`` the body's scratch (BwdShape::SCRATCH bytes,
+// 1024-byte aligned). False if the launch was aborted.
+template <int D, bool CAUSAL>
+__device__ __forceinline__ bool bwd_consume(Pipe& p, const Task* t, __nv_bfloat16* dq, __nv_bfloat16* dk,
+                                            __nv_bfloat16* dv, bool glse, int H, int Hkv, int Tq, int Tk, float scale,
+                                            char* smem) {
+  typedef BwdShape<D> S;
+  const int G = H / Hkv, r0 = t->lo[2], r1 = t->hi[2];
+  int k0, k1;
+  bwd_key_block(r0, r1, Tq, Tk, k0, k1);
+  for (int b = t->lo[0]; b < t->hi[0]; ++b) {
+    for (int h = t->lo[1]; h < t->hi[1]; ++h)
+      for (int r = r0; r < r1; r += S::B) {
+        const int re = r + S::B < r1 ? r + S::B : r1;
+        if (!bwd_dq_block<D, CAUSAL>(p, dq, b * H + h, r, re, Tq, Tk, scale, glse, smem)) return false;
+      }
+    for (int g = t->lo[1] / G; g < (t->hi[1] + G - 1) / G; ++g)
+      for (int kb = k0; kb < k1; kb += S::B) {
+        const int ke = kb + S::B < k1 ? kb + S::B : k1;
+        if (BwdPasses<D>::N == 1) {
+          if (!bwd_dkdv_block<D, CAUSAL, true, true>(p, dk, dv, b * Hkv + g, G, kb, ke, Tq, Tk, scale,
+                                                     glse, smem))
+            return false;
+        } else {
+          if (!bwd_dkdv_block<D, CAUSAL, false, true>(p, dk, dv, b * Hkv + g, G, kb, ke, Tq, Tk, scale,
+                                                      glse, smem))
+            return false;
+          if (!bwd_dkdv_block<D, CAUSAL, true, false>(p, dk, dv, b * Hkv + g, G, kb, ke, Tq, Tk, scale,
+                                                      glse, smem))
+            return false;
+        }
+      }
+  }
+  return true;
+}
+
+}  // namespace awg
+}  // namespace latch
