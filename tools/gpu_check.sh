@@ -59,6 +59,9 @@ export LATCH_CAPTURE_CACHE="$WORK/capture-cache"   # fresh too: the first captur
 
 run_example() {  # limit name scheduler steps extra-args...
     local limit="$1" name="$2" sched="$3" steps="$4"; shift 4
+    # LATCH_GPU_EXAMPLES="transformer:barrier tinymoe" runs only the examples (and strategies) named
+    if [ -n "${LATCH_GPU_EXAMPLES:-}" ] && [[ " ${LATCH_GPU_EXAMPLES} " != *" $name "* ]] \
+        && [[ " ${LATCH_GPU_EXAMPLES} " != *" $name:$sched "* ]]; then return 0; fi
     local log="$WORK/${name}-${sched}.log"
     say "$name ($sched)"
     # python -m latch_core.cli is latch-pipeline (the console script may not be on PATH there)
