@@ -71,21 +71,22 @@ def test_bench_document_compiles_for_sm90a(tmp_path, monkeypatch):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_wgmma_forward_document_compiles_with_the_ring(tmp_path, monkeypatch):
     """bench-attention --forward mma,wgmma: both forwards of a case in one build; the wgmma one streams
-    Q, K and V through the worker's ring (three tensor maps, a 32 KiB stage), the backward stays
-    mma.sync. The plain document (no forward named) takes the wgmma forward: BF16 storage's default."""
+    Q, K and V through the worker's ring (three tensor maps, a 32 KiB stage), the backward pinned to
+    mma.sync. The plain document (no body named) takes the wgmma forward and the wgmma backward (six
+    tensor maps, a 33 KiB stage): BF16 storage's defaults."""
     from latch_codegen_h100 import build
 
     monkeypatch.setenv("LATCH_CACHE_DIR", str(tmp_path / "cache"))
     cases = [BA.Case("a", 1, 4, 2, 77, 64), BA.Case("b", 1, 2, 2, 300, 128, causal=False)]
-    progs = [g for b in BA.FORWARD_BODIES for g in BA.attention_document(cases, fwd_body=b).graph.programs]
+    progs = [g for b in BA.FORWARD_BODIES for g in BA.attention_document(cases, fwd_body=b, bwd_body="mma").graph.programs]
     from latch_core.document import Document
     from latch_core.ir import GraphSection
 
     doc = BA.plan_document(Document(graph=GraphSection(progs, (), {"example": "t"})), 132)
     wg = doc.graph.program("a-wgmma.fwdbwd")
-    assert [dict(n.attrs).get("attention_body") for n in wg.nodes] == ["wgmma", None]
+    assert [dict(n.attrs).get("attention_body") for n in wg.nodes] == ["wgmma", "mma"]
     mma = doc.graph.program("a.fwdbwd")
-    assert [dict(n.attrs).get("attention_body") for n in mma.nodes] == ["mma", None]
+    assert [dict(n.attrs).get("attention_body") for n in mma.nodes] == ["mma", "mma"]
     fwd = _tasks(doc, "b-wgmma.fwd", "latch::sdpa")
     assert len(fwd) == 1 * 2 * -(-300 // A.QUERY_TILE)
     build(doc, tmp_path / "b")
@@ -99,6 +100,7 @@ def test_wgmma_forward_document_compiles_with_the_ring(tmp_path, monkeypatch):
     build(plain, tmp_path / "plain")
     man = json.loads((tmp_path / "plain" / "manifest.json").read_text())
     assert sum(1 for b in man["bodies"] if b["tensor_maps"] == 3) == 2, man["bodies"]
+    assert sum(1 for b in man["bodies"] if b["tensor_maps"] == 6) == 2, man["bodies"]
 
 
 def test_bench_refuses_an_unknown_forward_body():
