@@ -112,3 +112,12 @@ def test_the_rmsnorm_bodies_are_row_groups_and_compile_without_spills(tmp_path, 
     sass = _run([find_cuobjdump(), "-sass", str(tmp_path / "b" / "program.so")])
     assert re.search(r"\bLDG\.E\.128 ", sass) and re.search(r"\bSTG\.E\.128 ", sass)
     assert dict(doc.build.stats).get("spill_stores", 0) == 0
+
+
+def test_scheduler_and_code_generator_share_the_row_group_classifier():
+    """The scheduler decides row groups and the code generator writes their bodies from the same
+    value classes (latch_core.rowclass): one function, not two copies that could drift apart."""
+    import latch_codegen_h100.lower_rowgroup as lr
+    import latch_schedule.rowgroups as rg
+    from latch_core.rowclass import value_class
+    assert rg.value_class is value_class and lr.value_class is value_class

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import math
 
+from latch_core.rowclass import FULL, ROWVEC, SCALAR, STAT, value_class
+
 from .bodies import IN, OUT, BodySpec, _ptr_decl
 from .lowering import Lowering, LoweringError, compute_type, storage_type
 
@@ -42,26 +44,11 @@ ROW_MAX_RU = 4
 # the kernel around it. One batch of 12 loads (two 768-rows of x, or one of x and dy) is what the
 # row reductions ran before without spilling there.
 PIPELINE_REGS = 0
-FULL, ROWVEC, STAT, SCALAR = "full", "rowvec", "stat", "scalar"
 
 
 def is_row_group(spec: BodySpec) -> bool:
     """Does ``spec`` hold a row reduction before its last node (a row group, not a prologue)?"""
     return any(n.op in ROW_REDUCTIONS for n in spec.nodes[:-1])
-
-
-def _class(shape, rows: int, R: int) -> str | None:
-    n = math.prod(shape)
-    last = shape[-1] if shape else 1
-    if n == rows * R and last == R:
-        return FULL
-    if n == R and last == R:
-        return ROWVEC
-    if n == rows and last == 1:
-        return STAT
-    if n == 1:
-        return SCALAR
-    return None
 
 
 class _RowPuller:
@@ -125,7 +112,7 @@ def row_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> list[str]:
     rows = math.prod(P) // R
     if R % 4 or R <= 0:
         raise LoweringError(f"row group: rows of {R} elements; the row body needs a multiple of four")
-    cls = {i: _class(v.shape, rows, R) for i, v in enumerate(spec.values)}
+    cls = {i: value_class(v.shape, rows, R) for i, v in enumerate(spec.values)}
     for i, c in cls.items():
         if c is None:
             raise LoweringError(f"row group: value {i} of shape {spec.values[i].shape} is neither a row, a column "

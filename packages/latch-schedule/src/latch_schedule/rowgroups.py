@@ -25,7 +25,7 @@ back (such a path passes through a group between, which would read a moved value
 statistic that is read outside (RMSNorm's ``r``, saved for the backward) stays a group output of
 shape ``S``, written once per row; the other statistics never reach memory.
 
-Every value of a row group is one of four classes (:func:`value_class`), which is all the row
+Every value of a row group is one of four classes (``latch_core.rowclass.value_class``), which is all the row
 body needs (latch-codegen-h100 ``lower_rowgroup.py``): FULL (x's element count and row length:
 element ``(row, j)`` at ``row * R + j``), ROWVEC (``R`` elements along the innermost dim: the
 weight), STAT (one element per row: ``S``'s count, innermost extent 1) and SCALAR. Nodes allowed:
@@ -47,11 +47,11 @@ from __future__ import annotations
 import math
 
 from latch_core.ir import Graph, Node
+from latch_core.rowclass import FULL, ROWVEC, SCALAR, STAT, value_class  # noqa: F401 (re-exported)
 
 ROW_REDUCTIONS = frozenset({"latch::sum", "latch::mean"})
 ROW_GROUP_MAX_ROW = 2048  # elements of one row (the body holds a row per warp in registers)
 FLOAT_DTYPES = frozenset({"f32", "bf16", "f16"})
-FULL, ROWVEC, STAT, SCALAR = "full", "rowvec", "stat", "scalar"
 STAT_VIEWS = frozenset({"latch::reshape", "latch::expand"})
 
 
@@ -76,22 +76,6 @@ def is_row_reduction(graph: Graph, n: Node, reductions=ROW_REDUCTIONS) -> bool:
     if _dims(n, rank) != (rank - 1,) or R % 4 or R > ROW_GROUP_MAX_ROW or math.prod(x.shape) < R:
         return False
     return tuple(graph.value(n.outputs[0]).shape) == tuple(x.shape[:-1]) + (1,)
-
-
-def value_class(shape, rows: int, R: int) -> str | None:
-    """FULL, ROWVEC, STAT, SCALAR or None (module docstring) for a value of ``shape`` in a row group
-    of ``rows`` rows of ``R`` elements."""
-    n = math.prod(shape)
-    last = shape[-1] if shape else 1
-    if n == rows * R and last == R:
-        return FULL
-    if n == R and last == R:
-        return ROWVEC
-    if n == rows and last == 1:
-        return STAT
-    if n == 1:
-        return SCALAR
-    return None
 
 
 def row_group_ok(graph: Graph, nodes, pointwise: set[str], rows: int, R: int,
