@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 
 from latch_codegen_h100 import BuildError, build
@@ -147,16 +148,41 @@ def test_matmul_layouts_out_dtypes_and_split_k_compile(tmp_path, cache_dir, monk
     assert dict(built.build.stats)["bodies"] >= 6
 
 
-@pytest.mark.slow
-def test_hf_mixtral_with_bf16_policy_and_routing_builds(tmp_path, cache_dir, monkeypatch):
+def test_hf_mixtral_with_bf16_policy_and_routing_compiles(tmp_path):
     """transformers' Mixtral, unchanged, through the whole pipeline as `latch-pipeline compile
-    --policy --routing` runs it (every pass, alias views included) to nvcc. Its router's mask chain
-    fused into a column sum once named a temporary `v4`, as the vector loader's output array was
-    named: nvcc refused the unit (H200 run 23); the output array is `o4_` now."""
+    --policy --routing` runs it (every pass, alias views included) to nvcc's front end
+    (check_compiles: the CUDA is valid, ptxas not run; the full builds above run ptxas on the same
+    lowerings). Its router's mask chain fused into a column sum once named a temporary `v4`, as the
+    vector loader's output array was named: nvcc refused the unit (H200 run 23); the output array
+    is `o4_` now."""
     pytest.importorskip("transformers")
     from latch_check.pipeline import compile_example
+    from latch_codegen_h100 import check_compiles
 
-    monkeypatch.setenv("LATCH_CACHE_DIR", str(cache_dir))
     c = compile_example(EXAMPLES / "hf_mixtral.py", scheduler="barrier", num_sms=132, policy=True, routing=True,
-                        build_dir=tmp_path / "b", cache=False)
-    assert (tmp_path / "b" / "program.so").exists() and c.doc.build is not None
+                        build=False)
+    ptx = check_compiles(c.doc, tmp_path / "b")
+    assert ptx.stat().st_size > 0 and ".entry" in ptx.read_text()
+
+
+def test_check_compiles_names_the_unit_and_op_of_invalid_cuda(tmp_path, monkeypatch):
+    """The front-end check fails where nvcc would: a generated name colliding with another (the
+    Mixtral bug's kind) is a BuildError naming the unit, not a pass."""
+    from latch_codegen_h100 import BuildError, builder, check_compiles
+
+    doc = _planned("mlp", "barrier", True)
+    real = builder.generate
+
+    def broken(d, **kw):
+        gen = real(d, **kw)
+        u = gen.units[-1]
+        bad = attrs.evolve(u, source=u.source + "\nstatic int latch_dup_; static float latch_dup_;\n")
+        return attrs.evolve(gen, units=tuple(gen.units[:-1]) + (bad,))
+
+    monkeypatch.setattr(builder, "generate", broken)
+    with pytest.raises(BuildError) as e:
+        check_compiles(doc, tmp_path / "b")
+    msg = str(e.value)
+    last = real(doc).units[-1].name
+    assert f"nvcc failed on unit {last}" in msg and '"latch_dup_" has already been defined' in msg, msg
+    assert (tmp_path / "b" / "build.log").exists()

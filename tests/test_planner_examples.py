@@ -42,3 +42,30 @@ def test_the_fast_arena_is_as_tight_as_the_quadratic_rule(captured, example, str
     for a, b in zip(fast.memory.programs, slow.memory.programs):
         assert a.arena_bytes <= b.arena_bytes, (a.program, a.arena_bytes, b.arena_bytes)
         assert a.arena_bytes >= a.peak_live_bytes
+
+
+def test_row_group_tiles_are_boxes_of_every_value_when_rows_straddle_the_batch():
+    """RMSNorm's row group writes its BF16 copy at the primary's shape (B * T, D) and ``x * r`` (saved
+    for the backward) at (B, T, D). A row block that straddles a multiple of T covered two batches'
+    rows in (B, T, D) as a hull, so neighbouring tasks' writes overlapped and the hazard proof refused
+    the schedule (TinyMoE-200M at 32 x 1024: 249-row blocks of 32,768 rows). The tiler now takes a row
+    block compatible with T: every tile is an exact box, and the plan is proven."""
+    from latch_core.plugins import registries
+    from latch_schedule.validate import validate
+
+    doc = latch_capture.load_example(ROOT / "examples" / "transformer.py", vocab=64, d_model=32, layers=1, heads=4,
+                                     mlp_hidden=48, batch=3, seq=100).capture(grads=True)
+    passes = registries().passes
+    doc = passes.get("memory.policy").run(doc)
+    opts = dict(scheduler="barrier", num_sms=16, cost_min_task=1e-12, cost_min_spread_task=1e-12)
+    doc = passes.get("schedule").run(doc, **opts)
+    prog = doc.schedule.programs[0]
+    rows = [g for g in prog.groups if "mean" in g.body and "cast" in g.body]
+    assert rows, [g.body for g in prog.groups]
+    for g in rows:
+        tiles = [t.tile for t in prog.tasks if t.group == g.id]
+        assert len(tiles) > 3, tiles                                   # split, not one task
+        for t in tiles:
+            lo, hi = t[0]
+            assert (hi - lo) <= 100 and lo // 100 == (hi - 1) // 100 or (hi - lo) % 100 == 0 and lo % 100 == 0, t
+    assert validate(passes.get("memory.plan").run(doc)) == []

@@ -14,11 +14,12 @@ _LAZY = {
     "CodegenError": "bodies", "BuildError": "builder", "build": "builder", "generate": "codegen",
     "BodyContext": "lowering", "Lowering": "lowering", "LoweringError": "lowering", "NodeInfo": "lowering",
     "Operand": "lowering", "Program": "runtime", "ProgramError": "runtime", "LaunchError": "runtime",
-    "TensorMap": "lowering", "sass_report": "sass", "SassError": "sass",
+    "TensorMap": "lowering", "sass_report": "sass", "SassError": "sass", "check_compiles": "builder",
 }
 
 __all__ = ["build", "generate", "BuildError", "CodegenError", "Lowering", "LoweringError", "BodyContext",
-           "NodeInfo", "Operand", "Program", "ProgramError", "LaunchError", "TensorMap", "sass_report", "SassError"]
+           "NodeInfo", "Operand", "Program", "ProgramError", "LaunchError", "TensorMap", "sass_report", "SassError",
+           "check_compiles"]
 
 
 def __getattr__(name):

@@ -17,6 +17,8 @@ they run in. A cycle (possible only through in-place pairs) is an error naming t
 
 from __future__ import annotations
 
+import math
+
 from collections import deque
 from typing import Any
 
@@ -130,6 +132,49 @@ class GroupTiler:
                              granule=tuple(t.granule[k] for k in keep) if t.granule else ())
         return t
 
+    def row_aligned(self, graph: Graph, target: int, num_sms: int) -> Tiling:
+        """The tiling, with a row group's row block fixed so that every tile is a box of every value.
+
+        A row group's values of the rows' shape need not share the primary's dims: RMSNorm's
+        ``x * r`` of shape ``(B, T, D)`` is saved for the backward while the primary is its BF16
+        copy reshaped to ``(B * T, D)``. A block of the flat rows that straddles a multiple of
+        ``T`` maps onto ``(B, T, D)`` as the hull of two batches' rows, so neighbouring tasks'
+        writes overlap and the hazard proof refuses the schedule (TinyMoE-200M at 32 x 1024: 249-row
+        blocks). A block ``b`` is exact for a value when, for each of its row dims' sub-block row
+        counts ``p`` (``T`` for ``(B, T, D)``), ``b`` divides ``p`` or ``p`` divides ``b``; the
+        compatible block of at least half the split's own choice (no more than twice its tasks) that
+        makes the shortest phase (``ceil(tiles / SMs) * b`` rows on the busiest SM) is taken, ties
+        to the fewer tasks."""
+        t = self.tiling
+        if not (self.plan.row and self.shape and t.split_dims) or t.granule:
+            return t
+        lead = [k for k in t.split_dims if self.shape[k] > 1]
+        if len(lead) != 1:
+            return t  # a row split over several primary dims is row-major exact already (split())
+        k = lead[0]
+        rows = self.shape[k]
+        periods = set()
+        names = set(self.plan.inputs) | set(self.plan.outputs) | set(self.plan.internal)
+        for v in names:
+            shape = graph.value(v).shape
+            if math.prod(shape) != math.prod(self.shape) or not shape or shape[-1] != self.shape[-1]:
+                continue
+            dims = [d for d in shape[:-1] if d > 1]
+            for j in range(1, len(dims)):
+                periods.add(math.prod(dims[j:]))
+        periods.discard(rows)
+        if not periods:
+            return t
+        want = math.ceil(rows / max(1, min(rows, target)))
+
+        def ok(b: int) -> bool:
+            return all(b % p == 0 or p % b == 0 for p in periods)
+
+        cands = [b for b in range(max(1, want // 2), rows + 1) if ok(b)] or [rows]
+        best = min(cands, key=lambda b: (math.ceil(math.ceil(rows / b) / num_sms) * b, -b))
+        granule = tuple(best if d == k else self.shape[d] for d in t.split_dims)
+        return attrs.evolve(t, granule=granule)
+
     def footprint(self, box: Box) -> tuple[dict[str, Box], dict[str, Box]]:
         plan = self.plan
         if len(plan.nodes) == 1:  # the common case: no propagation, no hulls unless repeated
@@ -208,7 +253,8 @@ def build(graph: Graph, ops: Registry | None, *, fuse_ops: bool = True, num_sms:
                                   outputs=plan.outputs, primary=plan.primary, body=plan.body))
         tiler = GroupTiler(graph, plan, ops, cost)
         seconds = group_cost(graph, plan, ops, cost)
-        boxes = split(tiler.shape, tiler.tiling, target_tiles(seconds, cost, num_sms))
+        target = target_tiles(seconds, cost, num_sms)
+        boxes = split(tiler.shape, tiler.row_aligned(graph, target, num_sms), target)
         total = max(1, volume(full_box(tiler.shape)))
         for box in boxes:
             r, w = tiler.footprint(box)
