@@ -98,10 +98,11 @@ def test_bodies_compile_for_sm90a_and_use_no_atomics(tmp_path, policy):
     assert f"latch::cross_entropy_row<{dt}, long long, float, float>" in src
     assert f"latch::cross_entropy_grad_tile<{dt}, long long, float, {dt}, float>" in src
     assert (tmp_path / "lm" / "program.so").is_file()
-    if policy:
-        t = compile_example(EXAMPLE, build_dir=tmp_path / "tf", cache=False)
-        units = "".join(p.read_text() for p in sorted((tmp_path / "tf" / "src").glob("unit_*.cu")))
+    if policy:  # the embedding backward's generated source (the full build's nvcc run is the one above)
+        from latch_codegen_h100 import generate
+
+        t = compile_example(EXAMPLE, build=False)
+        units = "".join(u.source for u in generate(t.doc).units[1:])
         body = units[units.index("// latch::embedding_backward("):]
         body = body[:body.index("\n}\n")]
         assert "atomic" not in body and "latch::st<float>" in body
-        assert t.doc.build is not None

@@ -225,3 +225,23 @@ def test_the_build_command_refuses_and_no_validate_says_it_skipped(tmp_path, cac
     if H.have_nvcc():
         r = CliRunner().invoke(main, ["build", "-i", str(path), "-d", str(tmp_path / "b"), "--no-validate"])
         assert r.exit_code == 0 and "SKIPPED" in r.output, r.output
+
+
+def test_the_build_command_checks_the_cuda_alone_and_still_refuses_a_racy_document(tmp_path, cache):
+    """`build --check-cuda`: the generated CUDA through nvcc's front end (-ptx), no program.so; the
+    hazard proof still runs first."""
+    from click.testing import CliRunner
+
+    from latch_core.cli import main
+    from latch_core.document import save
+
+    good, racy = tmp_path / "good.latch.json", tmp_path / "racy.latch.json"
+    save(H.small_doc(), good)
+    save(_racy(H.small_doc()), racy)
+    r = CliRunner().invoke(main, ["build", "-i", str(racy), "-d", str(tmp_path / "r"), "--check-cuda"])
+    assert r.exit_code == 1 and "refusing to build" in r.output and "write race" in r.output
+    if H.have_nvcc():
+        r = CliRunner().invoke(main, ["build", "-i", str(good), "-d", str(tmp_path / "g"), "--check-cuda"])
+        assert r.exit_code == 0 and "the generated CUDA compiles" in r.output, r.output
+        assert (tmp_path / "g" / "obj" / "kernel.ptx").stat().st_size > 0
+        assert not (tmp_path / "g" / "program.so").exists()

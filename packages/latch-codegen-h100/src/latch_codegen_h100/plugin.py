@@ -95,16 +95,28 @@ class _Interspersed(click.Command):
 @click.option("--no-cache", is_flag=True, help="compile even when a cached library matches")
 @click.option("--no-validate", is_flag=True,
               help="build without the static hazard proof (debugging only; says so when it does)")
-def build_cmd(inp, out_dir, out, jobs, no_cache, no_validate):
+@click.option("--check-cuda", is_flag=True,
+              help="only check that the generated CUDA is valid (nvcc -ptx: no ptxas, no program.so; "
+                   "several times faster)")
+def build_cmd(inp, out_dir, out, jobs, no_cache, no_validate, check_cuda):
     """Validate a planned document, generate its CUDA and compile it into DIR/program.so."""
     from latch_core.cli import load_or_exit
     from latch_core.document import save
 
     from .bodies import CodegenError
-    from .builder import BuildError, build
+    from .builder import BuildError, build, check_compiles
 
     doc = load_or_exit(inp)
     t0 = time.perf_counter()
+    if check_cuda:
+        try:
+            ptx = check_compiles(doc, out_dir, validate=not no_validate)
+        except (CodegenError, BuildError) as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(1)
+        click.echo(f"the generated CUDA compiles: {ptx} in {time.perf_counter() - t0:.2f} s (nvcc -ptx; ptxas not run, "
+                   "no program.so)")
+        return
     try:
         doc = build(doc, out_dir, jobs=jobs, use_cache=not no_cache, validate=not no_validate)
     except (CodegenError, BuildError) as e:
