@@ -89,7 +89,8 @@ def _f64(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
         if x.device.type == "meta":
             raise CaptureError("the example's tensors are on the meta device",
-                               hint="build the example with real (CPU) tensors to check it, e.g. --set device=cpu")
+                               hint="build the example with real (CPU) tensors to check it (--set device=cpu), "
+                                    "or pass --steps 0 to plan it without a check")
         return x.detach().to(torch.float64).clone() if x.is_floating_point() else x.detach().clone()
     if isinstance(x, Mapping):
         return {k: _f64(v) for k, v in x.items()}
