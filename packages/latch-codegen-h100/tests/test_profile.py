@@ -4,6 +4,7 @@ by hand below. CPU only."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 import h100_handmade as H
@@ -61,6 +62,21 @@ def test_per_op_body_and_group_sums():
     assert [(r.name, r.total_ns) for r in rep.by_body] == [("add_relu_f32_8", 45), ("mul_f32_8", 40)]
     assert [r.name for r in rep.by_group] == ["g1 a,r", "g0 m (ex.py:3 in f)"]
     assert sum(r.total_ns for r in rep.by_op) == rep.totals["busy"]
+
+
+def test_each_op_is_set_beside_the_cost_models_estimate_of_its_tasks():
+    """Tasks 0-3 modelled at 10, 20, 5 and 5 ns: the mul (tasks 0, 1: measured 30 + 10 ns) ran at the
+    model's speed (40 / 30 = 1.33x), the add+relu (tasks 2, 3: 30 + 15 ns) 4.5x slower than modelled."""
+    lay = attrs.evolve(LAYOUT, task_cost=(10e-9, 20e-9, 5e-9, 5e-9))
+    rep = aggregate(lay, [_launch(), _launch(shift=1000)])
+    by = {r.name: r for r in rep.by_op}
+    assert by["latch::mul"].model_ns == pytest.approx(2 * 30) and by["latch::mul"].vs_model == pytest.approx(80 / 60)
+    assert by["latch::add+latch::relu"].vs_model == pytest.approx(90 / 20)
+    text = format_report(rep)
+    assert "against the cost model's" in text and "(2.12x)" in text, text   # busy 170 ns / model 80 ns
+    assert "4.50x" in text and "1.33x" in text
+    plain = format_report(aggregate(LAYOUT, [_launch()]))   # no costs known: no model columns' values
+    assert "against the cost model's" not in plain and aggregate(LAYOUT, [_launch()]).by_op[0].vs_model is None
 
 
 def test_launches_add_up_and_fractions_stay():

@@ -78,6 +78,9 @@ class ProgramLayout:
     sms: tuple[tuple[tuple[str, int], ...], ...]
     task_group: tuple[int, ...]
     groups: dict[int, GroupInfo] = attrs.field(eq=False)
+    # The scheduler's cost-model estimate of every task, in seconds (the schedule's ``cost``; empty
+    # where unknown): the report sets each op's measured time beside what the model expected.
+    task_cost: tuple[float, ...] = ()
 
     @property
     def num_instrs(self) -> int:
@@ -104,7 +107,8 @@ def layout_from_document(doc: Document, program: str) -> ProgramLayout:
         src = next((nodes[n].source for n in grp.nodes if n in nodes and nodes[n].source), None)
         groups[grp.id] = GroupInfo("+".join(ops), grp.body, tuple(grp.nodes), src)
     sms = tuple(tuple((str(ins[0]), int(ins[1])) for ins in sm) for sm in ps.sms)
-    return ProgramLayout(program, sms, tuple(t.group for t in ps.tasks), groups)
+    return ProgramLayout(program, sms, tuple(t.group for t in ps.tasks), groups,
+                         tuple(float(t.cost) for t in ps.tasks))
 
 
 @attrs.frozen
@@ -124,10 +128,16 @@ class Row:
     tasks: int
     total_ns: int
     share: float  # of the SM-time (grid SMs x kernel time)
+    model_ns: float = 0.0  # the cost model's estimate of the same tasks (0: unknown)
 
     @property
     def mean_ns(self) -> float:
         return self.total_ns / self.tasks if self.tasks else 0.0
+
+    @property
+    def vs_model(self) -> float | None:
+        """Measured / modelled time: 3.0 means the body ran at a third of the model's speed."""
+        return self.total_ns / self.model_ns if self.model_ns > 0 else None
 
 
 @attrs.frozen
@@ -186,9 +196,10 @@ def aggregate(layout: ProgramLayout, launches: Sequence[LaunchRecords]) -> Progr
     grid = len(launches[0].blocks)
     per_sm = [defaultdict(int) for _ in range(max(grid, lists))]
     tasks_on = [0] * len(per_sm)
-    by_op: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    by_body: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    by_group: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    by_op: dict[str, list] = defaultdict(lambda: [0, 0, 0.0])  # tasks, measured ns, modelled ns
+    by_body: dict[str, list] = defaultdict(lambda: [0, 0, 0.0])
+    by_group: dict[int, list] = defaultdict(lambda: [0, 0, 0.0])
+    cost = layout.task_cost
     kernel_ns, step = 0, None
     gaps: list[int] = []
     for rec in launches:
@@ -224,9 +235,11 @@ def aggregate(layout: ProgramLayout, launches: Sequence[LaunchRecords]) -> Progr
                     tasks_on[sm] += 1
                     gid = layout.task_group[arg]
                     info = layout.groups[gid]
+                    model = cost[arg] * 1e9 if arg < len(cost) else 0.0
                     for table, key in ((by_op, info.op), (by_body, info.body), (by_group, gid)):
                         table[key][0] += 1
                         table[key][1] += d
+                        table[key][2] += model
                 elif kind in ("barrier", "wait", "signal"):
                     acc["counter" if kind == "wait" else kind] += d
                 else:
@@ -255,7 +268,7 @@ def aggregate(layout: ProgramLayout, launches: Sequence[LaunchRecords]) -> Progr
     denom = grid * kernel_ns or 1
 
     def rows(table, name) -> tuple[Row, ...]:
-        out = [Row(name(k), v[0], v[1], v[1] / denom) for k, v in table.items()]
+        out = [Row(name(k), v[0], v[1], v[1] / denom, v[2]) for k, v in table.items()]
         return tuple(sorted(out, key=lambda r: (-r.total_ns, r.name)))
 
     def group_name(gid: int) -> str:
@@ -298,10 +311,14 @@ def _short(name: str, width: int) -> str:
 
 def _table(title: str, rows: Sequence[Row], top: int, width: int = 56) -> list[str]:
     out = [f"  {title} (top {min(top, len(rows))} of {len(rows)} by time):",
-           f"    {'name':<{width}s} {'tasks':>7s} {'total ms':>10s} {'share':>7s} {'mean us':>9s}"]
+           f"    {'name':<{width}s} {'tasks':>7s} {'total ms':>10s} {'share':>7s} {'mean us':>9s} "
+           f"{'model us':>9s} {'x model':>8s}"]
     for r in rows[:top]:
+        vs = r.vs_model
+        model = f"{r.model_ns / r.tasks / 1e3:9.2f}" if r.model_ns > 0 and r.tasks else f"{'-':>9s}"
         out.append(f"    {_short(r.name, width):<{width}s} {r.tasks:7d} {_ms(r.total_ns):>10s} "
-                   f"{100 * r.share:6.2f}% {r.mean_ns / 1e3:9.2f}")
+                   f"{100 * r.share:6.2f}% {r.mean_ns / 1e3:9.2f} {model} "
+                   + (f"{vs:7.2f}x" if vs is not None else f"{'-':>8s}"))
     return out
 
 
@@ -341,6 +358,12 @@ def format_report(rep: ProgramReport, *, top: int = 15, per_sm: bool = False) ->
         for s in rep.sms:
             lines.append(f"    {s.sm:4d} {s.tasks // per:6d} " + " ".join(f"{_ms(s.times[c] / per):>13s}"
                                                                          for c in CATEGORIES))
+    model = sum(r.model_ns for r in rep.by_op)
+    if model > 0:
+        busy = rep.totals["busy"]
+        lines.append(f"  busy SM-time {_ms(busy / per)} ms per launch against the cost model's {_ms(model / per)} ms "
+                     f"for the same tasks ({busy / model:.2f}x); below, 'model us' is its estimate per task and "
+                     "'x model' measured / modelled (> 1: slower than the model)")
     lines += _table("per op", rep.by_op, top)
     lines += _table("per body", rep.by_body, top)
     lines += _table("per fusion group", rep.by_group, top)
