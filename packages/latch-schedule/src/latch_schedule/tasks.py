@@ -214,6 +214,7 @@ def group_cost(graph: Graph, plan: GroupPlan, ops: Registry | None, cost: CostMo
         spec = _spec(ops, n.op)
         f, m, b = node_cost(spec, [None if v is None else graph.value(v).type for v in n.inputs],
                             [graph.value(o).type for o in n.outputs], n.attr_dict)
+        m /= cost.op_efficiency(n.op)
         flops += f
         mma += m
         nbytes += b
@@ -396,6 +397,8 @@ def options_cost(options: dict[str, Any]) -> CostModel:
                 kw[f.name] = tuple((int(m), int(n)) for m, n in v)
             elif f.name == "mma_eff":
                 kw[f.name] = tuple((int(w), float(e)) for w, e in v)
+            elif f.name == "mma_op_eff":
+                kw[f.name] = tuple((str(op), float(e)) for op, e in v)
             elif f.name == "split_k_choices":
                 kw[f.name] = tuple(int(x) for x in v)
             else:

@@ -92,6 +92,12 @@ class CostModel:
     # 4939 us). Through this formula those ratios need 0.76-0.84 (a 128 x 128 sub-tile loads A
     # again: a third more L2 -> shared traffic per flop than 128 x 256); 0.82 reproduces all four.
     pingpong_efficiency: float = 0.82
+    # Bodies whose tensor-core rate is below ``sm_mma_flops``, by op: their modelled time is their
+    # FLOPs (the op's own count) / (sm_mma_flops x this). Measured (results/gpu.md run 25, H200,
+    # bench-attention at TinyMoE-200M's shape (2, 12, 1024, 64), causal, the wgmma bodies): the
+    # forward 89 us where the model said 12.3 us (0.14), the backward 86 us against 20.5 (0.24): the
+    # attention of 8 layers 1.4 ms against a modelled 0.26. Update these from the next measurement.
+    mma_op_eff: tuple[tuple[str, float], ...] = (("latch::sdpa", 0.14), ("latch::sdpa_backward", 0.24))
 
     def mma_efficiency(self, bn: int) -> float:
         eff = self.mma_eff[0][1]
@@ -99,6 +105,10 @@ class CostModel:
             if bn >= width:
                 eff = e
         return eff
+
+    def op_efficiency(self, op: str) -> float:
+        """The tensor-core rate of ``op``'s body relative to ``sm_mma_flops`` (``mma_op_eff``; 1 else)."""
+        return next((e for name, e in self.mma_op_eff if name == op), 1.0)
 
     def seconds(self, flops: float, mma_flops: float, nbytes: float) -> float:
         return max(flops / self.sm_flops + mma_flops / self.sm_mma_flops, nbytes / self.sm_bytes)
