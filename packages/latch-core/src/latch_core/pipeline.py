@@ -101,7 +101,7 @@ class Request:
     matmul_layouts: bool = True
     matmul_configs: bool = True
     alias_views: bool = True  # contiguous views fold into their reader's operand address (schedule option)
-    fuse_views: bool = True  # fusable views cloned per reader that fuses them (schedule.fuse_views)
+    fuse_views: bool = True  # schedule.fuse_views + schedule option fuse_concat (issue 11: views and concats fused)
     row_groups: bool = True  # a row reduction, its statistic's chain and its consumer in one group (schedule option)
     build: bool = True
     build_dir: str | None = None  # default: build/<example>-<strategy>
@@ -122,7 +122,8 @@ class Request:
                         "routing": self.routing, "cache": self.cache, "progress": self.progress},
             "schedule.split_reductions": {"num_sms": self.num_sms},
             "schedule.matmul_configs": {"num_sms": self.num_sms},
-            "schedule": {"num_sms": self.num_sms, "alias_views": self.alias_views, "row_groups": self.row_groups},
+            "schedule": {"num_sms": self.num_sms, "alias_views": self.alias_views, "row_groups": self.row_groups,
+                         "fuse_concat": self.fuse_views},
             "build": {"directory": self.build_dir, "use_cache": self.cache, "progress": self.progress},
         }
         if self.scheduler:
