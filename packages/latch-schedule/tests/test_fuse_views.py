@@ -236,3 +236,27 @@ def test_rope_forward_and_backward_are_one_group_each(registries, captured, exam
     for strategy in ("barrier", "dataflow"):
         d = after if strategy == "barrier" else _plan(registries, doc, strategy, True)
         assert validate(d, ops=registries.ops) == []
+
+
+@pytest.mark.parametrize("perm,dim,index", [((2, 0, 1), 1, 1), ((1, 0, 2), 0, 2), ((0, 2, 1), 2, 0)])
+def test_select_moves_before_its_permute(ops, perm, dim, index):
+    """select(permute(x)) == permute'(select(x)): the rewrite keeps every element in place (checked
+    with torch on the rewritten nodes' attributes), and the permute nobody reads any more is gone."""
+    import torch
+
+    from latch_schedule.fuse_views import select_before_permute
+
+    b = Builder(ops)
+    x = b.input("batch", "x", (3, 4, 5), role="batch")
+    (p,) = b.node("permute", [x], {"perm": perm}, name="p")
+    (s,) = b.node("select", [p], {"dim": dim, "index": index}, name="s")
+    (r,) = b.node("relu", [s], name="r")
+    g = b.graph({"loss": [r]})
+    g2, n = select_before_permute(g)
+    assert n == 1 and [m.op for m in g2.nodes] == ["latch::select", "latch::permute", "latch::relu"]
+    sel, per = g2.nodes[0].attr_dict, g2.nodes[1].attr_dict
+    t = torch.arange(60.0).reshape(3, 4, 5)
+    want = t.permute(*perm).select(dim, index)
+    got = t.select(sel["dim"], sel["index"]).permute(*per["perm"])
+    assert torch.equal(want, got)
+    assert g2.value(g2.nodes[1].outputs[0]).shape == tuple(want.shape) and not g2.has_value("p")

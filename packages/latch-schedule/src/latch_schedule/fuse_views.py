@@ -35,6 +35,10 @@ Why this is free and legal:
   operand through the map (the same count for an injective view; for an expand, the smaller
   operand), and the copy's write and read disappear.
 
+First, each ``select`` of a ``permute`` is moved before it (:func:`select_before_permute`): the
+same elements, but the q/k/v unbind's v, read by the attention (which does not absorb views),
+then copies only its own third of the product's output instead of the whole permuted value.
+
 Never cloned: a view whose output is a program output (it must be written), a view with a single
 reader (nothing to gain). Graph metadata ``schedule.fuse_views``: per program, the views cloned and
 the clones made. Pure; a changed graph drops any schedule, memory plan and build.
@@ -49,6 +53,49 @@ from latch_core.ir import Graph, Node, fresh_name
 from latch_core.registry import Registry
 
 from .fusion import CONCAT, FUSABLE_VIEWS, is_pointwise
+
+
+def select_before_permute(graph: Graph) -> tuple[Graph, int]:
+    """Each ``select(permute(x, perm), d, i)`` rewritten as ``permute(select(x, perm[d], i), perm')``
+    (``perm'``: ``perm`` without position d, renumbered): the same elements in the same order, and
+    a permute left for one reader that does not absorb views (the attention reading v) copies only
+    the selected part, not the whole permuted value (the q/k/v unbind: a third of the bytes). A
+    permute no node reads any more, and not a program output, is dropped. Returns the graph and the
+    number of selects rewritten."""
+    outputs = set(graph.output_names())
+    values = {v.name: v for v in graph.values}
+    names = {n.name for n in graph.nodes} | set(values)
+    producer = {o: n for n in graph.nodes for o in n.outputs}
+    nodes: list[Node] = []
+    done = 0
+    for n in graph.nodes:
+        p = producer.get(n.inputs[0]) if n.op == "latch::select" and n.inputs and n.inputs[0] else None
+        if p is None or p.op != "latch::permute" or p.outputs[0] in outputs or len(n.outputs) != 1:
+            nodes.append(n)
+            continue
+        perm = [int(a) for a in dict(p.attrs)["perm"]]
+        a = dict(n.attrs)
+        d, idx = int(a["dim"]) % len(perm), int(a["index"])
+        x = p.inputs[0]
+        src = perm[d]
+        xs = values[x].shape
+        inner = fresh_name(names, f"{n.outputs[0]}.sel")
+        values[inner] = attrs.evolve(values[n.outputs[0]], name=inner, shape=tuple(xs[:src]) + tuple(xs[src + 1:]))
+        sel = attrs.evolve(n, name=fresh_name(names, f"{n.name}.sel"), inputs=(x,), outputs=(inner,),
+                           attrs={"dim": src, "index": idx})
+        rest = [q - (q > src) for j, q in enumerate(perm) if j != d]
+        per = attrs.evolve(p, name=fresh_name(names, f"{n.name}.perm"), inputs=(inner,), outputs=n.outputs,
+                           attrs={"perm": tuple(rest)})
+        nodes += [sel, per]
+        done += 1
+    if not done:
+        return graph, 0
+    read = {v for n in nodes for v in n.inputs if v is not None}
+    dead = {n.outputs[0] for n in nodes if n.op == "latch::permute" and n.outputs[0] not in read
+            and n.outputs[0] not in outputs}
+    nodes = [n for n in nodes if not (n.outputs and n.outputs[0] in dead)]
+    vals = tuple(v for v in values.values() if v.name not in dead)
+    return attrs.evolve(graph, values=vals, nodes=tuple(nodes)), done
 
 
 def clone_fusable_views(graph: Graph, ops: Registry | None) -> tuple[Graph, dict]:
@@ -134,8 +181,11 @@ def fuse_views_pass(doc: Document, ops: Registry | None = None, **options):
         ops = registries().ops
     programs, report = [], {}
     for g in doc.graph.programs:
-        g2, r = clone_fusable_views(g, ops)
+        g1, swapped = select_before_permute(g)
+        g2, r = clone_fusable_views(g1, ops)
         programs.append(g2)
+        if swapped:
+            r = {**(r or {"views": 0, "clones": 0}), "selects_before_permutes": swapped}
         if r:
             report[g.name] = r
     if not report:
@@ -145,5 +195,6 @@ def fuse_views_pass(doc: Document, ops: Registry | None = None, **options):
     graph = attrs.evolve(doc.graph, programs=programs, metadata=meta)
     n = sum(r["clones"] for r in report.values())
     v = sum(r["views"] for r in report.values())
+    k = sum(r.get("selects_before_permutes", 0) for r in report.values())
     return attrs.evolve(doc, graph=graph, schedule=None, memory=None, build=None), \
-        f"{v} fusable view(s) cloned per absorbing reader ({n} clones)"
+        f"{k} select(s) moved before their permute; {v} fusable view(s) cloned per absorbing reader ({n} clones)"
