@@ -69,9 +69,11 @@ def test_show_prints_the_passes_a_document_went_through(captured):
     out = run_cli(["passes", "-i", "two.latch.json", "-o", "r.latch.json", "schedule.split_reductions..memory.plan",
                    "show", "r.latch.json"], captured)
     assert out.returncode == 0, out.stderr
-    assert ("# passes: capture -> schedule.split_reductions -> schedule.matmul_configs -> schedule.alias_views -> "
+    assert ("# passes: capture -> schedule.split_reductions -> schedule.matmul_configs -> schedule.fuse_views -> "
+            "schedule.alias_views -> "
             "schedule -> memory.plan"
             in out.stdout)
     doc = json.loads((captured / "r.latch.json").read_text())
     assert [p["name"] for p in doc["provenance"]] == ["capture", "schedule.split_reductions", "schedule.matmul_configs",
-                                                       "schedule.alias_views", "schedule", "memory.plan"]
+                                                       "schedule.fuse_views", "schedule.alias_views", "schedule",
+                                                       "memory.plan"]

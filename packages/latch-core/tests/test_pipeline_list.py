@@ -12,24 +12,29 @@ from latch_core.registry import Registry
 def test_the_list_reads_top_to_bottom():
     assert pipeline.NAMES == ("capture", "memory.policy", "memory.fuse_cross_entropy", "moe.store_operands",
                               "moe.fixed_order_scatters", "memory.remat", "schedule.matmul_layouts",
-                              "schedule.split_reductions", "schedule.matmul_configs", "schedule.alias_views", "schedule",
+                              "schedule.split_reductions", "schedule.matmul_configs", "schedule.fuse_views", "schedule.alias_views",
+                              "schedule",
                               "memory.plan", "schedule.validate", "build")
     r = pipeline.Request("ex.py")
     assert r.passes() == [n for n in pipeline.NAMES if n != "memory.remat"]
     assert pipeline.Request("ex.py", policy=False, build=False, split_reductions=False, remat_budget=10).passes() == [
         "capture", "memory.fuse_cross_entropy", "moe.fixed_order_scatters", "memory.remat", "schedule.matmul_layouts",
-        "schedule.matmul_configs", "schedule.alias_views", "schedule", "memory.plan", "schedule.validate"]
+        "schedule.matmul_configs", "schedule.fuse_views", "schedule.alias_views", "schedule", "memory.plan",
+        "schedule.validate"]
     assert pipeline.Request("ex.py", matmul_layouts=False, matmul_configs=False, fuse_cross_entropy=False,
-                            alias_views=False).passes() == [
+                            alias_views=False, fuse_views=False).passes() == [
         "capture", "memory.policy", "moe.store_operands", "moe.fixed_order_scatters", "schedule.split_reductions",
         "schedule", "memory.plan", "schedule.validate",
         "build"]
     opts = pipeline.Request("ex.py", scheduler="dataflow", num_sms=8, remat_budget=10).options()
-    assert opts["schedule"] == {"num_sms": 8, "scheduler": "dataflow", "alias_views": True, "row_groups": True} and \
+    assert opts["schedule"] == {"num_sms": 8, "scheduler": "dataflow", "alias_views": True, "row_groups": True,
+                               "fuse_concat": True} and \
         opts["memory.remat"] == {"budget_bytes": 10}
     assert opts["capture"]["example"] == "ex.py"
     assert pipeline.Request("ex.py", alias_views=False).options()["schedule"]["alias_views"] is False
     assert pipeline.Request("ex.py", row_groups=False).options()["schedule"]["row_groups"] is False
+    assert pipeline.Request("ex.py", fuse_views=False).options()["schedule"]["fuse_concat"] is False
+    assert "schedule.fuse_views" not in pipeline.Request("ex.py", fuse_views=False).passes()
 
 
 def test_sub_lists():

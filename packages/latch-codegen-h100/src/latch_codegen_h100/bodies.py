@@ -257,7 +257,8 @@ def render_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> Rendered:
     else:
         from .lower_reduce import PROLOGUE_REDUCTIONS
 
-        missing = [n.op for n in spec.nodes if not lowerings[n.op].fusable]
+        # a concat fuses with its producers and consumers: the fused body branches on its dim (fuse.py)
+        missing = [n.op for n in spec.nodes if not lowerings[n.op].fusable and n.op != "latch::concat"]
         from .lower_rowgroup import ROW_REDUCTIONS, is_row_group
 
         if missing and is_row_group(spec) and set(missing) <= ROW_REDUCTIONS:

@@ -20,6 +20,8 @@ from .bodies import IN, OUT, BodySpec, _ptr_decl
 from .cgen import dot, strides
 from .lowering import Lowering, LoweringError, NodeInfo, compute_type, load_expr, storage_type
 
+CONCAT = "latch::concat"  # fused with its producers and consumers (latch_schedule.fusion): _Puller._concat
+
 
 def tile_loop_open(rank: int, indent: str = "  ") -> tuple[list[str], list[str]]:
     """Open a block-strided loop over the task's tile; returns (lines, coordinate names).
@@ -123,6 +125,8 @@ class _Puller:
             self.memo[key] = name
             return name
         n, low = self._producer_of(vi)
+        if n.op == CONCAT:
+            return self._concat(key, v, n, coords, self.pull)
         info = node_info(self.spec, n, coords)
         if low.view_map is not None:
             src = next(i for i in n.inputs if i is not None)
@@ -132,6 +136,39 @@ class _Puller:
             return name
         return self._elementwise(key, v, n, low, info,
                                  lambda i: self.pull(i, broadcast_coords(self.spec.values[i].shape, v.shape, coords)))
+
+    def _concat(self, key, v, n, coords: list[str], pull) -> str:
+        """A concatenation's element at ``coords``: only the operand whose region holds it is
+        pulled, inside its own branch (``if (x_d < end_0) {...} else if ...``); values computed in a
+        branch are scoped to it (the memo is restored after each), values pulled before it are
+        shared. ``pull(value, coords)`` pulls an operand (the scalar or the lane puller's)."""
+        dim = int(dict(n.attrs)["dim"]) % len(v.shape)
+        ins = [i for i in n.inputs if i is not None]
+        name = self._fresh("c")
+        ct = compute_type(v.dtype)
+        self.lines.append(f"{self.ind}{ct} {name};")
+        off, ind = 0, self.ind
+        for k, i in enumerate(ins):
+            extent = self.spec.values[i].shape[dim]
+            last = k == len(ins) - 1
+            if k == 0:
+                self.lines.append(f"{ind}if ({coords[dim]} < {off + extent}LL) {{")
+            elif last:
+                self.lines.append(f"{ind}}} else {{")
+            else:
+                self.lines.append(f"{ind}}} else if ({coords[dim]} < {off + extent}LL) {{")
+            saved = dict(self.memo)
+            self.ind = ind + "  "
+            sub = list(coords)
+            sub[dim] = coords[dim] if off == 0 else f"({coords[dim]} - {off}LL)"
+            val = pull(i, sub)
+            self.lines.append(f"{self.ind}{name} = {val};")
+            self.memo = saved
+            self.ind = ind
+            off += extent
+        self.lines.append(f"{ind}}}")
+        self.memo[key] = name
+        return name
 
     def _producer_of(self, vi: int):
         """The group node computing value ``vi`` and its lowering."""
@@ -223,10 +260,15 @@ def fused_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> list[str]:
         return (decl + [f"  if ({full}) {{  // the tile spans every dim but the first: one flat range"]
                 + vector_lines(flat, lowerings, names, inner, "    ", shape=tuple(target))
                 + ["  } else {"] + slow + ind(loop_body(scoords)) + ["    }", "  }"])
+    fast, fcoords = _const_loop(target, "    ")
+    if any(n.op == CONCAT for n in spec.nodes):
+        # a concat branches per element: row tiles take the constant-extent decode, one element
+        # per thread (the vector/ILP path classifies lanes through view maps, not branches)
+        return (decl + [f"  if ({full}) {{  // row tiles: constant-extent decode"] + fast + ind(loop_body(fcoords))
+                + ["    }", "  } else {"] + slow + ind(loop_body(scoords)) + ["    }", "  }"])
     # row tiles take the vector/ILP path when its vector operands are aligned, else one element per
     # thread with the constant-extent decode; other tiles the general loop
     ilp, cond = ilp_lines(spec, lowerings, names, "    ")
-    fast, fcoords = _const_loop(target, "    ")
     if target[-1] % 4 == 0:  # groups of four start at multiples of four (a tile cut along the last dim)
         cond = f"({cond}) && ({first}) % 4 == 0"
     return (decl + [f"  if (({full}) && ({cond})) {{  // row tiles: U groups of W elements per thread"] + ilp

@@ -11,6 +11,7 @@ to a built program.
     schedule.matmul_layouts     latch-schedule       graph rewrite: transposes feeding matmuls become trans flags
     schedule.split_reductions   latch-schedule       graph rewrite: big full reductions in two levels
     schedule.matmul_configs     latch-schedule       graph rewrite: each matmul's body configuration, split-K
+    schedule.fuse_views         latch-schedule       graph rewrite: fusable views cloned per reader that fuses them
     schedule.alias_views        latch-schedule       graph rewrite: contiguous views cloned per reader (alias prefixes)
     schedule                    latch-schedule       fusion, tiles, SM assignment, barriers or counters
     memory.plan                 latch-memory         liveness, in-place updates, arena offsets
@@ -62,6 +63,9 @@ PIPELINE: tuple[Stage, ...] = (
           "split_reductions"),
     Stage("schedule.matmul_configs", "latch-schedule",
           "graph rewrite: each matmul's body configuration (cost model) and split-K factor", "matmul_configs"),
+    Stage("schedule.fuse_views", "latch-schedule",
+          "graph rewrite: a fusable view read by several nodes cloned per reader that fuses it (no view "
+          "materialises inside elementwise chains)", "fuse_views"),
     Stage("schedule.alias_views", "latch-schedule",
           "graph rewrite: a contiguous view read by several nodes cloned per reader (alias prefixes)", "alias_views"),
     Stage("schedule", "latch-schedule", "fusion, tiles, SM assignment, barriers or counters"),
@@ -97,6 +101,7 @@ class Request:
     matmul_layouts: bool = True
     matmul_configs: bool = True
     alias_views: bool = True  # contiguous views fold into their reader's operand address (schedule option)
+    fuse_views: bool = True  # schedule.fuse_views + schedule option fuse_concat (issue 11: views and concats fused)
     row_groups: bool = True  # a row reduction, its statistic's chain and its consumer in one group (schedule option)
     build: bool = True
     build_dir: str | None = None  # default: build/<example>-<strategy>
@@ -108,7 +113,7 @@ class Request:
     def passes(self) -> list[str]:
         on = {"policy": self.policy, "fuse_cross_entropy": self.fuse_cross_entropy, "remat_budget": self.remat_budget is not None,
               "split_reductions": self.split_reductions, "matmul_layouts": self.matmul_layouts,
-              "matmul_configs": self.matmul_configs, "alias_views": self.alias_views, "build": self.build}
+              "matmul_configs": self.matmul_configs, "alias_views": self.alias_views, "fuse_views": self.fuse_views, "build": self.build}
         return [s.name for s in PIPELINE if not s.switch or on[s.switch]]
 
     def options(self) -> dict[str, dict[str, Any]]:
@@ -117,7 +122,8 @@ class Request:
                         "routing": self.routing, "cache": self.cache, "progress": self.progress},
             "schedule.split_reductions": {"num_sms": self.num_sms},
             "schedule.matmul_configs": {"num_sms": self.num_sms},
-            "schedule": {"num_sms": self.num_sms, "alias_views": self.alias_views, "row_groups": self.row_groups},
+            "schedule": {"num_sms": self.num_sms, "alias_views": self.alias_views, "row_groups": self.row_groups,
+                         "fuse_concat": self.fuse_views},
             "build": {"directory": self.build_dir, "use_cache": self.cache, "progress": self.progress},
         }
         if self.scheduler:

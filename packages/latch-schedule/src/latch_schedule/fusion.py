@@ -47,8 +47,8 @@ bounded to ``HORIZONTAL_MAX_NODES`` nodes.
 Alias prefixes (option ``alias_views``; issue 11): a view whose output is a contiguous byte range
 of its operand (``latch_core.aliasing``: a reshape, a leading-dims select or slice, a permute or
 expand of size-1 dims only; the offset a multiple of 256 bytes) and that is not a program output
-joins the group of its readers when none of them is pointwise or a fusable view (a matmul, the
-attention, a norm, a reduction, a concat, ...), or every reader is such a view itself: it is an
+joins the group of its readers when none of them is pointwise, a fusable view or a fused concat (a
+matmul, the attention, a norm, a reduction, ...), or every reader is such a view itself: it is an
 address, not a computation. The group's body reads the view's output at the operand's placement
 plus the byte offset (latch-codegen-h100 strips the prefix with the same rule,
 ``latch_core.aliasing.alias_prefixes``), the footprint maps the tile's reads through the view's
@@ -56,6 +56,26 @@ index map onto the operand, so dependencies, liveness and the hazard proof see t
 and the view is no copy task of its own. Nothing else may join a prefix (the operand's producer
 stays outside). A view read by several groups is cloned per reader first (the pass
 ``schedule.alias_views``, :mod:`latch_schedule.aliases`).
+
+Concatenation (option ``concat``, on by default; issue 11): ``latch::concat`` (along one dim,
+each operand a distinct value) takes part in the rule above like an elementwise node whose
+operands cover disjoint regions of its output:
+- pointwise, fusable view or concat -> concat: an operand joins the concat's group when every
+  reader of it is in that group. Element j of the operand feeds exactly one output element (the
+  one at j plus the operand's offset along the dim), so nothing is recomputed; the body computes,
+  per output element, only the branch whose region holds it (the code generator's puller branches
+  on the coordinate: latch-codegen-h100 ``fuse.py``), so no operand is evaluated outside its region.
+- concat -> pointwise of the concat's shape, or -> injective view (RoPE's rotated q cast to BF16;
+  d(qkv) stacked from dq, dk, dv and permuted back to the product's layout): the consumer pulls
+  each element of the concat once, as from any elementwise node. Never into a reduction's prologue
+  (the reduction body reads flat elements; it does not branch).
+An operand that is a program output does not join (it would be written at the tile's index, which
+is not its own), and a concat that is one stays a sink. Convexity is the rule's: a node joins only
+when every reader is already in the one group, decided in reverse graph order. A group holding a
+concat is not ``pointwise``, so sibling and horizontal fusion leave it alone, and row groups refuse
+it (``rowgroups.row_group_ok``). Its footprint is the tiling's: the concat's tiling maps the tile
+to each operand's region (an empty box where the tile misses it), and that box propagates to the
+operand's producers, so the hazard proof sees exactly the bytes the branches read.
 
 Row groups (option ``row_groups``; issue 11): after the rules above, a row reduction over the
 innermost dim, the pointwise chain on its ``(T, 1)`` statistic and the broadcast consumer at the
@@ -86,6 +106,10 @@ INJECTIVE_VIEWS = FUSABLE_VIEWS - {"latch::expand"}
 # Reductions that take a fused elementwise prologue (the code generator's ``load(i)`` computes it:
 # latch-codegen-h100 ``flat.reduce_body``; its PROLOGUE_REDUCTIONS must list the same ops).
 PROLOGUE_REDUCTIONS = frozenset({"latch::sum", "latch::mean", "latch::amax", "latch::amin", "latch::prod"})
+# Concatenation fused with its producers and consumers (module docstring, "Concatenation"); the
+# code generator's puller evaluates it by branching on the output coordinate (latch-codegen-h100
+# fuse.py).
+CONCAT = "latch::concat"
 
 
 @attrs.frozen
@@ -260,7 +284,7 @@ def _horizontal(graph: Graph, nodes, pointwise, find, parent, consumers, interna
 
 def fuse(graph: Graph, ops: Registry | None, enabled: bool = True,
          prologue_ops: frozenset[str] = PROLOGUE_REDUCTIONS, alias_views: bool = False,
-         row_groups: bool = False) -> list[GroupPlan]:
+         row_groups: bool = False, concat: bool = True) -> list[GroupPlan]:
     """Groups of ``graph``'s nodes, in an order that is topological for the groups. ``prologue_ops``:
     the reductions that take an elementwise prologue (empty: none do). ``alias_views``: contiguous
     views join the group that reads them as its alias prefix (module docstring). ``row_groups``:
@@ -280,6 +304,9 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True,
     pointwise = [is_pointwise(s) for s in specs]
     view = [s is not None and VIEW in s.tags and not pointwise[i] and n.op in FUSABLE_VIEWS
             for i, (s, n) in enumerate(zip(specs, nodes))]
+    cat = [concat and s is not None and n.op == CONCAT and isinstance(n.attr_dict.get("dim"), int)
+           and len(set(v for v in n.inputs if v is not None)) == len([v for v in n.inputs if v is not None])
+           for s, n in zip(specs, nodes)]
 
     parent = list(range(len(nodes)))  # union-find: merge a node into its consumer
 
@@ -298,7 +325,7 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True,
         # as a program output, so groups stay convex.
         for i in range(len(nodes) - 1, -1, -1):
             n = nodes[i]
-            if not (pointwise[i] or view[i]) or len(n.outputs) != 1:
+            if not (pointwise[i] or view[i] or cat[i]) or len(n.outputs) != 1:
                 continue
             o = n.outputs[0]
             cs = consumers.get(o, [])
@@ -308,8 +335,8 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True,
             if any(find(c) != root for c in cs):
                 continue
             shape = graph.value(o).shape
-            if alias_views and o not in program_outputs and alias_byte_offset(n, graph) is not None and all(
-                    c in prefix or not (pointwise[c] or view[c]) for c in cs):
+            if not cat[i] and alias_views and o not in program_outputs and alias_byte_offset(n, graph) is not None and all(
+                    c in prefix or not (pointwise[c] or view[c] or cat[c]) for c in cs):
                 parent[i] = root  # an address, not a computation: the reader's body reads o in place
                 internal.add(o)
                 prefix.add(i)
@@ -322,6 +349,16 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True,
                 cn = nodes[c]
                 if len(cn.outputs) != 1:
                     ok = False
+                elif cat[c]:
+                    # a concat's operand: each of its elements feeds one output element (the
+                    # operand appears once, cat[] checks), so nothing is recomputed
+                    ok = pointwise[i] or view[i] or cat[i]
+                elif cat[i]:
+                    # a concat into an elementwise consumer of its shape or an injective view:
+                    # the consumer pulls each concat element once (never into a reduction's
+                    # prologue: the reduction body reads flat elements, it does not branch)
+                    ok = ((pointwise[c] and graph.value(cn.outputs[0]).shape == shape)
+                          or (view[c] and cn.op in INJECTIVE_VIEWS)) and nodes[root].op not in prologue_ops
                 elif pointwise[i] and pointwise[c]:
                     ok = graph.value(cn.outputs[0]).shape == shape
                 elif pointwise[i] and cn.op in prologue_ops:
@@ -341,7 +378,7 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True,
             if o in program_outputs:
                 # it stays a group output: the body writes it at the tile's index, so it must
                 # have the shape of the group's primary output
-                if (not pointwise[i] or graph.value(nodes[root].outputs[0]).shape != shape
+                if (not pointwise[i] or any(cat[c] for c in cs) or graph.value(nodes[root].outputs[0]).shape != shape
                         or nodes[root].op in prologue_ops):
                     continue
             else:

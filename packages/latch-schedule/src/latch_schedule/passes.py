@@ -90,6 +90,12 @@ def _alias_views(doc: Document, **options):
     return alias_views_pass(doc, **options)
 
 
+def _fuse_views(doc: Document, **options):
+    from .fuse_views import fuse_views_pass
+
+    return fuse_views_pass(doc, **options)
+
+
 def _validate(doc: Document, **options) -> Document:
     from .validate import ValidationError, validate
 
@@ -121,6 +127,9 @@ MATMUL_CONFIGS = Pass("schedule.matmul_configs", _configs, requires={"graph"}, e
 ALIAS_VIEWS = Pass("schedule.alias_views", _alias_views, requires={"graph"}, ensures={"graph"},
                    doc="graph rewrite: a contiguous view read by several nodes is cloned per reader, so every "
                        "copy folds into its reader (the scheduler's alias prefixes)")
+FUSE_VIEWS = Pass("schedule.fuse_views", _fuse_views, requires={"graph"}, ensures={"graph"},
+                  doc="graph rewrite: a fusable view read by several nodes is cloned per reader that fuses it "
+                      "(pointwise, concat, a view that does), so no view materialises inside elementwise chains")
 SCHEDULE = Pass("schedule", _schedule, requires={"graph"}, ensures={"schedule"},
                 doc="fusion, tiling, SM assignment and synchronisation (option scheduler, else LATCH_SCHEDULER, "
                     "else barrier; num_sms, fuse)")

@@ -8,7 +8,7 @@ import click
 
 from latch_core.hookspecs import hookimpl
 
-from .passes import ALIAS_VIEWS, MATMUL_CONFIGS, MATMUL_LAYOUTS, SCHEDULE, SPLIT_REDUCTIONS, VALIDATE, VALIDATE_ORDER, scheduler_name
+from .passes import ALIAS_VIEWS, FUSE_VIEWS, MATMUL_CONFIGS, MATMUL_LAYOUTS, SCHEDULE, SPLIT_REDUCTIONS, VALIDATE, VALIDATE_ORDER, scheduler_name
 
 
 @hookimpl
@@ -26,6 +26,7 @@ def latch_register_passes(register):
     register(MATMUL_LAYOUTS)
     register(MATMUL_CONFIGS)
     register(ALIAS_VIEWS)
+    register(FUSE_VIEWS)
     register(VALIDATE)
     register(VALIDATE_ORDER)
 

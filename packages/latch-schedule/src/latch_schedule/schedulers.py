@@ -8,6 +8,8 @@ Options shared by the built-in strategies:
 - ``row_groups`` (bool, default True): a row reduction, the chain on its per-row statistic and
   their broadcast consumer form one group whose tasks cover whole rows
   (:mod:`latch_schedule.rowgroups`: RMSNorm reads x once);
+- ``fuse_concat`` (bool, default True): ``latch::concat`` fuses with its producers and consumers
+  (:mod:`latch_schedule.fusion`, "Concatenation": RoPE's halves and d(qkv)'s stack in one pass);
 - ``ops``: the op registry to read tags, costs and tilings from (default: installed plugins);
 - ``matmul_tile`` ((M, N)), ``cost_<field>``: overrides of :class:`latch_schedule.tiling.CostModel`;
 - ``sync_seconds`` (float, default 1e-6): the estimated cost of a barrier / a cross-SM wait.
@@ -61,7 +63,9 @@ def task_graphs(doc: Document, options: dict[str, Any]) -> list[TaskGraph]:
     fuse = _bool(options.get("fuse", True))
     alias = _bool(options.get("alias_views", True))
     rows = _bool(options.get("row_groups", True))
-    return [build(g, ops, fuse_ops=fuse, num_sms=num_sms, cost=cost, alias_views=alias, row_groups=rows)
+    concat = _bool(options.get("fuse_concat", True))
+    return [build(g, ops, fuse_ops=fuse, num_sms=num_sms, cost=cost, alias_views=alias, row_groups=rows,
+                  fuse_concat=concat)
             for g in doc.graph.programs]
 
 
@@ -96,6 +100,7 @@ def _run(name: str, doc: Document, options: dict[str, Any],
     stats["fuse"] = _bool(options.get("fuse", True))
     stats["alias_views"] = _bool(options.get("alias_views", True))
     stats["row_groups"] = _bool(options.get("row_groups", True))
+    stats["fuse_concat"] = _bool(options.get("fuse_concat", True))
     row = [p.nodes[-1].name for tg in tgs for p in tg.plans if p.row]
     stats["row_group_count"] = len(row)
     if any(aliases.values()):

@@ -225,7 +225,8 @@ def group_cost(graph: Graph, plan: GroupPlan, ops: Registry | None, cost: CostMo
 
 
 def build(graph: Graph, ops: Registry | None, *, fuse_ops: bool = True, num_sms: int = 132,
-          cost: CostModel | None = None, alias_views: bool = False, row_groups: bool = False) -> TaskGraph:
+          cost: CostModel | None = None, alias_views: bool = False, row_groups: bool = False,
+          fuse_concat: bool = True) -> TaskGraph:
     cost = attrs.evolve(cost or CostModel(), num_sms=num_sms)
     for n in graph.nodes:
         if n.op == REPEAT_OP:
@@ -234,7 +235,7 @@ def build(graph: Graph, ops: Registry | None, *, fuse_ops: bool = True, num_sms:
                 "unroll the region before scheduling")
         if not n.outputs:
             raise ScheduleError(f"program {graph.name!r} {_where(n)}: a node without outputs cannot be scheduled")
-    plans = fuse(graph, ops, fuse_ops, alias_views=alias_views, row_groups=row_groups)
+    plans = fuse(graph, ops, fuse_ops, alias_views=alias_views, row_groups=row_groups, concat=fuse_concat)
     interned: dict[tuple, Access] = {}  # equal accesses share one record (whole-value reads)
 
     def access(v: str, b: Box) -> Access:

@@ -1,0 +1,167 @@
+"""A concat fused with its producers and consumers (latch_schedule.fusion "Concatenation"; fuse.py
+``_Puller._concat``), compiled as HOST C++ and run thread by thread as in test_ilp_host.py: RoPE's
+forward as the scheduler plans it (the q/k/v product's output read through reshape, permute,
+select and the two half slices, the rotation, the concat) and the backward's d(qkv) assembly (a
+concat of rotated halves, stacked with a second operand by another concat along the leading dim,
+permuted back and reshaped to the product's layout, then scaled). Every element of the tile is
+written once with the right value and nothing outside it is touched, for whole, row and box
+tiles; the generated text branches per operand region and evaluates no operand outside it."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import random
+import shutil
+
+import pytest
+
+from latch_codegen_h100.bodies import FUNC, render_body
+from latch_codegen_h100.codegen import _lowerings
+
+from test_flat_host import HARNESS, host_library
+from test_ilp_host import HARNESS_EXTRA, G, _inside, _strides
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+
+B, T, H, D = 2, 6, 2, 8
+HALF = D // 2
+
+
+def _rope_forward():
+    g = G()
+    qkv, cos, sin = g.inp("qkv", (B * T, 3 * H * D)), g.inp("cos", (T, HALF)), g.inp("sin", (T, HALF))
+    r = g.op("reshape", (qkv,), (B, T, 3, H, D), {"shape": (B, T, 3, H, D)})
+    p = g.op("permute", (r,), (3, B, H, T, D), {"perm": (2, 0, 3, 1, 4)})
+    k = g.op("select", (p,), (B, H, T, D), {"dim": 0, "index": 1})  # the k third
+    x1 = g.op("slice", (k,), (B, H, T, HALF), {"dim": 3, "start": 0, "end": HALF, "step": 1})
+    x2 = g.op("slice", (k,), (B, H, T, HALF), {"dim": 3, "start": HALF, "end": D, "step": 1})
+    a = g.op("sub", (g.op("mul", (x1, cos), (B, H, T, HALF)), g.op("mul", (x2, sin), (B, H, T, HALF))), (B, H, T, HALF))
+    b = g.op("add", (g.op("mul", (x2, cos), (B, H, T, HALF)), g.op("mul", (x1, sin), (B, H, T, HALF))), (B, H, T, HALF))
+    y = g.op("concat", (a, b), (B, H, T, D), {"dim": 3})
+
+    def ref(v):
+        out = []
+        for bb in range(B):
+            for h in range(H):
+                for t in range(T):
+                    row = (bb * T + t) * 3 * H * D + 1 * H * D + h * D
+                    for d in range(D):
+                        j = d % HALF
+                        c, s = v["cos"][t * HALF + j], v["sin"][t * HALF + j]
+                        u1, u2 = v["qkv"][row + j], v["qkv"][row + HALF + j]
+                        out.append(u1 * c - u2 * s if d < HALF else u2 * c + u1 * s)
+        return [out]
+    return g, [y], (B, H, T, D), ref
+
+
+def _dqkv_assembly():
+    g = G()
+    dq, dk = g.inp("dq", (B, H, T, D)), g.inp("dk", (B, H, T, D))
+    lo = g.op("neg", (g.op("slice", (dq,), (B, H, T, HALF), {"dim": 3, "start": 0, "end": HALF, "step": 1}),),
+              (B, H, T, HALF))
+    hi = g.op("mul", (g.op("slice", (dq,), (B, H, T, HALF), {"dim": 3, "start": HALF, "end": D, "step": 1}),),
+              (B, H, T, HALF), {"scalar": 3.0})
+    c1 = g.op("concat", (hi, lo), (B, H, T, D), {"dim": 3})
+    s1 = g.op("reshape", (c1,), (1, B, H, T, D), {"shape": (1, B, H, T, D)})
+    s2 = g.op("reshape", (dk,), (1, B, H, T, D), {"shape": (1, B, H, T, D)})
+    st = g.op("concat", (s1, s2), (2, B, H, T, D), {"dim": 0})
+    pm = g.op("permute", (st,), (B, T, 2, H, D), {"perm": (1, 3, 0, 2, 4)})
+    rs = g.op("reshape", (pm,), (B * T, 2 * H * D), {"shape": (B * T, 2 * H * D)})
+    y = g.op("mul", (rs,), (B * T, 2 * H * D), {"scalar": 0.5})
+    sq = _strides((B, H, T, D))
+
+    def ref(v):
+        out = []
+        for bb in range(B):
+            for t in range(T):
+                for w in range(2):
+                    for h in range(H):
+                        for d in range(D):
+                            base = bb * sq[0] + h * sq[1] + t * sq[2]
+                            if w == 1:
+                                x = v["dk"][base + d]
+                            elif d < HALF:
+                                x = 3.0 * v["dq"][base + HALF + d]
+                            else:
+                                x = -v["dq"][base + d - HALF]
+                            out.append(0.5 * x)
+        return [out]
+    return g, [y], (B * T, 2 * H * D), ref
+
+
+CASES = {"rope_forward": _rope_forward, "dqkv_assembly": _dqkv_assembly}
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            g, outs, shape, ref = CASES[name]()
+            src = render_body(g.spec(outs), _lowerings()).source.replace(FUNC, "body")
+            lib = host_library(HARNESS + HARNESS_EXTRA + src, tmp_path_factory.mktemp(name))
+            cache[name] = (g, outs, shape, ref, src, lib)
+        return cache[name]
+
+    return get
+
+
+def _run(build, name, lo, hi):
+    g, outs, shape, ref, src, lib = build(name)
+    rng = random.Random(7)
+    bufs, flat = [], {}
+    for vname in g.ins:
+        v = next(x for x in g.vals if x.name == vname)
+        n = math.prod(v.shape)
+        b = (ctypes.c_float * n)()
+        flat[vname] = [rng.gauss(0, 1) for _ in range(n)]
+        for i, a in enumerate(flat[vname]):
+            b[i] = a
+        bufs.append(b)
+    n = math.prod(shape)
+    ob = (ctypes.c_float * n)()
+    for i in range(n):
+        ob[i] = float("nan")
+    ptrs = (ctypes.c_void_p * (len(bufs) + 1))(*[ctypes.addressof(b) for b in bufs + [ob]])
+    lo8 = (ctypes.c_int * 8)(*(list(lo) + [0] * (8 - len(lo))))
+    hi8 = (ctypes.c_int * 8)(*(list(hi) + [0] * (8 - len(hi))))
+    lib.run(ptrs, lo8, hi8)
+    want = ref({k: [float(ctypes.c_float(a).value) for a in v] for k, v in flat.items()})[0]
+    return [ob[i] for i in range(n)], want, lib.stores(), shape
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("tile", ["all", "rows", "box", "inner"])
+def test_fused_concat_every_element_once_and_right(build, name, tile):
+    shape = build(name)[2]
+    lo, hi = [0] * len(shape), list(shape)
+    if tile in ("rows", "box"):
+        lo[0], hi[0] = 1, shape[0] - 1 if shape[0] > 2 else shape[0]
+    if tile == "box":  # not spanning the trailing dims: the general coordinate loop
+        lo[-1], hi[-1] = 1, shape[-1] - 1
+    if tile == "inner":  # a tile inside one operand's region along the last dim only
+        lo[-1], hi[-1] = 0, 3
+    got, want, stores, shape = _run(build, name, lo, hi)
+    inside = _inside(shape, lo, hi)
+    assert stores == sum(inside)  # each element of the tile stored exactly once
+    for i, ins in enumerate(inside):
+        if ins:
+            assert got[i] == pytest.approx(want[i], rel=1e-5, abs=1e-6), i
+        else:
+            assert math.isnan(got[i]), i
+
+
+def test_fused_concat_branches_per_region(build):
+    """The text: one branch per operand region, each operand's loads inside its own branch (the
+    rotation's four products are computed once per element, not for both halves)."""
+    src = build("rope_forward")[4]
+    body = src[src.index("row tiles"):src.index("} else {\n    const long long e0")]
+    assert body.count(f"< {HALF}LL) {{") == 1 and body.count("} else {") == 1
+    first, second = body.split("} else {")
+    for branch in (first, second):  # each branch loads the two halves of x, cos and sin once
+        assert branch.count("latch::ld<float>(in0,") == 2
+        assert branch.count("latch::ld<float>(in1,") == 1 and branch.count("latch::ld<float>(in2,") == 1
+    src2 = build("dqkv_assembly")[4]
+    assert src2.count("if (") >= 2  # the stack concat and, nested in its first branch, the halves
