@@ -454,7 +454,7 @@ __device__ __forceinline__ bool bwd_dkdv_block(Pipe& p, __nv_bfloat16* dk, __nv_
       if (DV) fence_regs(av);
       sm90::wgmma_fence();
       bwd_issue_ss<D>(s, smem, st);  // S^T = K Q^T
-      if (V == 2) sm90::wgmma_commit();
+      if (V == 2 && DK) sm90::wgmma_commit();  // S^T its own group (no empty group: ptxas adds a dummy wgmma)
       if (DK) bwd_issue_ss<D>(dp, smem + S::TILE, st + S::TILE);  // dP^T = V dO^T
       sm90::wgmma_commit();
       bwd_row_terms<D, DK>(rt, st, p.at(sb), qb, Tq, glse);
@@ -462,7 +462,8 @@ __device__ __forceinline__ bool bwd_dkdv_block(Pipe& p, __nv_bfloat16* dk, __nv_
       const bool edge = qb + S::B > Tq || kb + S::B > Tk || (CAUSAL && qb < kb + S::B - 1);
       if (V == 2) {
         // S^T landed (dP^T may still run): P^T, then dV += P^T dO issued, then dS^T under it
-        sm90::wgmma_wait<1>();
+        if (DK) sm90::wgmma_wait<1>();
+        else sm90::wgmma_wait<0>();
         fence_regs(s);
 #pragma unroll
         for (int j = 0; j < 8; ++j)
