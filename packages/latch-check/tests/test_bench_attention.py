@@ -153,7 +153,7 @@ def test_bench_builds_with_both_backwards_keep_the_wgmma_pipelined(tmp_path, mon
     from latch_codegen_h100 import build
 
     monkeypatch.setenv("LATCH_CACHE_DIR", str(tmp_path / "cache"))
-    pairs = (("wgmma", "mma"), ("wgmma", "wgmma"))
+    pairs = (("wgmma", "mma"), ("wgmma", "wgmma")) if d == 64 else (("wgmma", "wgmma"), ("wgmma", "wgmma2"))
     docs = {dd: (group, doc) for dd, group, doc in BA.head_dim_documents(BA.CASES, pairs)}
     group, doc = docs[d]
     built = build(BA.plan_document(doc, 132), tmp_path / "b")

@@ -146,7 +146,7 @@ def test_wgmma_forward_refuses_what_it_cannot_run():
         wgmma_forward(ctx(dtype="f32", attention_body="wgmma", operand_dtype="bf16"))
     assert not wgmma_forward(ctx(op="latch::sdpa_backward", attention_body="wgmma"))  # the backward's own body
     with pytest.raises(LoweringError, match="is not one of"):
-        wgmma_forward(ctx(attention_body="wgmma2"))
+        wgmma_forward(ctx(attention_body="wgmma9"))
 
 
 @needs_tools
@@ -268,3 +268,21 @@ def test_wgmma_backward_is_the_default_and_refuses_what_it_cannot_run():
         wgmma_backward(ctx(d=32, attention_body="wgmma"))
     with pytest.raises(LoweringError, match="FP32 lse"):
         wgmma_backward(ctx(lse="bf16", attention_body="wgmma"))
+
+
+def test_wgmma2_is_a_backward_body_chosen_by_name():
+    """attention_body="wgmma2" runs the wgmma backward's variant 2 (the overlapped one); the default
+    stays variant 1; on the forward node it is an error naming the node."""
+    from latch_codegen_h100.lower_attention import bwd_variant, wgmma_backward, wgmma_forward
+    from latch_codegen_h100.lowering import BodyContext, LoweringError, Operand
+
+    def ctx(op="latch::sdpa_backward", **attrs):
+        q = Operand("q", (1, 2, 77, 64), "bf16")
+        ins = (q, None, q, q, q, q, Operand("l", (1, 2, 77), "f32")) if op.endswith("backward") else (q, q, q)
+        outs = (q, q, q) if op.endswith("backward") else (q, q)
+        return BodyContext(op, dict({"causal": True, "scale": 0.125}, **attrs), ins, outs)
+
+    assert wgmma_backward(ctx(attention_body="wgmma2")) and bwd_variant(ctx(attention_body="wgmma2")) == 2
+    assert bwd_variant(ctx()) == 1 and bwd_variant(ctx(attention_body="wgmma")) == 1
+    with pytest.raises(LoweringError, match="wgmma2.*backward body"):
+        wgmma_forward(ctx(op="latch::sdpa", attention_body="wgmma2"))
