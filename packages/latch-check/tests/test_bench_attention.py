@@ -145,19 +145,21 @@ def test_backward_variants_name_their_cases_and_set_the_backward_body():
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 @pytest.mark.parametrize("d", [64, 128])
 def test_bench_builds_with_both_backwards_keep_the_wgmma_pipelined(tmp_path, monkeypatch, d):
-    """What bench-attention --backward mma,wgmma measures: per head dim, the wgmma forward with the
-    mma.sync backward and with the wgmma backward in one build; ptxas keeps every wgmma pipelined and
+    """What bench-attention --backward mma,wgmma (head dim 64) and --backward wgmma,wgmma2 (128)
+    measure: per head dim, the wgmma forward with both backwards in one build; ptxas keeps every wgmma pipelined and
     the wgmma backward of each case streams through the ring (its 6 tensor maps: grad_lse absent)."""
     import json
 
     from latch_codegen_h100 import build
 
     monkeypatch.setenv("LATCH_CACHE_DIR", str(tmp_path / "cache"))
-    pairs = (("wgmma", "mma"), ("wgmma", "wgmma"))
+    pairs = (("wgmma", "mma"), ("wgmma", "wgmma")) if d == 64 else (("wgmma", "wgmma"), ("wgmma", "wgmma2"))
     docs = {dd: (group, doc) for dd, group, doc in BA.head_dim_documents(BA.CASES, pairs)}
     group, doc = docs[d]
     built = build(BA.plan_document(doc, 132), tmp_path / "b")
     stats = dict(built.build.stats)
     assert "wgmma_warnings" not in stats, stats
     man = json.loads((tmp_path / "b" / "manifest.json").read_text())
-    assert sum(1 for b in man["bodies"] if b["tensor_maps"] == 6) == len(group) == 2, man["bodies"]
+    wgmma_bwds = sum(1 for _, b in pairs if b != "mma")  # 128: wgmma and wgmma2 (the overlapped variant)
+    assert len(group) == 2, group
+    assert sum(1 for b in man["bodies"] if b["tensor_maps"] == 6) == wgmma_bwds * len(group), man["bodies"]

@@ -40,7 +40,8 @@ VARIANTS = (("mma", "bf16", False, None, None, "mma", "mma"), ("mma_glse", "bf16
             ("mma_f32", "f32", True, None, "bf16", None, None), ("simt", "bf16", False, "simt", None, None, None),
             ("f64", "f64", True, None, None, None, None), ("wgmma", "bf16", True, None, None, "wgmma", "mma"),
             ("wgmma_bwd", "bf16", True, None, None, "wgmma", "wgmma"),
-            ("wgmma_bwd_nog", "bf16", False, None, None, "wgmma", "wgmma"))
+            ("wgmma_bwd_nog", "bf16", False, None, None, "wgmma", "wgmma"),
+            ("wgmma2_bwd", "bf16", True, None, None, "wgmma", "wgmma2"))  # the overlapped backward (engineer ab)
 
 
 @pytest.fixture(scope="module")

@@ -146,7 +146,7 @@ def test_wgmma_forward_refuses_what_it_cannot_run():
         wgmma_forward(ctx(dtype="f32", attention_body="wgmma", operand_dtype="bf16"))
     assert not wgmma_forward(ctx(op="latch::sdpa_backward", attention_body="wgmma"))  # the backward's own body
     with pytest.raises(LoweringError, match="is not one of"):
-        wgmma_forward(ctx(attention_body="wgmma2"))
+        wgmma_forward(ctx(attention_body="wgmma9"))
 
 
 @needs_tools
@@ -194,9 +194,9 @@ def _hgmma_loops(text: list[str]) -> list[tuple[int, int]]:
     return sorted(loops)
 
 
-def _wgmma_backward_doc(d: int, causal: bool, glse: bool = False, T: int = 300):
-    """latch::sdpa then latch::sdpa_backward, both with attention_body="wgmma" (grouped-query 4:2,
-    300 rows: several blocks, the last one partial), as a training step has them."""
+def _wgmma_backward_doc(d: int, causal: bool, glse: bool = False, T: int = 300, bwd_body: str = "wgmma"):
+    """latch::sdpa then latch::sdpa_backward, with attention_body="wgmma" and ``bwd_body`` (grouped-query
+    4:2, 300 rows: several blocks, the last one partial), as a training step has them."""
     B, H_, Hkv = 1, 4, 2
     q, kv = (B, H_, T, d), (B, Hkv, T, d)
     values = [Value("q", q, "bf16", "batch"), Value("k", kv, "bf16", "batch"), Value("v", kv, "bf16", "batch"),
@@ -209,15 +209,16 @@ def _wgmma_backward_doc(d: int, causal: bool, glse: bool = False, T: int = 300):
     a = {"causal": causal, "scale": d ** -0.5, "attention_body": "wgmma"}
     nodes = [("fwd", "latch::sdpa", ("q", "k", "v"), ("o", "lse"), a),
              ("bwd", "latch::sdpa_backward", ("go", "gl" if glse else None, "q", "k", "v", "o", "lse"),
-              ("dq", "dk", "dv"), a)]
+              ("dq", "dk", "dv"), dict(a, attention_body=bwd_body))]
     g = H.graph("update", values, nodes, [("batch", batch)], [("metrics", ["o", "dq", "dk", "dv"])])
     return H.planned([g], tiles=1, num_sms=1)
 
 
 @needs_tools
-@pytest.mark.parametrize("d, causal, glse", [(64, True, False), (128, True, True), (128, False, False),
-                                             (64, False, True)])
-def test_wgmma_backward_is_hgmma_fed_by_tma_without_spills(tmp_path, cache, d, causal, glse):
+@pytest.mark.parametrize("d, causal, glse, body", [(64, True, False, "wgmma"), (128, True, True, "wgmma"),
+                                                   (128, False, False, "wgmma"), (64, False, True, "wgmma"),
+                                                   (64, True, True, "wgmma2"), (128, True, False, "wgmma2")])
+def test_wgmma_backward_is_hgmma_fed_by_tma_without_spills(tmp_path, cache, d, causal, glse, body):
     """The wgmma backward beside the wgmma forward (one head dim, as a model's kernel): every wgmma
     pipelined (no C7510/C7511/C7512/C7515/C7518), S/dP as 64x64 products from shared memory, dQ/dK/dV
     as 64xD products with register A, TMA loads (3-D boxes and the 1-D lse/glse boxes). ptxas keeps a
@@ -226,7 +227,7 @@ def test_wgmma_backward_is_hgmma_fed_by_tma_without_spills(tmp_path, cache, d, c
     from latch_codegen_h100.sass import sass_report
 
     out = tmp_path / "b"
-    doc = build(_wgmma_backward_doc(d, causal, glse), out, jobs=2)
+    doc = build(_wgmma_backward_doc(d, causal, glse, bwd_body=body), out, jobs=2)
     stats = dict(doc.build.stats)
     log = (out / "build.log").read_text()
     assert "wgmma_warnings" not in stats, (stats, log[-3000:])
@@ -267,3 +268,21 @@ def test_wgmma_backward_is_the_default_and_refuses_what_it_cannot_run():
         wgmma_backward(ctx(d=32, attention_body="wgmma"))
     with pytest.raises(LoweringError, match="FP32 lse"):
         wgmma_backward(ctx(lse="bf16", attention_body="wgmma"))
+
+
+def test_wgmma2_is_a_backward_body_chosen_by_name():
+    """attention_body="wgmma2" runs the wgmma backward's variant 2 (the overlapped one); the default
+    stays variant 1; on the forward node it is an error naming the node."""
+    from latch_codegen_h100.lower_attention import bwd_variant, wgmma_backward, wgmma_forward
+    from latch_codegen_h100.lowering import BodyContext, LoweringError, Operand
+
+    def ctx(op="latch::sdpa_backward", **attrs):
+        q = Operand("q", (1, 2, 77, 64), "bf16")
+        ins = (q, None, q, q, q, q, Operand("l", (1, 2, 77), "f32")) if op.endswith("backward") else (q, q, q)
+        outs = (q, q, q) if op.endswith("backward") else (q, q)
+        return BodyContext(op, dict({"causal": True, "scale": 0.125}, **attrs), ins, outs)
+
+    assert wgmma_backward(ctx(attention_body="wgmma2")) and bwd_variant(ctx(attention_body="wgmma2")) == 2
+    assert bwd_variant(ctx()) == 1 and bwd_variant(ctx(attention_body="wgmma")) == 1
+    with pytest.raises(LoweringError, match="wgmma2.*backward body"):
+        wgmma_forward(ctx(op="latch::sdpa", attention_body="wgmma2"))

@@ -36,6 +36,9 @@ def lib(tmp_path_factory):
     return build_emulator(d, HEADER, "emulator_wgmma_bwd.cpp", "-Wno-unknown-pragmas")
 
 
+VARIANTS = (1, 2)  # latch::awg's backward bodies: "wgmma", "wgmma2" (overlapped)
+
+
 def _boxes(B, H, Tq, rows, heads):
     """Task boxes (b0, b1, h0, h1, r0, r1) in schedule order: ``rows`` (a multiple of 64) query rows and
     ``heads`` (a multiple of the group) query heads each, as tiling_sdpa_backward makes them."""
@@ -56,8 +59,9 @@ def _inputs(B, H, Hkv, Tq, Tk, D, causal, glse, seed):
     return q, k, v, go, gl, out.to(torch.bfloat16), lse.float()
 
 
-def _backward(lib, ins, B, H, Hkv, Tq, Tk, D, causal, stages, rows, heads, scale):
+def _backward(lib, ins, B, H, Hkv, Tq, Tk, D, causal, stages, rows, heads, scale, variant=1):
     q, k, v, go, gl, out, lse = ins
+    assert lib.attn_backward_wgmma_variant(variant) == 0
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
     boxes = _boxes(B, H, Tq, rows, heads)
     arr = (ctypes.c_int * len(boxes))(*boxes)
@@ -68,11 +72,11 @@ def _backward(lib, ins, B, H, Hkv, Tq, Tk, D, causal, stages, rows, heads, scale
     return dq, dk, dv
 
 
-def _run(lib, B, H, Hkv, Tq, Tk, D, causal, glse=False, stages=3, rows=64, heads=None, scale=None, seed=0):
+def _run(lib, B, H, Hkv, Tq, Tk, D, causal, glse=False, stages=3, rows=64, heads=None, scale=None, seed=0, variant=1):
     heads = H // Hkv if heads is None else heads
     ins = _inputs(B, H, Hkv, Tq, Tk, D, causal, glse, seed)
     scale = 1 / math.sqrt(D) if scale is None else scale
-    got = _backward(lib, ins, B, H, Hkv, Tq, Tk, D, causal, stages, rows, heads, scale)
+    got = _backward(lib, ins, B, H, Hkv, Tq, Tk, D, causal, stages, rows, heads, scale, variant)
     d = lambda t: None if t is None else t.double()  # noqa: E731
     q, k, v, go, gl, out, lse = ins
     want = A.sdpa_backward_math(d(go), d(gl), d(q), d(k), d(v), d(out), d(lse), causal, 1 / math.sqrt(D))
@@ -90,14 +94,16 @@ def _run(lib, B, H, Hkv, Tq, Tk, D, causal, glse=False, stages=3, rows=64, heads
     (1, 1, 1, 150, 70, 128, False, True, 3, 64, None),     # Tq > Tk: tasks past the last key block: no dk/dv rows
     (2, 2, 2, 64, 64, 64, False, False, 3, 64, None),      # exactly one block
 ])
-def test_wgmma_backward_matches_fp64_on_the_cpu_model(lib, B, H, Hkv, Tq, Tk, D, causal, glse, stages, rows, heads):
-    errs, _ = _run(lib, B, H, Hkv, Tq, Tk, D, causal, glse, stages, rows, heads)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_wgmma_backward_matches_fp64_on_the_cpu_model(lib, B, H, Hkv, Tq, Tk, D, causal, glse, stages, rows, heads,
+                                                      variant):
+    errs, _ = _run(lib, B, H, Hkv, Tq, Tk, D, causal, glse, stages, rows, heads, variant=variant)
     assert all(e < GATE for e in errs.values()), errs
 
 
-@pytest.mark.parametrize("D, causal", [(64, True), (128, False)])
-def test_wgmma_backward_at_length_1000(lib, D, causal):
-    errs, _ = _run(lib, 1, 1, 1, 1000, 1000, D, causal, glse=True, stages=4, rows=128)
+@pytest.mark.parametrize("D, causal, variant", [(64, True, 1), (128, False, 1), (64, False, 2), (128, True, 2)])
+def test_wgmma_backward_at_length_1000(lib, D, causal, variant):
+    errs, _ = _run(lib, 1, 1, 1, 1000, 1000, D, causal, glse=True, stages=4, rows=128, variant=variant)
     assert all(e < GATE for e in errs.values()), errs
 
 
@@ -107,6 +113,30 @@ def test_wgmma_backward_is_bit_identical_across_runs_and_rings(lib):
     b = _backward(lib, ins, 1, 2, 1, 150, 150, 64, True, 5, 128, 2, 1 / 8)  # another ring and tiling
     for x, y in zip(a, b):
         assert torch.equal(x.view(torch.int16), y.view(torch.int16))
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_wgmma2_gives_the_bits_of_wgmma(lib, D):
+    """The overlapped body (variant 2, attention_body="wgmma2") computes the same sums in the same
+    order as variant 1: the same bits, at an odd length with GQA and a gradient of lse."""
+    ins = _inputs(1, 4, 2, 150, 150, D, True, True, 1)
+    a = _backward(lib, ins, 1, 4, 2, 150, 150, D, True, 3, 64, 2, 0.125, variant=1)
+    b = _backward(lib, ins, 1, 4, 2, 150, 150, D, True, 4, 128, 2, 0.125, variant=2)
+    for x, y in zip(a, b):
+        assert torch.equal(x.view(torch.int16), y.view(torch.int16))
+
+
+def test_the_model_runs_a_product_only_at_its_wait(tmp_path):
+    """The model's wgmma is asynchronous: a product runs at the wait that retires its group. Built with
+    LATCH_EMU_WAIT_SLACK=1 (every wait<N > 0> leaves one more group in flight), variant 2, which
+    reads S after wait<1>, computes P from S before its product ran and fails the gate; variant 1
+    (only wait<0>) is unaffected."""
+    shutil.copy(FWD_HEADER, tmp_path / FWD_HEADER.name)
+    slack = build_emulator(tmp_path, HEADER, "emulator_wgmma_bwd.cpp", "-Wno-unknown-pragmas", "-DLATCH_EMU_WAIT_SLACK=1")
+    errs, _ = _run(slack, 1, 1, 1, 77, 77, 64, True, variant=1)
+    assert all(e < GATE for e in errs.values()), errs
+    errs, _ = _run(slack, 1, 1, 1, 77, 77, 64, True, variant=2)
+    assert not any(e < GATE for e in errs.values()), errs
 
 
 def test_the_wgmma_backward_model_catches_a_wrong_body(lib):

@@ -4,6 +4,7 @@
     latch-pipeline bench-attention --only gqa --iters 5
     latch-pipeline bench-attention --forward mma,wgmma   # both forward bodies, a row each
     latch-pipeline bench-attention --backward mma,wgmma  # both backward bodies (wgmma forward), a row each
+    latch-pipeline bench-attention --backward wgmma,wgmma2  # the backward without / with the overlap
 
 Each case (batch, query heads, key/value heads, sequence, head dim; causal) becomes two programs
 of ONE build: ``<case>.fwd`` (``latch::sdpa``: out and lse) and ``<case>.fwdbwd`` (``latch::sdpa``
@@ -124,7 +125,7 @@ def attention_document(case_list: Iterable[Case], dtype: str = "bf16", glse: boo
     """Per case ``<case>.fwd`` and ``<case>.fwdbwd`` (see the module docstring); ``glse``: the
     backward also takes a gradient of lse (a batch input ``<case>.glse``); ``body="simt"`` forces
     the SIMT bodies (attribute ``attention_body``); ``fwd_body`` ("mma", "wgmma") the forward's body
-    (the forward node only), ``bwd_body`` ("mma", "wgmma") the backward's. With ``fwd_body`` other
+    (the forward node only), ``bwd_body`` ("mma", "wgmma", "wgmma2") the backward's. With ``fwd_body`` other
     than "mma", each case is named ``<case>-<fwd_body>``, with ``bwd_body`` other than "mma"
     ``...-b<bwd_body>`` (:func:`variant`), so one document can hold every body pair of a case."""
     if fwd_body or bwd_body:
@@ -259,7 +260,9 @@ def check_case(prog, c: Case, ins: dict, ref: dict, glse: bool = False) -> tuple
 
 
 FORWARD_BODIES = ("mma", "wgmma")  # --forward: the mma.sync forward, the wgmma/TMA one (the default)
-BACKWARD_BODIES = ("mma", "wgmma")  # --backward: mma.sync, the wgmma/TMA one (the default)
+# --backward: mma.sync, the wgmma/TMA one (the default), its variant with the elementwise work
+# overlapped with the products inside a warpgroup (the same bits as wgmma)
+BACKWARD_BODIES = ("mma", "wgmma", "wgmma2")
 
 
 def _pair(body) -> tuple[str, str]:
@@ -345,7 +348,8 @@ def format_table(rows: list[dict]) -> str:
                    "ring), mma (mma.sync); each is a row of its own on the same inputs")
 @click.option("--backward", "backward", default="wgmma", show_default=True,
               help="backward bodies to time, comma-separated: wgmma (the default: TMA + wgmma through the "
-                   "worker's ring), mma (mma.sync); each forward x backward pair is a row of its own")
+                   "worker's ring), wgmma2 (the same with its elementwise work overlapped with the products), "
+                   "mma (mma.sync); each forward x backward pair is a row of its own")
 def bench_attention_command(only, build_dir, iters, json_path, forward, backward):
     """Time latch::sdpa (forward, forward + backward) as Latch tasks against torch's flash SDPA."""
     import json

@@ -36,7 +36,10 @@ MMA_HEADER = "latch_attention_mma.cuh"
 WGMMA_HEADER = "latch_attention_wgmma.cuh"
 WGMMA_BWD_HEADER = "latch_attention_wgmma_bwd.cuh"
 WGMMA_BWD_BLOCK = 64  # rows of every block of the wgmma backward (latch::awg::BwdShape::B)
-BODIES = ("simt", "mma", "wgmma")  # values of the ``attention_body`` attribute
+BODIES = ("simt", "mma", "wgmma", "wgmma2")  # values of the ``attention_body`` attribute
+# the wgmma backward's variants (latch::awg::bwd_consume's V): "wgmma2" overlaps the elementwise work
+# of a warpgroup with its own products (the same sums, the same bits); the backward node only
+BWD_VARIANTS = {"wgmma": 1, "wgmma2": 2}
 WGMMA_ROWS = 128  # query rows per tile of the wgmma forward (latch::awg::FwdShape::BM)
 MAX_HEAD = 256
 MMA_HEADS = (64, 128)
@@ -100,8 +103,8 @@ def wgmma_backward(ctx: BodyContext) -> bool:
     if not ctx.op.endswith("backward") or body in ("mma", "simt"):
         return False
     why = _wgmma_legal(ctx)
-    if why and body == "wgmma":
-        raise LoweringError(f"{ctx.op}: attention_body='wgmma' {why}: use attention_body='mma' (or leave it unset)")
+    if why and body in BWD_VARIANTS:
+        raise LoweringError(f"{ctx.op}: attention_body={body!r} {why}: use attention_body='mma' (or leave it unset)")
     if why:
         return False
     dq, dk, dv = ctx.outputs
@@ -116,6 +119,9 @@ def wgmma_forward(ctx: BodyContext) -> bool:
     the mma.sync body, which rounds as it stages); ``attention_body="wgmma"`` insists (an error where
     it cannot), ``"mma"`` / ``"simt"`` choose the others."""
     body = _chosen(ctx)
+    if body == "wgmma2" and not ctx.op.endswith("backward"):
+        raise LoweringError(f"{ctx.op}: attention_body='wgmma2' is a backward body (latch::sdpa_backward); "
+                            "use 'wgmma' on the forward")
     if ctx.op.endswith("backward") or body in ("mma", "simt"):
         return False
     why = _wgmma_legal(ctx)
@@ -294,9 +300,16 @@ def _backward_mma(ctx: BodyContext, B, H, Hkv, Tq, Tk, D, causal) -> str:
     ])
 
 
+def bwd_variant(ctx: BodyContext) -> int:
+    """latch::awg::bwd_consume's V for a backward node on the wgmma body: 2 under
+    ``attention_body="wgmma2"``, else 1 (the default until the H200 shows 2 faster)."""
+    return BWD_VARIANTS.get(_chosen(ctx) or "wgmma", 1)
+
+
 def _wgmma_bwd_body(ctx: BodyContext) -> str:
     dq, dk, dv = ctx.outputs
     D, causal = _wgmma_dims(ctx)[5:]
+    causal = f"{causal}, {bwd_variant(ctx)}"
     glse = "true" if ctx.inputs[1] is not None else "false"
     return "\n".join([
         "latch::Pipe p = c.pipe;",
@@ -307,6 +320,7 @@ def _wgmma_bwd_body(ctx: BodyContext) -> str:
 
 def _wgmma_bwd_producer(ctx: BodyContext) -> str:
     D, causal = _wgmma_dims(ctx)[5:]
+    causal = f"{causal}, {bwd_variant(ctx)}"
     m = [ctx.tmap(j) for j in range(6)] + ([ctx.tmap(6)] if ctx.inputs[1] is not None else ["nullptr"])
     return "\n".join([
         f"const latch::awg::BwdMaps maps_{{{m[0]}, {m[1]}, {m[2]}, {m[3]}, {m[4]}, {m[5]}, {m[6]}}};",

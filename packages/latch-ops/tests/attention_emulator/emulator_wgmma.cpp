@@ -128,8 +128,44 @@ static void wgmma(float* d, int n, const uint32_t* a, uint64_t adesc, uint64_t b
   }
   wg_barrier();
 }
-void wgmma_rs(float* d, int n, const uint32_t* a, uint64_t desc, int scale_d, int tb) { wgmma(d, n, a, 0, desc, scale_d, tb); }
-void wgmma_ss(float* d, int n, uint64_t adesc, uint64_t bdesc, int scale_d) { wgmma(d, n, nullptr, adesc, bdesc, scale_d, 0); }
+// The asynchronous side: per thread, the products issued and not yet run, in issue order, each with
+// its group (groups[i] < open: committed). Every thread of a warpgroup issues, commits and waits at
+// the same points, so the collective wgmma() above runs the same product on all 128 at once.
+struct Pending {
+  float* d;
+  int n;
+  const uint32_t* a;  // read when the product runs (a fragment rewritten before the wait is a bug)
+  uint64_t adesc, bdesc;
+  int scale_d, tb;
+  long group;
+};
+static std::vector<Pending> pending[N];
+static long open_group[N];
+void wgmma_rs(float* d, int n, const uint32_t* a, uint64_t desc, int scale_d, int tb) {
+  pending[threadIdx.x].push_back({d, n, a, 0, desc, scale_d, tb, open_group[threadIdx.x]});
+}
+void wgmma_ss(float* d, int n, uint64_t adesc, uint64_t bdesc, int scale_d) {
+  pending[threadIdx.x].push_back({d, n, nullptr, adesc, bdesc, scale_d, 0, open_group[threadIdx.x]});
+}
+void wgmma_commit() { ++open_group[threadIdx.x]; }
+#ifndef LATCH_EMU_WAIT_SLACK
+#define LATCH_EMU_WAIT_SLACK 0  // the model's own test: a wait<N > 0> that leaves one more group in flight
+#endif
+void wgmma_wait(int groups) {
+  if (groups > 0) groups += LATCH_EMU_WAIT_SLACK;
+  std::vector<Pending>& q = pending[threadIdx.x];
+  const long keep_from = open_group[threadIdx.x] - groups;  // groups >= this one may stay in flight
+  size_t i = 0;
+  for (; i < q.size() && q[i].group < keep_from; ++i) wgmma(q[i].d, q[i].n, q[i].a, q[i].adesc, q[i].bdesc, q[i].scale_d, q[i].tb);
+  q.erase(q.begin(), q.begin() + i);
+}
+int wgmma_pending() { return (int)pending[threadIdx.x].size(); }
+void reset_wgmma() {
+  for (int i = 0; i < N; ++i) {
+    pending[i].clear();
+    open_group[i] = 0;
+  }
+}
 
 }  // namespace emu
 
@@ -158,6 +194,7 @@ static void fwd_all(const Args& a) {
       if (!latch::awg::fwd_produce<D, C>(p, &t, &a.mq, &a.mk, &a.mv, a.H, a.Hkv, a.Tq, a.Tk)) return;
     } else {
       if (!latch::awg::fwd_consume<D, C>(p, &t, a.out, a.lse, a.H, a.Tq, a.Tk, a.scale, a.scratch)) return;
+      if (emu::wgmma_pending()) emu::failed = 6;  // a task ended with products never waited for
     }
   }
 }
@@ -170,7 +207,7 @@ static void fwd_job(void* p) {
 
 // Returns 0, or the model's failure code (1: a wait gave up, 2: a TMA box the hardware refuses,
 // 3: a block-wide barrier, 4: a descriptor without the 128-byte swizzle, 5: a named barrier other
-// than the warpgroup's own), 9: a bad argument.
+// than the warpgroup's own, 6: a task that ends with wgmma products never waited for), 9: a bad argument.
 extern "C" int attn_forward_wgmma(int D, int causal, int B, int H, int Hkv, int Tq, int Tk, float scale, int stages,
                                   int ntasks, const int* boxes, const void* q, const void* k, const void* v, void* out,
                                   float* lse) {
@@ -182,6 +219,7 @@ extern "C" int attn_forward_wgmma(int D, int causal, int B, int H, int Hkv, int 
   emu::smem_base = (char*)mem;
   emu::failed = 0;
   emu::allow_block = false;
+  emu::reset_wgmma();
   emu::bars.clear();
   std::vector<uint64_t> full(stages), empty(stages);
   for (int s = 0; s < stages; ++s) {

@@ -15,9 +15,10 @@ struct BwdArgs {
   __nv_bfloat16 *dq, *dk, *dv;
   latch::Pipe pipe;
   char* scratch;
+  int variant;  // latch::awg::BwdVariant: 1 (wgmma), 2 (wgmma2)
 };
 
-template <int D, bool C>
+template <int D, bool C, int V>
 static void bwd_all(const BwdArgs& a) {
   latch::Pipe p = a.pipe;
   const latch::awg::BwdMaps maps{&a.mq, &a.mk, &a.mv, &a.mgo, &a.mo, &a.ml, a.has_glse ? &a.mg : nullptr};
@@ -29,19 +30,33 @@ static void bwd_all(const BwdArgs& a) {
       t.hi[d] = bx[2 * d + 1];
     }
     if (threadIdx.x == emu::PRODUCER) {
-      if (!latch::awg::bwd_produce<D, C>(p, &t, maps, a.H, a.Hkv, a.Tq, a.Tk)) return;
+      if (!latch::awg::bwd_produce<D, C, V>(p, &t, maps, a.H, a.Hkv, a.Tq, a.Tk)) return;
     } else {
-      if (!latch::awg::bwd_consume<D, C>(p, &t, a.dq, a.dk, a.dv, a.has_glse, a.H, a.Hkv, a.Tq, a.Tk, a.scale,
+      if (!latch::awg::bwd_consume<D, C, V>(p, &t, a.dq, a.dk, a.dv, a.has_glse, a.H, a.Hkv, a.Tq, a.Tk, a.scale,
                                          a.scratch))
         return;
+      if (emu::wgmma_pending()) emu::failed = 6;  // a task ended with products never waited for
     }
   }
 }
 
 static void bwd_job(void* p) {
   const BwdArgs& a = *(const BwdArgs*)p;
-  if (a.D == 64) a.causal ? bwd_all<64, true>(a) : bwd_all<64, false>(a);
-  else a.causal ? bwd_all<128, true>(a) : bwd_all<128, false>(a);
+  if (a.variant == 2) {
+    if (a.D == 64) a.causal ? bwd_all<64, true, 2>(a) : bwd_all<64, false, 2>(a);
+    else a.causal ? bwd_all<128, true, 2>(a) : bwd_all<128, false, 2>(a);
+  } else {
+    if (a.D == 64) a.causal ? bwd_all<64, true, 1>(a) : bwd_all<64, false, 1>(a);
+    else a.causal ? bwd_all<128, true, 1>(a) : bwd_all<128, false, 1>(a);
+  }
+}
+
+static int bwd_variant = 1;
+// The body the next attn_backward_wgmma runs: 1 (bwd_consume<D, C, 1>: "wgmma"), 2 ("wgmma2").
+extern "C" int attn_backward_wgmma_variant(int v) {
+  if (v != 1 && v != 2) return 9;
+  bwd_variant = v;
+  return 0;
 }
 
 // The same return codes as attn_forward_wgmma.
@@ -60,6 +75,7 @@ extern "C" int attn_backward_wgmma(int D, int causal, int B, int H, int Hkv, int
   emu::smem_base = (char*)mem;
   emu::failed = 0;
   emu::allow_block = true;
+  emu::reset_wgmma();
   emu::bars.clear();
   std::vector<uint64_t> full(stages), empty(stages);
   for (int s = 0; s < stages; ++s) {
@@ -78,7 +94,7 @@ extern "C" int attn_backward_wgmma(int D, int causal, int B, int H, int Hkv, int
             glse != nullptr,
             (__nv_bfloat16*)dq, (__nv_bfloat16*)dk, (__nv_bfloat16*)dv,
             latch::Pipe{(char*)mem, full.data(), empty.data(), stages, stage_bytes, 0, 0},
-            (char*)mem + (size_t)stages * stage_bytes};
+            (char*)mem + (size_t)stages * stage_bytes, bwd_variant};
   emu::run_block(bwd_job, &a);
   std::free(mem);
   return emu::failed;

@@ -5,8 +5,12 @@
 // register-A wgmma is a warpgroup-collective product that reads B through its shared-memory
 // descriptor. Layouts follow the PTX ISA ("Matrix Descriptor Format", "Register Fragments and
 // Shared Memory Matrix Layouts" of wgmma) and latch_sm90.cuh's descriptor comment, written here
-// independently of the body. Nothing is asynchronous: the model checks indexing, masking, the
-// softmax, and the order in which the two roles fill and release the ring's stages.
+// independently of the body. The model checks indexing, masking, the softmax, and the order in which
+// the two roles fill and release the ring's stages. A wgmma is asynchronous as on the hardware: issuing
+// it only records it; wgmma_commit closes a group, and wgmma_wait<N> runs the oldest committed groups
+// until N are left, each product reading its register fragments, its shared memory and its
+// accumulators THEN (so a body that reads an accumulator before its wait, rewrites a fragment or
+// releases a stage still being read gets wrong numbers, which the FP64 gates catch).
 #pragma once
 
 #include <cmath>
@@ -25,6 +29,10 @@ void yield_now();
 void wg_barrier();  // the 128 threads of the caller's warpgroup
 void wgmma_rs(float* d, int n, const uint32_t* a, uint64_t desc, int scale_d, int tb);
 void wgmma_ss(float* d, int n, uint64_t adesc, uint64_t bdesc, int scale_d);
+void wgmma_commit();          // closes the caller's open group
+void wgmma_wait(int groups);  // runs the caller's oldest committed groups until ``groups`` are left
+int wgmma_pending();          // products the caller issued and has not waited for
+void reset_wgmma();           // no product in flight (a new run)
 void named_sync(int id, int threads);
 bool named_sync_or(int id, int threads, bool pred);
 struct Mbar {
@@ -107,8 +115,8 @@ inline void wgmma_fence() {}
 inline void fence_proxy_async_shared() {}
 inline void named_sync(int id, int threads) { emu::named_sync(id, threads); }
 inline bool named_sync_or(int id, int threads, bool pred) { return emu::named_sync_or(id, threads, pred); }
-inline void wgmma_commit() {}
-template <int N> inline void wgmma_wait() {}
+inline void wgmma_commit() { emu::wgmma_commit(); }
+template <int N> inline void wgmma_wait() { emu::wgmma_wait(N); }
 template <int TA, int TB> inline void wgmma_bf16_m64n64k16(float (&d)[32], uint64_t da, uint64_t db, int s) {
   static_assert(TA == 0 && TB == 0, "the model reads K-major A and B");
   emu::wgmma_ss(d, 64, da, db, s);

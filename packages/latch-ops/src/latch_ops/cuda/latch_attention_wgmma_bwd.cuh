@@ -56,6 +56,15 @@ template <int D> struct BwdShape {
   static_assert(B * D * 4 <= 2 * TILE, "a warpgroup's FP32 partial block fits the two scratch blocks");
 };
 
+// The body's variants (``attention_body`` "wgmma" = 1, "wgmma2" = 2). Both compute the same sums in
+// the same order (the same bits); 2 overlaps a warpgroup's elementwise work with its own products:
+// S and dP are committed as two groups, P = exp2(S - lse) is computed while dP is still on the
+// tensor cores (wgmma_wait<1>), and in the one-pass dK/dV loop dV += P^T dO is issued before
+// dS^T = P^T (dP^T - dterm) is computed (it runs under that work). Variant 1 waits for both products
+// and runs the elementwise work between them with the tensor cores idle (the other warpgroup's work
+// may fill them).
+constexpr int BWD_VARIANTS = 2;
+
 // dK and dV of a key block in one pass over the queries, or in two (dV, then dK: S recomputed) where
 // the accumulators of both would not fit the registers beside S and dP.
 template <int D> struct BwdPasses {
@@ -153,7 +162,7 @@ __device__ __forceinline__ bool bwd_load_key_block(Pipe& p, const BwdMaps& m, in
   return true;
 }
 
-template <int D, bool CAUSAL>
+template <int D, bool CAUSAL, int V = 1>
 __device__ __forceinline__ bool bwd_produce(Pipe& p, const Task* t, const BwdMaps& m, int H, int Hkv, int Tq, int Tk) {
   typedef BwdShape<D> S;
   const int G = H / Hkv, r0 = t->lo[2], r1 = t->hi[2];
@@ -294,7 +303,7 @@ template <int D> __device__ __forceinline__ void bwd_issue_rs(float (&acc)[D / 2
 }
 
 // dQ of rows [r, re) of query head bh (stages: its query block, then its key blocks).
-template <int D, bool CAUSAL>
+template <int D, bool CAUSAL, int V>
 __device__ __forceinline__ bool bwd_dq_block(Pipe& p, __nv_bfloat16* dq, int bh, int r, int re, int Tq, int Tk,
                                              float scale, bool glse, char* smem) {
   typedef BwdShape<D> S;
@@ -343,24 +352,49 @@ __device__ __forceinline__ bool bwd_dq_block(Pipe& p, __nv_bfloat16* dq, int bh,
       float s[32], dp[32];  // (written whole by their first product: scale-d 0)
       fence_regs(acc);
       sm90::wgmma_fence();
-      bwd_issue_ss<D>(s, smem, st);                // S = Q K^T
-      bwd_issue_ss<D>(dp, smem + S::TILE, st + S::TILE);  // dP = dO V^T
-      sm90::wgmma_commit();
-      sm90::wgmma_wait<0>();
-      fence_regs(s);
-      fence_regs(dp);
       const int kb = n * S::B;
       const bool edge = kb + S::B > Tk || (CAUSAL && kb + S::B - 1 > r);
+      if (V == 1) {
+        bwd_issue_ss<D>(s, smem, st);                // S = Q K^T
+        bwd_issue_ss<D>(dp, smem + S::TILE, st + S::TILE);  // dP = dO V^T
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+        fence_regs(s);
+        fence_regs(dp);
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = kb + 8 * j + 2 * t4 + (e & 1);
-          const int row = e < 2 ? row_a : row_b;
-          const bool vis = !edge || (col < Tk && (!CAUSAL || col <= row));
-          const float pr = exp2f(s[4 * j + e] * c2 - (e < 2 ? l2a : l2b));
-          s[4 * j + e] = vis ? pr * (dp[4 * j + e] - (e < 2 ? dta : dtb)) : 0.f;  // dS
-        }
+          for (int e = 0; e < 4; ++e) {
+            const int col = kb + 8 * j + 2 * t4 + (e & 1);
+            const int row = e < 2 ? row_a : row_b;
+            const bool vis = !edge || (col < Tk && (!CAUSAL || col <= row));
+            const float pr = exp2f(s[4 * j + e] * c2 - (e < 2 ? l2a : l2b));
+            s[4 * j + e] = vis ? pr * (dp[4 * j + e] - (e < 2 ? dta : dtb)) : 0.f;  // dS
+          }
+      } else {
+        bwd_issue_ss<D>(s, smem, st);  // S = Q K^T
+        sm90::wgmma_commit();
+        bwd_issue_ss<D>(dp, smem + S::TILE, st + S::TILE);  // dP = dO V^T
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<1>();  // S landed; dP may still run
+        fence_regs(s);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = kb + 8 * j + 2 * t4 + (e & 1);
+            const int row = e < 2 ? row_a : row_b;
+            const bool vis = !edge || (col < Tk && (!CAUSAL || col <= row));
+            s[4 * j + e] = vis ? exp2f(s[4 * j + e] * c2 - (e < 2 ? l2a : l2b)) : 0.f;  // P
+          }
+        sm90::wgmma_wait<0>();
+        fence_regs(dp);
+        fence_regs(s);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - (e < 2 ? dta : dtb));  // dS
+      }
       uint32_t f[4][4];
       bwd_pack(f, s);
       sm90::wgmma_fence();
@@ -382,7 +416,7 @@ __device__ __forceinline__ bool bwd_dq_block(Pipe& p, __nv_bfloat16* dq, int bh,
 
 // dK (DK) and/or dV (DV) of keys [kb, kend) of key/value head bkv, summed over its G query heads and
 // their query blocks (stages: the key block, then the query blocks in the producer's order).
-template <int D, bool CAUSAL, bool DK, bool DV>
+template <int D, bool CAUSAL, bool DK, bool DV, int V>
 __device__ __forceinline__ bool bwd_dkdv_block(Pipe& p, __nv_bfloat16* dk, __nv_bfloat16* dv, int bkv, int G,
                                                int kb, int kend, int Tq, int Tk, float scale, bool glse, char* smem) {
   typedef BwdShape<D> S;
@@ -420,14 +454,69 @@ __device__ __forceinline__ bool bwd_dkdv_block(Pipe& p, __nv_bfloat16* dk, __nv_
       if (DV) fence_regs(av);
       sm90::wgmma_fence();
       bwd_issue_ss<D>(s, smem, st);  // S^T = K Q^T
+      if (V == 2 && DK) sm90::wgmma_commit();  // S^T its own group (no empty group: ptxas adds a dummy wgmma)
       if (DK) bwd_issue_ss<D>(dp, smem + S::TILE, st + S::TILE);  // dP^T = V dO^T
       sm90::wgmma_commit();
       bwd_row_terms<D, DK>(rt, st, p.at(sb), qb, Tq, glse);
       sm90::named_sync(2 + wg, 128);  // the warpgroup's row terms are written
+      const bool edge = qb + S::B > Tq || kb + S::B > Tk || (CAUSAL && qb < kb + S::B - 1);
+      if (V == 2) {
+        // S^T landed (dP^T may still run): P^T, then dV += P^T dO issued, then dS^T under it
+        if (DK) sm90::wgmma_wait<1>();
+        else sm90::wgmma_wait<0>();
+        fence_regs(s);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+          for (int e2 = 0; e2 < 2; ++e2) {
+            const int lq = 8 * j + 2 * t4 + e2, qi = qb + lq;
+            const float l2 = ld_shared_f32(rt + 4 * lq);
+#pragma unroll
+            for (int hb = 0; hb < 2; ++hb) {
+              const int e = 2 * hb + e2, key = hb ? key_b : key_a;
+              const bool vis = !edge || (qi < Tq && key < Tk && (!CAUSAL || key <= qi));
+              s[4 * j + e] = vis ? exp2f(s[4 * j + e] * c2 - l2) : 0.f;
+            }
+          }
+        uint32_t fp[4][4];
+        if (DV) {
+          bwd_pack(fp, s);
+          sm90::wgmma_fence();
+          bwd_issue_rs<D>(av, fp, st + S::TILE);  // dV += P^T dO
+          sm90::wgmma_commit();
+        }
+        if (DK) {
+          if (DV) sm90::wgmma_wait<1>();  // dP^T landed; dV may still run
+          else sm90::wgmma_wait<0>();
+          fence_regs(dp);
+          fence_regs(s);
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e2 = 0; e2 < 2; ++e2) {
+              const float dt = ld_shared_f32(rt + 256 + 4 * (8 * j + 2 * t4 + e2));
+#pragma unroll
+              for (int hb = 0; hb < 2; ++hb) dp[4 * j + 2 * hb + e2] = s[4 * j + 2 * hb + e2] * (dp[4 * j + 2 * hb + e2] - dt);
+            }
+          uint32_t fd[4][4];
+          bwd_pack(fd, dp);
+          sm90::wgmma_fence();
+          bwd_issue_rs<D>(ak, fd, st);  // dK += dS^T Q
+          sm90::wgmma_commit();
+          sm90::wgmma_wait<0>();
+          fence_regs(ak);
+          fence_frags(fd);
+        } else {
+          sm90::wgmma_wait<0>();
+        }
+        if (DV) {
+          fence_regs(av);
+          fence_frags(fp);
+        }
+      } else {
       sm90::wgmma_wait<0>();
       fence_regs(s);
       if (DK) fence_regs(dp);
-      const bool edge = qb + S::B > Tq || kb + S::B > Tk || (CAUSAL && qb < kb + S::B - 1);
 #pragma unroll
       for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -460,6 +549,7 @@ __device__ __forceinline__ bool bwd_dkdv_block(Pipe& p, __nv_bfloat16* dk, __nv_
         fence_regs(av);
         fence_frags(fp);
       }
+      }
     } else if (sm90::named_sync_or(2 + wg, 128, !ok)) {  // the other warpgroup's block: vote the waits
       fail = true;
       break;
@@ -487,7 +577,7 @@ __device__ __forceinline__ bool bwd_dkdv_block(Pipe& p, __nv_bfloat16* dk, __nv_
 // Consumers (threads 0..255): the task's dQ blocks, then its dK/dV blocks. Pointers at the whole
 // tensors ([B*H][Tq][D], [B*Hkv][Tk][D]); ``smem`` the body's scratch (BwdShape::SCRATCH bytes,
 // 1024-byte aligned). False if the launch was aborted.
-template <int D, bool CAUSAL>
+template <int D, bool CAUSAL, int V = 1>
 __device__ __forceinline__ bool bwd_consume(Pipe& p, const Task* t, __nv_bfloat16* dq, __nv_bfloat16* dk,
                                             __nv_bfloat16* dv, bool glse, int H, int Hkv, int Tq, int Tk, float scale,
                                             char* smem) {
@@ -499,20 +589,20 @@ __device__ __forceinline__ bool bwd_consume(Pipe& p, const Task* t, __nv_bfloat1
     for (int h = t->lo[1]; h < t->hi[1]; ++h)
       for (int r = r0; r < r1; r += S::B) {
         const int re = r + S::B < r1 ? r + S::B : r1;
-        if (!bwd_dq_block<D, CAUSAL>(p, dq, b * H + h, r, re, Tq, Tk, scale, glse, smem)) return false;
+        if (!bwd_dq_block<D, CAUSAL, V>(p, dq, b * H + h, r, re, Tq, Tk, scale, glse, smem)) return false;
       }
     for (int g = t->lo[1] / G; g < (t->hi[1] + G - 1) / G; ++g)
       for (int kb = k0; kb < k1; kb += S::B) {
         const int ke = kb + S::B < k1 ? kb + S::B : k1;
         if (BwdPasses<D>::N == 1) {
-          if (!bwd_dkdv_block<D, CAUSAL, true, true>(p, dk, dv, b * Hkv + g, G, kb, ke, Tq, Tk, scale,
+          if (!bwd_dkdv_block<D, CAUSAL, true, true, V>(p, dk, dv, b * Hkv + g, G, kb, ke, Tq, Tk, scale,
                                                      glse, smem))
             return false;
         } else {
-          if (!bwd_dkdv_block<D, CAUSAL, false, true>(p, dk, dv, b * Hkv + g, G, kb, ke, Tq, Tk, scale,
+          if (!bwd_dkdv_block<D, CAUSAL, false, true, V>(p, dk, dv, b * Hkv + g, G, kb, ke, Tq, Tk, scale,
                                                       glse, smem))
             return false;
-          if (!bwd_dkdv_block<D, CAUSAL, true, false>(p, dk, dv, b * Hkv + g, G, kb, ke, Tq, Tk, scale,
+          if (!bwd_dkdv_block<D, CAUSAL, true, false, V>(p, dk, dv, b * Hkv + g, G, kb, ke, Tq, Tk, scale,
                                                       glse, smem))
             return false;
         }
