@@ -50,6 +50,9 @@ def _fail(e: Exception, code: int = 2):
 @click.option("--row-groups/--no-row-groups", default=True, show_default=True,
               help="a row reduction, the chain on its statistic and their broadcast consumer as one group "
                    "(RMSNorm reads x once; schedule option row_groups)")
+@click.option("--weight-copies/--no-weight-copies", default=True, show_default=True,
+              help="memory.weight_copies: each weight's BF16 copy is optimizer state written by the update "
+                   "(--no-weight-copies casts every weight at the start of every update)")
 @click.option("--routing/--no-routing", default=None,
               help="output routing decisions and replay them in the reference (default: when the update routes)")
 @click.option("--target", type=click.Choice(TARGETS), default="auto", show_default=True,
@@ -73,7 +76,7 @@ def _fail(e: Exception, code: int = 2):
               help="default: build/EXAMPLE-STRATEGY")
 @click.option("-q", "--quiet", is_flag=True, help="no per-stage lines and no progress bars")
 def compile_command(example, overrides, scheduler, num_sms, policy, remat_budget, split_reductions, alias_views, row_groups,
-                    routing, target,
+                    weight_copies, routing, target,
                     steps, seed, bench, iters, strongest, no_eager, torch_column, trained, twice, no_build, no_cache,
                     output, build_dir, quiet):
     """Compile EXAMPLE.py's whole training update into one kernel, run it and check it.
@@ -108,7 +111,7 @@ def compile_command(example, overrides, scheduler, num_sms, policy, remat_budget
         kw = dict(overrides=parse_overrides(list(overrides)), scheduler=scheduler, num_sms=num_sms, policy=policy,
                   remat_budget=remat_budget, split_reductions=split_reductions, build_dir=build_dir,
                   build=not no_build, routing=routing, cache=not no_cache, alias_views=alias_views,
-                  row_groups=row_groups)
+                  row_groups=row_groups, weight_copies=weight_copies)
         compiled = compile_example(example, say=say, **kw)
         click.echo(summary_line(compiled))
         if output:
