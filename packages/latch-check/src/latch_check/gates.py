@@ -332,6 +332,16 @@ def attach_torch(gates: Sequence[Gate], torch_gates: Sequence[Gate], state: str 
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 
 
+def _derive_copies(graph: Graph, copies, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``values`` with each missing weight copy made from the new weight its cast reads."""
+    made = graph.producers()
+    out = dict(values)
+    for c in copies:
+        if c not in out and c in made and made[c].inputs[0] in out:
+            out[c] = out[made[c].inputs[0]].to(_TORCH_DTYPES[graph.value(c).dtype])
+    return out
+
+
 def program_gates(graph: Graph, outputs: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor], *,
                   thresholds: float | Mapping[str, float] = FP64_THRESHOLD, step: int | None = None,
                   previous: Mapping[str, torch.Tensor] | None = None,
@@ -394,13 +404,14 @@ def program_gates(graph: Graph, outputs: Mapping[str, torch.Tensor], reference: 
         add("param_update", names, {n: pairs[n] for n in names})
     add("new_state", groups.get("new_state", []))
     copies = groups.get("weight_copies", [])
-    if copies and torch_outputs is not None and any(c not in torch_outputs for c in copies):
-        # PyTorch keeps no copy: its BF16 autocast rounds its new FP32 weight when it next reads it
-        made = graph.producers()
-        torch_outputs = dict(torch_outputs)
-        for c in copies:
-            if c not in torch_outputs and c in made and made[c].inputs[0] in torch_outputs:
-                torch_outputs[c] = torch_outputs[made[c].inputs[0]].to(_TORCH_DTYPES[graph.value(c).dtype])
+    if copies:
+        # PyTorch keeps no copy: its BF16 autocast rounds its new FP32 weight when it next reads it.
+        # (Outputs holding none of the copies are such an update too, e.g. qualify's PyTorch update
+        # gated as the outputs; outputs holding some but not all fail below, naming the missing.)
+        if torch_outputs is not None:
+            torch_outputs = _derive_copies(graph, copies, torch_outputs)
+        if not any(c in outputs for c in copies):
+            outputs = _derive_copies(graph, copies, outputs)
     add("weight_copies", copies)
     for n in groups.get("metrics", []):
         add(f"metric {n.removeprefix('metric.')}", [n])
