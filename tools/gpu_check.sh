@@ -37,7 +37,7 @@ export PYTHONUNBUFFERED=1
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 say() { echo "== [gpu_check ${SECONDS}s] $*"; }
-# LATCH_GPU_ONLY=matmul,pingpong,memory,attention,examples,readme,pytest,sanitizer,dense,denseprof,moe,profile,full,lmhead,bench runs only the steps named (default: all).
+# LATCH_GPU_ONLY=matmul,pingpong,memory,attention,copies,examples,readme,pytest,sanitizer,dense,denseprof,moe,profile,full,lmhead,bench runs only the steps named (default: all).
 want() { [ -z "${LATCH_GPU_ONLY:-}" ] || [[ ",${LATCH_GPU_ONLY}," == *",$1,"* ]]; }
 row() { echo "$*" >> "$SUMMARY"; }
 
@@ -139,6 +139,31 @@ if want lmhead; then  # LATCH_GPU_LMHEAD_TEST=0: the bench alone
     { echo "===== bench-lmhead (exit $rc)"; cat "$WORK/lmhead.log"; } >> "$OUT/examples.log"
     tail -14 "$WORK/lmhead.log"
     { echo "  BENCH-LMHEAD (exit $rc):"; sed -n '/^bench-lmhead /,$p' "$WORK/lmhead.log" | sed 's/^/    /'; } >> "$SUMMARY"
+fi
+# ---- memory.weight_copies (wc, issue 9): BF16 weight copies kept as optimizer state. The GPU test
+# (two updates with copies against two without: every shared tensor compared, the copies bit for bit
+# bf16(new weight); the gates; the runtime), then TinyMoE-200M timed with and without the copies
+# (--steps 0: its gates are the bench step's; LATCH_GPU_COPIES_BENCH=0 skips the timing).
+if want copies; then
+    say "copies: pytest -m gpu tests/test_weight_copies_gpu.py"
+    timeout "${LATCH_GPU_COPIES_TEST_S:-200}" "$PY" -m pytest -q -s -m gpu -p no:cacheprovider \
+        tests/test_weight_copies_gpu.py > "$WORK/copies_pytest.log" 2>&1
+    rc=$?
+    { echo "===== copies pytest (exit $rc)"; cat "$WORK/copies_pytest.log"; } >> "$OUT/examples.log"
+    grep -E "^weight copies|passed|failed|^FAILED" "$WORK/copies_pytest.log" | tail -8
+    row "  COPIES pytest (exit $rc): $(tail -1 "$WORK/copies_pytest.log")"
+    grep -E "^weight copies" "$WORK/copies_pytest.log" | sed 's/^/    /' >> "$SUMMARY" || true
+    if [ "${LATCH_GPU_COPIES_BENCH:-1}" = 1 ]; then
+        for flag in --weight-copies --no-weight-copies; do
+            timeout "${LATCH_GPU_COPIES_S:-180}" "$PY" -m latch_core.cli compile examples/tinymoe.py --target gpu \
+                --steps 0 --bench --no-eager --iters 10 "$flag" --dir "$WORK/build/copies$flag" \
+                > "$WORK/copies$flag.log" 2>&1
+            rc=$?
+            { echo "===== tinymoe-200M $flag (exit $rc)"; cat "$WORK/copies$flag.log"; } >> "$OUT/examples.log"
+            grep -E "^BENCH|memory.weight_copies|error" "$WORK/copies$flag.log" | head -4
+            row "  COPIES tinymoe-200M $flag (exit $rc): $(grep -E '^BENCH' "$WORK/copies$flag.log" | tail -1)"
+        done
+    fi
 fi
 # ---- issue 10: attention alone inside the persistent kernel (latch_check/bench_attention.py):
 # the GPU tests of the attention bodies (FP64 gates at odd lengths, both head dims, causal and not,

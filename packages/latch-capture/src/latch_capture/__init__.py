@@ -17,6 +17,7 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 _LAZY = {
     "Example": "api", "TensorUpdate": "api", "capture_module": "api", "tensor_update": "api",
     "advance": "binding", "batch_inputs": "binding", "bind_inputs": "binding", "program_inputs": "binding",
+    "weight_copies": "binding",
     "CaptureError": "errors", "load_example": "examples",
 }
 

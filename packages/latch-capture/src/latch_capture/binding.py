@@ -3,7 +3,8 @@
 The names are the ones capture gives (module docstring of ``tree``): parameters by their module
 name, state entries by their key path, ``input``/``input.<i>``/``input.<key>`` and ``target...``
 for the batch, hyper-parameters by name; microbatch accumulators are ``grad_acc.<param>`` and
-``loss_acc``. A runtime or checker builds the inputs of a program with :func:`bind_inputs`, runs
+``loss_acc``; BF16 weight copies (``memory.weight_copies``) are ``<param>.bf16``, created from their
+parameter when the state does not hold them. A runtime or checker builds the inputs of a program with :func:`bind_inputs`, runs
 it, and calls :func:`advance` to get the next step's inputs (new values replace old ones).
 """
 
@@ -47,13 +48,22 @@ def bind_inputs(doc_or_section, *, params: Mapping[str, torch.Tensor], state: An
     flat.update({n: p.detach() for n, p in params.items()})
     st, _ = tree.flatten(dict(state or {}), "", "state")
     flat.update({n: t.detach() for n, t in st})
+    copies = weight_copies(section)
     for v in section.layout:
         if v.name not in flat:
+            if v.name in copies:
+                continue  # below: from the parameter
             if v.name.startswith("grad_acc.") or v.name == "loss_acc":
                 flat[v.name] = torch.zeros(v.shape, dtype=torch_dtype(v.dtype))
             else:
                 raise CaptureError(f"no tensor given for {v.role} {v.name!r} of the document",
                                    hint="pass the same parameters and state structure the document was captured with")
+    for c, p in copies.items():
+        if c not in flat:
+            # the copy is cast(p): given here as p's own values, each runtime stores it in the
+            # layout's dtype (the GPU rounds it to BF16 as the program's cast does; the FP64
+            # interpreter's cast never rounds, so there it stays p)
+            flat[c] = flat[p].clone()
     flat.update(batch_inputs(inputs, targets))
     defaults = dict(section.meta("hyper", ()) or ())
     given = dict(hyper or {})
@@ -66,6 +76,13 @@ def bind_inputs(doc_or_section, *, params: Mapping[str, torch.Tensor], state: An
         # float64 keeps the Python number exact; a runtime casts it to the program's dtype (f32)
         flat[name] = v if isinstance(v, torch.Tensor) else torch.tensor(float(v), dtype=torch.float64)
     return flat
+
+
+def weight_copies(doc_or_section) -> dict[str, str]:
+    """copy -> parameter of every BF16 weight copy the document keeps as state (the pass
+    ``memory.weight_copies`` records them in the graph section's metadata; empty without it)."""
+    meta = _section(doc_or_section).meta("memory.weight_copies")
+    return dict(dict(meta).get("copies", ())) if meta else {}
 
 
 def program_inputs(graph: Graph, flat: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

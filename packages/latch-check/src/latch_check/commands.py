@@ -53,6 +53,9 @@ def _fail(e: Exception, code: int = 2):
 @click.option("--fuse-views/--no-fuse-views", default=True, show_default=True,
               help="fusable views cloned per reader that fuses them (schedule.fuse_views) and concat fused with "
                    "its producers and consumers (schedule option fuse_concat): RoPE as one pass")
+@click.option("--weight-copies/--no-weight-copies", default=True, show_default=True,
+              help="memory.weight_copies: each weight's BF16 copy is optimizer state written by the update "
+                   "(--no-weight-copies casts every weight at the start of every update)")
 @click.option("--routing/--no-routing", default=None,
               help="output routing decisions and replay them in the reference (default: when the update routes)")
 @click.option("--target", type=click.Choice(TARGETS), default="auto", show_default=True,
@@ -76,7 +79,7 @@ def _fail(e: Exception, code: int = 2):
               help="default: build/EXAMPLE-STRATEGY")
 @click.option("-q", "--quiet", is_flag=True, help="no per-stage lines and no progress bars")
 def compile_command(example, overrides, scheduler, num_sms, policy, remat_budget, split_reductions, alias_views, row_groups,
-                    fuse_views, routing, target,
+                    fuse_views, weight_copies, routing, target,
                     steps, seed, bench, iters, strongest, no_eager, torch_column, trained, twice, no_build, no_cache,
                     output, build_dir, quiet):
     """Compile EXAMPLE.py's whole training update into one kernel, run it and check it.
@@ -111,7 +114,7 @@ def compile_command(example, overrides, scheduler, num_sms, policy, remat_budget
         kw = dict(overrides=parse_overrides(list(overrides)), scheduler=scheduler, num_sms=num_sms, policy=policy,
                   remat_budget=remat_budget, split_reductions=split_reductions, build_dir=build_dir,
                   build=not no_build, routing=routing, cache=not no_cache, alias_views=alias_views,
-                  row_groups=row_groups, fuse_views=fuse_views)
+                  row_groups=row_groups, fuse_views=fuse_views, weight_copies=weight_copies)
         compiled = compile_example(example, say=say, **kw)
         click.echo(summary_line(compiled))
         if output:

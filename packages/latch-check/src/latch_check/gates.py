@@ -6,7 +6,9 @@
 
 Groups of a training update: ``loss``, ``grad <param>`` (one gate per gradient), ``new_params``,
 ``param_update`` (new - old params: far more sensitive than the params themselves, whose
-relative error is diluted by their size), ``new_state``, ``metric <name>``. A gate passes when
+relative error is diluted by their size), ``new_state``, ``weight_copies`` (the BF16 weight copies the
+update writes, ``memory.weight_copies``: against the reference's new weights, which its casts never
+round), ``metric <name>``. A gate passes when
 rel_l2 <= its threshold; a failed gate stays in the table, marked FAIL.
 
 The ``torch`` column (``program_gates(..., torch_outputs=...)``): PyTorch's own update on the same inputs
@@ -327,6 +329,19 @@ def attach_torch(gates: Sequence[Gate], torch_gates: Sequence[Gate], state: str 
     return out
 
 
+_TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def _derive_copies(graph: Graph, copies, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``values`` with each missing weight copy made from the new weight its cast reads."""
+    made = graph.producers()
+    out = dict(values)
+    for c in copies:
+        if c not in out and c in made and made[c].inputs[0] in out:
+            out[c] = out[made[c].inputs[0]].to(_TORCH_DTYPES[graph.value(c).dtype])
+    return out
+
+
 def program_gates(graph: Graph, outputs: Mapping[str, torch.Tensor], reference: Mapping[str, torch.Tensor], *,
                   thresholds: float | Mapping[str, float] = FP64_THRESHOLD, step: int | None = None,
                   previous: Mapping[str, torch.Tensor] | None = None,
@@ -334,7 +349,7 @@ def program_gates(graph: Graph, outputs: Mapping[str, torch.Tensor], reference: 
     """Gates for one run of ``graph``: each output group against ``reference`` (same value names).
 
     ``thresholds`` is one number or ``{group or kind: number}`` (kinds: loss, grad, new_params,
-    param_update, new_state, metric). ``previous`` (the program's inputs) adds the ``param_update``
+    param_update, new_state, weight_copies, metric). ``previous`` (the program's inputs) adds the ``param_update``
     gate on new - old params. ``torch_outputs`` (PyTorch's own update on the same inputs, same
     names) fills the ``torch`` column; ``state`` ``"fresh"`` or ``"trained"`` says where the update
     starts (module docstring: the fresh-state rule for ``param_update`` and ``new_params``).
@@ -388,6 +403,16 @@ def program_gates(graph: Graph, outputs: Mapping[str, torch.Tensor], reference: 
         names = [n for n in groups.get("new_params", []) if n in pairs and pairs[n] in previous]
         add("param_update", names, {n: pairs[n] for n in names})
     add("new_state", groups.get("new_state", []))
+    copies = groups.get("weight_copies", [])
+    if copies:
+        # PyTorch keeps no copy: its BF16 autocast rounds its new FP32 weight when it next reads it.
+        # (Outputs holding none of the copies are such an update too, e.g. qualify's PyTorch update
+        # gated as the outputs; outputs holding some but not all fail below, naming the missing.)
+        if torch_outputs is not None:
+            torch_outputs = _derive_copies(graph, copies, torch_outputs)
+        if not any(c in outputs for c in copies):
+            outputs = _derive_copies(graph, copies, outputs)
+    add("weight_copies", copies)
     for n in groups.get("metrics", []):
         add(f"metric {n.removeprefix('metric.')}", [n])
     return gates

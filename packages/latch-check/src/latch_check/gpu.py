@@ -58,7 +58,14 @@ from .timing import capture_graph, events_ms
 GATES_F32 = {"loss": 1e-5, "grad": 1e-4, "new_params": 1e-5, "param_update": 1e-3, "new_state": 1e-4,
              "metric": 1e-4}
 GATES_BF16 = {"loss": 1e-2, "grad": 5e-2, "new_params": 1e-3, "param_update": 1e-1, "new_state": 5e-2,
-              "metric": 5e-2}
+              "metric": 5e-2, "weight_copies": 5e-3}
+"""``weight_copies`` (the update's BF16 copies of its new weights, ``memory.weight_copies``) against the
+reference's new weights: the new weights' own gate (1e-3) plus BF16's unit roundoff 2^-8 = 3.9e-3 (round
+to nearest with 8 significant bits: each element within 2^-8 of its value, so the relative L2 of the
+rounding alone is at most 2^-8): 5e-3. A copy the update did not rewrite differs from the new weights
+by the whole step (a first AdamW step moves each weight by about lr = 3e-4 against weights of ~0.02 at
+initialisation: 1.5e-2); the GPU test ``tests/test_weight_copies_gpu.py`` also requires every copy to be
+bit for bit ``new_param.to(torch.bfloat16)``."""
 
 
 def thresholds_for(doc: Document) -> dict[str, float]:
@@ -237,7 +244,7 @@ def reference_gates(doc, flat: Mapping[str, torch.Tensor], batches: list, output
     reference replaying PyTorch's own routing (``torch_routing``: its expert indices per
     ``token_topk`` call; one microbatch only). ``state``: "fresh" or "trained" (``gates``).
     """
-    from latch_capture import advance, batch_inputs, program_inputs
+    from latch_capture import advance, batch_inputs, program_inputs, weight_copies
 
     if ops is None:
         from latch_core.plugins import registries
@@ -254,6 +261,10 @@ def reference_gates(doc, flat: Mapping[str, torch.Tensor], batches: list, output
         raise ValueError(f"the document routes tokens: give the outputs of all {K} program runs of the update "
                          f"(GpuRun.update_each), got {len(outputs)}")
     flat = dict(flat)
+    # The reference's cast never rounds, so its copy of a weight is the weight itself (what it read
+    # before memory.weight_copies); the program's copy is the BF16 rounding of the same weight.
+    for c, p in weight_copies(doc).items():
+        flat[c] = flat[p]
     gates: list[Gate | RoutingGate] = []
     notes = []
     for k, (graph, mb) in enumerate(zip(seq, batches)):

@@ -148,6 +148,10 @@ def run_cmd(build_dir, inputs, steps, seed, save_path):
         prog = Program.load(build_dir)
         if inputs:
             data = torch.load(inputs, map_location=prog.device)
+            made = {c: t for c, t in prog.initial_copies(data["params"]).items() if c not in data["state"]}
+            if made:  # a saved state from before memory.weight_copies: each copy starts as cast(p)
+                data["state"].update(made)
+                click.echo(f"created {len(made)} BF16 weight copies as cast(param) (memory.weight_copies)")
         else:
             data = random_inputs(prog, seed=seed)
         for step in range(steps):

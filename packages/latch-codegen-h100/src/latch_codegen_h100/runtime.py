@@ -218,6 +218,24 @@ class Program:
         self.microbatches = int(meta.get("microbatches", 1) or 1)
         self.hyper_defaults = dict(meta.get("hyper", meta.get("hyper_defaults", {})) or {})
 
+    @property
+    def weight_copies(self) -> dict[str, str]:
+        """copy -> parameter of each BF16 weight copy the programs keep as state (``memory.weight_copies``):
+        read by every program, rewritten in place by the programs that update the parameter."""
+        meta = self.manifest.get("metadata", {}).get("memory.weight_copies") or {}
+        return dict(meta.get("copies") or {})
+
+    def initial_copies(self, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The weight copies' values before the first update: ``cast(p)`` of each parameter (on this
+        device, in the copy's dtype, round to nearest even as the program's cast)."""
+        specs = {b["name"]: b for b in self.buffers}
+        out = {}
+        for c, p in self.weight_copies.items():
+            if p not in params:
+                raise ProgramError(f"initial_copies: parameter {p!r} (whose BF16 copy is state {c!r}) is not in params")
+            out[c] = params[p].detach().to(self.device, DTYPES[specs[c]["dtype"]]).contiguous()
+        return out
+
     @classmethod
     def load(cls, build_dir: str | Path, **kw) -> "Program":
         return cls(build_dir, **kw)
@@ -280,6 +298,14 @@ class Program:
         if cached is not None and cached[0] == sig:
             bound = dict(cached[1])
         else:
+            absent = [c for c in self.weight_copies if c in needed and c not in given]
+            if absent:
+                c = absent[0]
+                raise ProgramError(f"state {c!r} (the BF16 copy of parameter {self.weight_copies[c]!r} the update "
+                                   f"keeps, memory.weight_copies){' and ' + str(len(absent) - 1) + ' more' if len(absent) > 1 else ''}"
+                                   f" is missing; create the copies once before the first update, "
+                                   f"state.update(program.initial_copies(params)), and pass them with the state every "
+                                   f"update (the program rewrites them in place), or compile with --no-weight-copies")
             guard.check_inputs(self, prog, specs, given, hyper_given, error=ProgramError)  # latch_core.inputs
             bound = {}
             for b in self.buffers:
@@ -621,7 +647,7 @@ def _numel(shape) -> int:
 
 def random_inputs(prog: Program, *, seed: int = 0) -> dict[str, Any]:
     """Inputs for a smoke run (``latch-pipeline run`` without --inputs): params ~ N(0, 0.02),
-    state zero, float batch ~ N(0, 1), integer batch zero (a valid index for any table)."""
+    state zero but the weight copies (``cast(p)``), float batch ~ N(0, 1), integer batch zero (a valid index for any table)."""
     gen = torch.Generator().manual_seed(seed)
     out: dict[str, Any] = {"params": {}, "state": {}, "hyper": None}
     batch: dict[str, torch.Tensor] = {}
@@ -638,6 +664,7 @@ def random_inputs(prog: Program, *, seed: int = 0) -> dict[str, Any]:
             batch[b["name"]] = torch.randn(b["shape"], generator=gen, dtype=torch.float64).to(dt).to(prog.device)
         else:
             batch[b["name"]] = torch.zeros(b["shape"], dtype=dt, device=prog.device)
+    out["state"].update(prog.initial_copies(out["params"]))  # a weight copy starts as cast(p), never zero
     n = len(prog._sequence())
     out["batch"] = [dict(batch) for _ in range(n)] if n > 1 else batch
     return out

@@ -7,6 +7,7 @@ to a built program.
     memory.fuse_cross_entropy   latch-memory         graph rewrite: the LM head's cross-entropy, logits stored BF16
     moe.store_operands          latch-ops            graph rewrite: BF16 operands of the ragged expert products
     moe.fixed_order_scatters    latch-ops            graph rewrite: MoE scatters to tokens as fixed-order gathers
+    memory.weight_copies        latch-memory         graph rewrite: each weight's BF16 copy is optimizer state
     memory.remat                latch-memory         recompute cheap forward values under a byte budget
     schedule.matmul_layouts     latch-schedule       graph rewrite: transposes feeding matmuls become trans flags
     schedule.split_reductions   latch-schedule       graph rewrite: big full reductions in two levels
@@ -56,6 +57,8 @@ PIPELINE: tuple[Stage, ...] = (
           "policy"),
     Stage("moe.fixed_order_scatters", "latch-ops",
           "graph rewrite: MoE scatters back to tokens as gathers summed in a fixed order (no atomics)"),
+    Stage("memory.weight_copies", "latch-memory",
+          "graph rewrite: each weight's BF16 copy is optimizer state, written by the update", "weight_copies"),
     Stage("memory.remat", "latch-memory", "recompute cheap forward values under a byte budget", "remat_budget"),
     Stage("schedule.matmul_layouts", "latch-schedule", "graph rewrite: transposes feeding matmuls become trans flags",
           "matmul_layouts"),
@@ -102,6 +105,7 @@ class Request:
     matmul_configs: bool = True
     alias_views: bool = True  # contiguous views fold into their reader's operand address (schedule option)
     fuse_views: bool = True  # schedule.fuse_views + schedule option fuse_concat (issue 11: views and concats fused)
+    weight_copies: bool = True  # BF16 weight copies as optimizer state (memory.weight_copies)
     row_groups: bool = True  # a row reduction, its statistic's chain and its consumer in one group (schedule option)
     build: bool = True
     build_dir: str | None = None  # default: build/<example>-<strategy>
@@ -113,7 +117,8 @@ class Request:
     def passes(self) -> list[str]:
         on = {"policy": self.policy, "fuse_cross_entropy": self.fuse_cross_entropy, "remat_budget": self.remat_budget is not None,
               "split_reductions": self.split_reductions, "matmul_layouts": self.matmul_layouts,
-              "matmul_configs": self.matmul_configs, "alias_views": self.alias_views, "fuse_views": self.fuse_views, "build": self.build}
+              "matmul_configs": self.matmul_configs, "alias_views": self.alias_views, "fuse_views": self.fuse_views,
+              "build": self.build, "weight_copies": self.weight_copies}
         return [s.name for s in PIPELINE if not s.switch or on[s.switch]]
 
     def options(self) -> dict[str, dict[str, Any]]:

@@ -1,5 +1,5 @@
 """latch-memory's registrations with Latch (entry point group latch.plugins): the passes
-``memory.policy``, ``memory.remat``, ``memory.plan`` and the ``plan`` command."""
+``memory.policy``, ``memory.weight_copies``, ``memory.remat``, ``memory.plan`` and the ``plan`` command."""
 
 from __future__ import annotations
 
@@ -30,6 +30,12 @@ def fuse_cross_entropy_pass(doc, **options):
     return fuse_pass(doc, **options)
 
 
+def weight_copies_pass(doc, **options):
+    from .weight_copies import weight_copies_pass as _copies
+
+    return _copies(doc, **options)
+
+
 def remat_pass(doc, **options):
     from .remat import remat_pass as _remat
 
@@ -43,6 +49,10 @@ POLICY = Pass(
 FUSE_CROSS_ENTROPY = Pass(
     "memory.fuse_cross_entropy", fuse_cross_entropy_pass, requires={"graph"}, ensures={"graph"},
     doc="LM head: log_softmax/nll_loss and their backward become cross_entropy(_backward) over logits stored BF16",
+)
+WEIGHT_COPIES = Pass(
+    "memory.weight_copies", weight_copies_pass, requires={"graph"}, ensures={"graph"},
+    doc="each weight's BF16 copy as optimizer state: the forward's casts of parameters read it, the update writes it",
 )
 REMAT = Pass(
     "memory.remat", remat_pass, requires={"graph"}, ensures={"graph"},
@@ -58,6 +68,7 @@ PLAN = Pass(
 def latch_register_passes(register):
     register(POLICY)
     register(FUSE_CROSS_ENTROPY)
+    register(WEIGHT_COPIES)
     register(REMAT)
     register(PLAN)
 
