@@ -218,9 +218,14 @@ def group_cost(graph: Graph, plan: GroupPlan, ops: Registry | None, cost: CostMo
         flops += f
         mma += m
         nbytes += b
+    # Values computed inside the group are read from registers, whether or not they are also written
+    # out (an optimizer's new weight, read again by its BF16 copy's cast): every in-group read of
+    # them, and the write of the internal ones, moves no bytes.
+    produced = {o for n in plan.nodes for o in n.outputs}
+    inner_reads = sum(graph.value(v).nbytes for n in plan.nodes for v in n.inputs if v is not None and v in produced)
     internal = sum(graph.value(v).nbytes for v in plan.internal)
     boundary = sum(graph.value(v).nbytes for v in plan.inputs) + sum(graph.value(v).nbytes for v in plan.outputs)
-    nbytes = max(nbytes - 2 * internal, min(nbytes, boundary))
+    nbytes = max(nbytes - inner_reads - internal, min(nbytes, boundary))
     return cost.seconds(flops, mma, nbytes)
 
 
