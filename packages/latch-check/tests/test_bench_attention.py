@@ -58,17 +58,6 @@ def test_simulator_matches_the_reference_at_odd_lengths(causal, heads, kv_heads,
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-def test_bench_document_compiles_for_sm90a(tmp_path, monkeypatch):
-    from latch_codegen_h100 import build
-
-    monkeypatch.setenv("LATCH_CACHE_DIR", str(tmp_path / "cache"))  # a real compile, not a cache hit
-    cases = [BA.Case("a", 1, 4, 2, 77, 64), BA.Case("b", 1, 2, 2, 100, 128, causal=False)]
-    doc = build(BA.plan_document(BA.attention_document(cases), 132), tmp_path / "b")
-    assert dict(doc.build.stats)["cached"] == "no"
-    assert (tmp_path / "b" / "program.so").exists()
-
-
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_wgmma_forward_document_compiles_with_the_ring(tmp_path, monkeypatch):
     """bench-attention --forward mma,wgmma: both forwards of a case in one build; the wgmma one streams
     Q, K and V through the worker's ring (three tensor maps, a 32 KiB stage), the backward pinned to
@@ -96,8 +85,8 @@ def test_wgmma_forward_document_compiles_with_the_ring(tmp_path, monkeypatch):
     assert man["ring"]["stage_bytes"] == 32768 and man["ring"]["stages"] >= 3, man["ring"]
     streamed = [b for b in man["bodies"] if b["tensor_maps"]]
     assert len(streamed) == 2 and all(b["tensor_maps"] == 3 and b["stage_bytes"] == 32768 for b in streamed), streamed
-    plain = BA.plan_document(BA.attention_document(cases), 132)
-    build(plain, tmp_path / "plain")
+    plain = build(BA.plan_document(BA.attention_document(cases), 132), tmp_path / "plain")
+    assert dict(plain.build.stats)["cached"] == "no"  # a real compile of the plain document, not a cache hit
     man = json.loads((tmp_path / "plain" / "manifest.json").read_text())
     assert sum(1 for b in man["bodies"] if b["tensor_maps"] == 3) == 2, man["bodies"]
     assert sum(1 for b in man["bodies"] if b["tensor_maps"] == 6) == 2, man["bodies"]

@@ -574,6 +574,9 @@ def check_compiles(doc: Document, out_dir: str | Path, *, validate: bool = True)
     ptx = out_dir / "obj" / "kernel.ptx"
     ptx.parent.mkdir(parents=True, exist_ok=True)
     flags = [f for f in _flags(gen) if f != "--resource-usage"]
+    # the manifest as a build writes it (buffers, bodies, metadata), naming no library: none is built
+    _write_if_changed(out_dir / "manifest.json", json.dumps(dict(gen.manifest, library=None, flags=flags,
+                                                                   check_only=True), indent=1).encode())
     proc = subprocess.run([find_nvcc(), *flags, "-ptx", f"src/{gen.units[0].name}", "-o", str(ptx)],
                           cwd=out_dir, capture_output=True, text=True)
     store.atomic_write(out_dir / "build.log", (proc.stdout + proc.stderr).encode())
