@@ -28,7 +28,9 @@ def test_aliased_programs_match_fp64(case, strategy):
     path, kw = CASES[case]
     ex = load_example(EXAMPLES / path, **kw)
     passes = registries().passes
-    doc = run_pass(passes.get("memory.policy"), ex.capture(grads=True))
+    # attention=False: attention reads FP32 q/k/v, so v is an alias of the q/k/v product past q and k
+    # (with attention stored in BF16, v's select is read by its cast, which fuse_views clones instead)
+    doc = run_pass(passes.get("memory.policy"), ex.capture(grads=True), attention=False)
     doc = run_pass(passes.get("schedule.alias_views"), doc)
     doc = prepare(doc, scheduler=strategy, num_sms=4)
     stats = dict(doc.schedule.stats)

@@ -56,6 +56,10 @@ def _fail(e: Exception, code: int = 2):
 @click.option("--weight-copies/--no-weight-copies", default=True, show_default=True,
               help="memory.weight_copies: each weight's BF16 copy is optimizer state written by the update "
                    "(--no-weight-copies casts every weight at the start of every update)")
+@click.option("--attention-storage/--no-attention-storage", default=True, show_default=True,
+              help="memory.policy: attention's q, k, v, dO stored in BF16 and its out, dq, dk, dv written in BF16, so "
+                   "the ring's wgmma attention bodies run (--no-attention-storage: FP32 storage, rounded in the "
+                   "mma.sync bodies)")
 @click.option("--routing/--no-routing", default=None,
               help="output routing decisions and replay them in the reference (default: when the update routes)")
 @click.option("--target", type=click.Choice(TARGETS), default="auto", show_default=True,
@@ -79,7 +83,7 @@ def _fail(e: Exception, code: int = 2):
               help="default: build/EXAMPLE-STRATEGY")
 @click.option("-q", "--quiet", is_flag=True, help="no per-stage lines and no progress bars")
 def compile_command(example, overrides, scheduler, num_sms, policy, remat_budget, split_reductions, alias_views, row_groups,
-                    fuse_views, weight_copies, routing, target,
+                    fuse_views, weight_copies, attention_storage, routing, target,
                     steps, seed, bench, iters, strongest, no_eager, torch_column, trained, twice, no_build, no_cache,
                     output, build_dir, quiet):
     """Compile EXAMPLE.py's whole training update into one kernel, run it and check it.
@@ -114,7 +118,8 @@ def compile_command(example, overrides, scheduler, num_sms, policy, remat_budget
         kw = dict(overrides=parse_overrides(list(overrides)), scheduler=scheduler, num_sms=num_sms, policy=policy,
                   remat_budget=remat_budget, split_reductions=split_reductions, build_dir=build_dir,
                   build=not no_build, routing=routing, cache=not no_cache, alias_views=alias_views,
-                  row_groups=row_groups, fuse_views=fuse_views, weight_copies=weight_copies)
+                  row_groups=row_groups, fuse_views=fuse_views, weight_copies=weight_copies,
+                  attention_storage=attention_storage)
         compiled = compile_example(example, say=say, **kw)
         click.echo(summary_line(compiled))
         if output:

@@ -106,6 +106,7 @@ class Request:
     alias_views: bool = True  # contiguous views fold into their reader's operand address (schedule option)
     fuse_views: bool = True  # schedule.fuse_views + schedule option fuse_concat (issue 11: views and concats fused)
     weight_copies: bool = True  # BF16 weight copies as optimizer state (memory.weight_copies)
+    attention_storage: bool = True  # memory.policy option attention: attention's operands stored in BF16
     row_groups: bool = True  # a row reduction, its statistic's chain and its consumer in one group (schedule option)
     build: bool = True
     build_dir: str | None = None  # default: build/<example>-<strategy>
@@ -131,6 +132,8 @@ class Request:
                          "fuse_concat": self.fuse_views},
             "build": {"directory": self.build_dir, "use_cache": self.cache, "progress": self.progress},
         }
+        if not self.attention_storage:
+            opts["memory.policy"] = {"attention": False}
         if self.scheduler:
             opts["schedule"]["scheduler"] = self.scheduler
         if self.remat_budget is not None:

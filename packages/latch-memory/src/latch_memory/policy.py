@@ -290,11 +290,163 @@ def _fold_output_casts(g: Graph) -> tuple[Graph, int]:
     return attrs.evolve(g, values=values, nodes=nodes), len(new_out)
 
 
+# ---------------------------------------------------------------------------------------------
+# Stored attention operands: attention whose policy is BF16 (or F16) reads and writes that dtype.
+
+SDPA_OP, SDPA_BWD_OP = "latch::sdpa", "latch::sdpa_backward"
+# single-input views whose output dtype is their input's: a chain of them is retyped with its base
+VIEW_OPS = frozenset({"latch::reshape", "latch::permute", "latch::expand", "latch::slice", "latch::select"})
+_LOW_IN = {SDPA_OP: (0, 1, 2), SDPA_BWD_OP: (0, 2, 3, 4, 5)}  # q, k, v | grad_out, q, k, v, out
+_LOW_OUT = {SDPA_OP: (0,), SDPA_BWD_OP: (0, 1, 2)}  # out (lse stays f32) | dq, dk, dv
+
+
+def store_attention(g: Graph, counts: dict) -> Graph:
+    """Store the operands and results of BF16/F16-policy attention in that dtype.
+
+    The attention bodies that run on the worker's ring (TMA copies the bytes as stored) need BF16
+    storage; with FP32 storage and ``operand_dtype`` bf16 the bodies round as they stage, on the
+    older mma.sync path (run 26: the model's attention backward at 92 us per task against ~30 us for
+    the same shape stored in BF16). For each ``latch::sdpa`` / ``latch::sdpa_backward`` whose
+    ``operand_dtype`` is bf16/f16 and whose float operands are f32:
+
+    - q, k, v and grad_out are cast once per (value, dtype), the cast shared by the forward and the
+      backward (and placed before the first of them);
+    - the results (the forward's out, the backward's dq, dk, dv; lse stays f32) are written in the
+      low dtype under a new name ``<value>.<dtype>``, and the backward reads the forward's out as
+      written. Each other reader is served where it is: a chain of single-input views is retyped
+      with its base; a cast to the low dtype at the end of one (the matmul operand cast that
+      :func:`store_operands` put there) goes, its readers reading the chain; any other reader (an
+      FP32 elementwise op, a program output) reads a cast back to f32 that keeps the original name.
+
+    The FP64 reference is unchanged (a cast between float dtypes keeps the reference's width); on
+    the GPU the results gain the roundings torch's autocast attention has (out, dq, dk, dv in BF16)."""
+    outs = set(g.output_names())
+    region_vals: set[str] = set()
+
+    def touch(r: Graph) -> None:
+        for n in r.nodes:
+            region_vals.update(v for v in (*n.inputs, *n.outputs) if v is not None)
+        for rr in r.regions:
+            touch(rr)
+    for r in g.regions:
+        touch(r)
+
+    def eligible(n: Node) -> str | None:
+        dt = n.attr("operand_dtype")
+        if n.op not in _LOW_IN or dt not in LOW:
+            return None
+        vals = [n.inputs[i] for i in _LOW_IN[n.op]] + [n.outputs[i] for i in _LOW_OUT[n.op]]
+        if any(v is None or g.value(v).dtype != "f32" or v in region_vals for v in vals):
+            return None
+        return dt
+
+    nodes = list(g.nodes)
+    low = {n.name: dt for n in nodes if (dt := eligible(n)) is not None}
+    if not low:
+        return g
+    names = {v.name for v in g.values} | {n.name for n in nodes}
+    values = {v.name: v for v in g.values}
+    readers: dict[str, list[tuple[int, int]]] = {}  # value -> (node position, input slot), graph order
+    for i, n in enumerate(nodes):
+        for j, v in enumerate(n.inputs):
+            if v is not None:
+                readers.setdefault(v, []).append((i, j))
+    repoint: dict[tuple[str, int], str] = {}  # (node, input slot) -> the value it reads instead
+    new_out: dict[tuple[str, int], str] = {}  # (node, output slot) -> the low value it writes
+    before: dict[int, list[Node]] = {}  # nodes inserted before / after position i
+    after: dict[int, list[Node]] = {}
+    dropped: set[str] = set()  # casts to the low dtype that go: their readers read the chain
+    rename: dict[str, str] = {}  # a dropped cast's output -> what its readers read
+    stats = dict.fromkeys(("attention_nodes_stored", "attention_operand_casts", "attention_results_low",
+                           "attention_casts_dropped", "attention_widening_casts"), 0)
+    stats["attention_nodes_stored"] = len(low)
+
+    def serve(old: str, low_name: str, pos: int, dt: str, source, f32_name: str | None) -> None:
+        """The readers of ``old`` (an f32 value now written in ``dt`` as ``low_name`` by node ``pos``)
+        served: low attention operands and casts to ``dt`` read ``low_name``, single-input views
+        are retyped (recursively), the rest read a cast back to f32 named ``f32_name`` (None: a
+        fresh name, readers re-pointed; else ``old`` itself, kept as the f32 name)."""
+        wide: list[tuple[int, int]] = []
+        for i, j in readers.get(old, []):
+            c = nodes[i]
+            if low.get(c.name) == dt and j in _LOW_IN[c.op]:
+                repoint[(c.name, j)] = low_name
+            elif (c.op in VIEW_OPS and len(c.inputs) == 1 and c.outputs[0] not in outs
+                  and c.outputs[0] not in region_vals):
+                repoint[(c.name, 0)] = low_name
+                w = c.outputs[0]
+                values[w] = attrs.evolve(values[w], dtype=dt)
+                serve(w, w, i, dt, c.source, None)
+            elif c.op == CAST_OP and c.attr("dtype") == dt and c.outputs[0] not in outs:
+                dropped.add(c.name)
+                rename[c.outputs[0]] = low_name
+                values.pop(c.outputs[0], None)
+                stats["attention_casts_dropped"] += 1
+            else:
+                wide.append((i, j))
+        keep = f32_name is not None and old in outs
+        if not wide and not keep:
+            if f32_name is not None:
+                values.pop(old, None)  # nobody reads the f32 value any more
+            return
+        if f32_name is None:
+            f32_name = fresh_name(names, f"{old}.f32")
+            values[f32_name] = Value(f32_name, values[old].shape, "f32")
+            for i, j in wide:
+                repoint[(nodes[i].name, j)] = f32_name
+        after.setdefault(pos, []).append(Node(fresh_name(names, f"cast.{f32_name}"), CAST_OP, (low_name,),
+                                              (f32_name,), {"dtype": "f32"}, source=source))
+        stats["attention_widening_casts"] += 1
+
+    # results first (the backward then reads the forward's out as written), then the operand casts
+    for i, n in enumerate(nodes):
+        dt = low.get(n.name)
+        if dt is None:
+            continue
+        for k in _LOW_OUT[n.op]:
+            old = n.outputs[k]
+            low_name = fresh_name(names, f"{old}.{dt}")
+            values[low_name] = attrs.evolve(values[old], name=low_name, dtype=dt)
+            new_out[(n.name, k)] = low_name
+            stats["attention_results_low"] += 1
+            serve(old, low_name, i, dt, n.source, old)
+    casts: dict[tuple[str, str], str] = {}
+    for i, n in enumerate(nodes):
+        dt = low.get(n.name)
+        if dt is None:
+            continue
+        for j in _LOW_IN[n.op]:
+            v = n.inputs[j]
+            if (n.name, j) in repoint or values[v].dtype == dt:
+                continue
+            if (v, dt) not in casts:
+                c = casts[(v, dt)] = fresh_name(names, f"{v}.{dt}")
+                values[c] = Value(c, values[v].shape, dt)
+                before.setdefault(i, []).append(Node(fresh_name(names, f"cast.{c}"), CAST_OP, (v,), (c,),
+                                                     {"dtype": dt}, source=n.source))
+                stats["attention_operand_casts"] += 1
+            repoint[(n.name, j)] = casts[(v, dt)]
+    out_nodes: list[Node] = []
+    for i, n in enumerate(nodes):
+        out_nodes += before.get(i, [])
+        if n.name not in dropped:
+            ins = [repoint.get((n.name, j), rename.get(v, v) if v is not None else None) for j, v in enumerate(n.inputs)]
+            outs_ = [new_out.get((n.name, k), o) for k, o in enumerate(n.outputs)]
+            if ins != list(n.inputs) or outs_ != list(n.outputs):
+                n = attrs.evolve(n, inputs=ins, outputs=outs_)
+            out_nodes.append(n)
+        out_nodes += after.get(i, [])
+    for k, v in stats.items():
+        counts[k] = counts.get(k, 0) + v
+    return attrs.evolve(g, values=list(values.values()), nodes=out_nodes)
+
+
 def apply_policy(section: GraphSection, ops: Registry, *, table: Mapping | None = None, ops_table: Mapping | None = None,
                  nodes: Mapping | None = None, master: str | None = DEFAULT_MASTER,
-                 store: bool = True) -> tuple[GraphSection, dict]:
+                 store: bool = True, attention: bool = True) -> tuple[GraphSection, dict]:
     """The policy applied to every program; returns the new section and a summary. ``store``: insert
-    the casts that store low-precision matmul operands (:func:`store_operands`)."""
+    the casts that store low-precision matmul operands (:func:`store_operands`); with ``attention``
+    too, attention's operands and results (:func:`store_attention`)."""
     if master is not None:
         if master not in FLOAT_DTYPES:
             raise PolicyError(f"memory.policy: master={master!r} is not a float dtype; known: {sorted(FLOAT_DTYPES)}")
@@ -315,6 +467,8 @@ def apply_policy(section: GraphSection, ops: Registry, *, table: Mapping | None 
     stored: dict[str, int] = {}
     if store:
         programs = [store_operands(p, stored) for p in programs]
+        if attention:
+            programs = [store_attention(p, stored) for p in programs]
     summary = {"master": master, "table": merged, "ops": op_over, "nodes": node_over, "counts": counts,
                "stored": stored}
     meta = dict(section.metadata)
@@ -323,13 +477,15 @@ def apply_policy(section: GraphSection, ops: Registry, *, table: Mapping | None 
 
 
 def policy_pass(doc: Document, *, table=None, ops=None, nodes=None, master=DEFAULT_MASTER, store=True,
-                registry=None) -> Document:
+                attention=True, registry=None) -> Document:
     """Pass ``memory.policy``. ``registry``: an op registry (default: the installed plugins');
-    ``store=False`` keeps the attributes only (no casts: operands rounded inside the bodies)."""
+    ``store=False`` keeps the attributes only (no casts: operands rounded inside the bodies);
+    ``attention=False`` stores matmul operands only (attention keeps FP32 storage and rounds in its
+    bodies: the mma.sync path, not the ring's wgmma bodies)."""
     if registry is None:
         from latch_core.plugins import registries
 
         registry = registries().ops
     section, _ = apply_policy(doc.graph, registry, table=table, ops_table=ops, nodes=nodes, master=master,
-                              store=bool(store))
+                              store=bool(store), attention=bool(attention))
     return attrs.evolve(doc, graph=section)
