@@ -37,7 +37,8 @@ export PYTHONUNBUFFERED=1
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 say() { echo "== [gpu_check ${SECONDS}s] $*"; }
-# LATCH_GPU_ONLY=matmul,pingpong,memory,attention,copies,examples,readme,pytest,sanitizer,dense,denseprof,moe,profile,full,lmhead,bench runs only the steps named (default: all).
+# LATCH_GPU_ONLY=matmul,pingpong,memory,attention,copies,examples,attn64,readme,pytest,sanitizer,dense,denseprof,moe,profile,full,fullprof,lmhead,bench
+# runs only the steps named (default: all; fullprof: the full TinyMoE-200M's profile without its timing step).
 want() { [ -z "${LATCH_GPU_ONLY:-}" ] || [[ ",${LATCH_GPU_ONLY}," == *",$1,"* ]]; }
 row() { echo "$*" >> "$SUMMARY"; }
 
@@ -241,6 +242,16 @@ run_example 120 mlp barrier 5 --no-policy --set microbatches=4 --dir "$WORK/buil
 run_example 100 mlp dataflow 5 --no-policy --set microbatches=4 --dir "$WORK/build/mlp-k4-dataflow"
 fi  # examples
 
+# ---- the ring's wgmma attention inside a model, gated (LATCH_GPU_ONLY=attn64): head dim 64 (d_model 128,
+# 2 heads), where memory.policy stores attention in BF16 and the lowering picks the wgmma bodies (the
+# examples step's small models have head dim 16: SIMT attention). Own build directories and logs.
+if want attn64; then
+run_example 150 transformer barrier 10 --policy --set d_model=128 --set heads=2 --set seq=128 --set layers=2 \
+    --dir "$WORK/build/transformer-d64"
+run_example 150 tinymoe barrier 10 --policy --routing --set vocab=256 --set d_model=128 --set layers=2 --set heads=2 \
+    --set experts=4 --set expert_hidden=32 --set seq=128 --set device=cpu --dir "$WORK/build/tinymoe-d64"
+fi
+
 if want readme; then
 say "README's main command on the GPU"
 timeout 150 "$PY" -m latch_core.cli compile examples/mlp.py --target gpu --steps 2 \
@@ -397,7 +408,7 @@ run_profile "${LATCH_GPU_DENSEPROF_S:-300}" dense-barrier transformer --schedule
 fi
 TIMING_S=150  # what the full TinyMoE-200M timing step below takes (capture + build twice + bench)
 LEFT=$(( ${LATCH_GPU_BUDGET_S:-570} - SECONDS - TIMING_S ))
-if want full && [ "${LATCH_GPU_FULL:-1}" = 1 ] && [ "$LEFT" -gt 60 ]; then
+if { want full || want fullprof; } && [ "${LATCH_GPU_FULL:-1}" = 1 ] && [ "$LEFT" -gt 60 ]; then
     run_profile "$LEFT" tinymoe-200M-barrier tinymoe --scheduler barrier --policy --updates 2 \
         --trace-dir "$OUT/timeline-tinymoe"
     # ~100k tasks: the trace can pass the 16 MiB a returned file may have; Perfetto opens it gzipped

@@ -618,6 +618,9 @@ def generate(doc: Document, *, bodies_per_unit: int | None = None, jobs: int | N
     if missing:
         raise CodegenError(f"code generation needs the sections graph, schedule and memory; the document lacks "
                            f"{sorted(missing)}: run the stages that produce them first")
+    from .lower_attention import kernel_defaults
+
+    doc = kernel_defaults(doc)  # the attention forward's default body, chosen for the whole kernel
     lowerings = _lowerings(regs)
     ops = _op_specs(regs)
     ext_list = external_buffers(doc)

@@ -130,6 +130,40 @@ def wgmma_forward(ctx: BodyContext) -> bool:
     return why is None
 
 
+def kernel_defaults(doc):
+    """The document with the forward's default body chosen for the whole kernel: where any program
+    runs the wgmma backward (BF16 storage, equal head dims 64 or 128, no ``attention_body`` asking
+    otherwise), every forward left at the default takes the mma.sync body (``attention_body="mma"``).
+
+    Why: ptxas serialises every wgmma of the kernel (C7511, "insufficient register resources for the
+    wgmma pipeline in the function 'latch_kernel'": each HGMMA then waits for the one before, the
+    products' too) when a model's kernel inlines both wgmma attention bodies beside its other
+    bodies: found on the CPU (nvcc 13.0) for TinyMoE-200M and for the dense transformer at head
+    dim 64 once memory.policy stored attention in BF16; either wgmma body alone beside the same
+    bodies compiles pipelined (results/lead7.md). The backward is the larger (run 26: 3,072 tasks of
+    92 us on the mma.sync body), so it keeps the ring. A forward that asks for ``"wgmma"`` keeps it."""
+    import attrs as _attrs
+
+    def wgmma_bwd(g, n) -> bool:
+        if n.op != "latch::sdpa_backward" or n.attr("attention_body") in ("mma", "simt"):
+            return False
+        go, _glse, q, k, v, o, lse = (None if x is None else g.value(x) for x in n.inputs)
+        if any(t is None for t in (go, q, k, v, o, lse)):
+            return False
+        return (all(t.dtype == "bf16" for t in (go, q, k, v, o)) and lse.dtype == "f32"
+                and q.shape[3] == k.shape[3] == v.shape[3] and q.shape[3] in MMA_HEADS)
+
+    progs = list(doc.graph.programs)
+    if not any(wgmma_bwd(g, n) for g in progs for n in g.nodes):
+        return doc
+    out = []
+    for g in progs:
+        nodes = [_attrs.evolve(n, attrs=dict(n.attr_dict, attention_body="mma"))
+                 if n.op == "latch::sdpa" and n.attr("attention_body") is None else n for n in g.nodes]
+        out.append(_attrs.evolve(g, nodes=nodes))
+    return _attrs.evolve(doc, graph=_attrs.evolve(doc.graph, programs=out))
+
+
 def _wgmma_dims(ctx: BodyContext):
     q, k, _ = _qkv(ctx)
     B, H, Tq, D = q.shape

@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 
 from latch_core.ir import Graph
-from latch_core.registry import Registry
+from latch_core.registry import NORM, Registry
 from latch_core.sections import Access, FusionGroup
 
 from .boxes import Box, BoxIndex, MultiIndex, full_box, hull, volume
@@ -226,7 +226,24 @@ def group_cost(graph: Graph, plan: GroupPlan, ops: Registry | None, cost: CostMo
     internal = sum(graph.value(v).nbytes for v in plan.internal)
     boundary = sum(graph.value(v).nbytes for v in plan.inputs) + sum(graph.value(v).nbytes for v in plan.outputs)
     nbytes = max(nbytes - inner_reads - internal, min(nbytes, boundary))
-    return cost.seconds(flops, mma, nbytes)
+    return max(cost.seconds(flops, mma, nbytes), row_latency(graph, plan, ops, cost))
+
+
+ROW_BODIES = frozenset({"latch::token_topk"})  # warp-per-row bodies without the norm tag
+
+
+def row_latency(graph: Graph, plan: GroupPlan, ops: Registry | None, cost: CostModel) -> float:
+    """The latency floor of a group holding a row body (a warp per row, ``CostModel.row_latency``
+    per row, ``rows_in_flight`` rows at a time per SM): its rows, the primary output's elements over
+    its last dim, are the work, so a short-rowed op spreads over the SMs instead of sitting on a few
+    while the others wait at the barrier (run 26: the router's softmax and top-k)."""
+    rows = 0
+    for n in plan.nodes:
+        spec = _spec(ops, n.op)
+        if n.op in ROW_BODIES or (spec is not None and NORM in spec.tags):
+            shape = graph.value(n.outputs[0]).shape
+            rows = max(rows, math.prod(shape[:-1]) if len(shape) > 1 else 1)
+    return rows * cost.row_latency / cost.rows_in_flight
 
 
 def build(graph: Graph, ops: Registry | None, *, fuse_ops: bool = True, num_sms: int = 132,

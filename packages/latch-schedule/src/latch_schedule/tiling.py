@@ -98,6 +98,13 @@ class CostModel:
     # forward 89 us where the model said 12.3 us (0.14), the backward 86 us against 20.5 (0.24): the
     # attention of 8 layers 1.4 ms against a modelled 0.26. Update these from the next measurement.
     mma_op_eff: tuple[tuple[str, float], ...] = (("latch::sdpa", 0.14), ("latch::sdpa_backward", 0.24))
+    # Row bodies (a warp per row: the norm-tagged ops, token_topk) walk their rows one after another,
+    # each row a chain of dependent loads and shuffles: a short row costs its latency, not its bytes.
+    # Measured (results/gpu.md run 26, H200, TinyMoE-200M's router at 2 x 1024 tokens, 16 experts):
+    # softmax in 5 tasks of 410 rows took 72 us a task (the model said 2.6), token_topk in 3 tasks of
+    # 683 rows ~110 us: ~1.4 us per row per warp, 8 warps per SM; the other 131 SMs waited.
+    row_latency: float = 1.4e-6
+    rows_in_flight: int = 8  # warps of one 256-thread worker, each on its own row
 
     def mma_efficiency(self, bn: int) -> float:
         eff = self.mma_eff[0][1]
