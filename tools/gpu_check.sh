@@ -248,8 +248,10 @@ fi  # examples
 if want attn64; then
 run_example 150 transformer barrier 10 --policy --set d_model=128 --set heads=2 --set seq=128 --set layers=2 \
     --dir "$WORK/build/transformer-d64"
+if [ "${LATCH_GPU_ATTN64_MOE:-1}" = 1 ]; then  # LATCH_GPU_ATTN64_MOE=0: the transformer alone
 run_example 150 tinymoe barrier 10 --policy --routing --set vocab=256 --set d_model=128 --set layers=2 --set heads=2 \
     --set experts=4 --set expert_hidden=32 --set seq=128 --set device=cpu --dir "$WORK/build/tinymoe-d64"
+fi
 fi
 
 if want readme; then
@@ -266,8 +268,12 @@ if want pytest; then
 say "pytest -m gpu"
 # --maxfail: a device fault poisons the CUDA context, and every later test fails slowly after it;
 # stopping early leaves the time for pytest to print the first failures' tracebacks.
+# LATCH_GPU_PYTEST_FILES: the test paths (default: every package and tests/); LATCH_GPU_PYTEST_K: a -k expression
+read -r -a PYTEST_FILES <<< "${LATCH_GPU_PYTEST_FILES:-packages tests}"
+PYTEST_K=()
+[ -n "${LATCH_GPU_PYTEST_K:-}" ] && PYTEST_K=(-k "$LATCH_GPU_PYTEST_K")
 timeout "${LATCH_GPU_PYTEST_S:-200}" "$PY" -m pytest -m gpu -q -p no:cacheprovider --continue-on-collection-errors \
-    --maxfail="${LATCH_GPU_PYTEST_MAXFAIL:-5}" packages tests \
+    --maxfail="${LATCH_GPU_PYTEST_MAXFAIL:-5}" "${PYTEST_FILES[@]}" "${PYTEST_K[@]}" \
     --deselect "packages/latch-check/tests/test_gpu_compare.py::test_gates_over_ten_updates" \
     --deselect "packages/latch-check/tests/test_routing_gpu.py::test_tinymoe_bf16_with_routing_passes_its_gates_on_the_gpu" \
     --deselect "packages/latch-check/tests/test_gpu_attention.py" \
