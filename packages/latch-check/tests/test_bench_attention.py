@@ -88,7 +88,9 @@ def test_wgmma_forward_document_compiles_with_the_ring(tmp_path, monkeypatch):
     plain = build(BA.plan_document(BA.attention_document(cases), 132), tmp_path / "plain")
     assert dict(plain.build.stats)["cached"] == "no"  # a real compile of the plain document, not a cache hit
     man = json.loads((tmp_path / "plain" / "manifest.json").read_text())
-    assert sum(1 for b in man["bodies"] if b["tensor_maps"] == 3) == 2, man["bodies"]
+    # defaults: the backwards stream on the ring (6 maps); beside them the forwards left at the
+    # default take mma.sync (lower_attention.kernel_defaults: ptxas C7511 in a model's kernel)
+    assert sum(1 for b in man["bodies"] if b["tensor_maps"] == 3) == 0, man["bodies"]
     assert sum(1 for b in man["bodies"] if b["tensor_maps"] == 6) == 2, man["bodies"]
 
 

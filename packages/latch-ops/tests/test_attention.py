@@ -329,3 +329,32 @@ def test_grouped_query_math_matches_torch(causal):
                                     (q[:1, :4, :4, :3].detach().clone().requires_grad_(),
                                      k[:1, :2, :4, :3].detach().clone().requires_grad_(),
                                      v[:1, :2, :4, :2].detach().clone().requires_grad_()))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_forward_tiles_weigh_the_keys_they_visit(causal):
+    """Under causal a block of query rows visits the keys up to its last row: the tiling's weight
+    says so, and the scheduler shares the op's cost out by it (run 26: the last block of a head
+    costs ~8x the first, so equal shares let one SM take two long tiles while others idle)."""
+    tasks = pytest.importorskip("latch_schedule.tasks")
+    from latch_core.ir import Graph, Group, Node, Value
+    from latch_core.plugins import registries
+
+    q, k, v = _qkv(B=1, H=2, Tq=512, Tk=512, D=64, Dv=64)
+    attrs = {"causal": causal, "scale": 0.125}
+    types = [A.latch_type(t) for t in (q, k, v)]
+    spec = _spec(A.SDPA)
+    tiling = spec.extra["tiling"](types, spec.check(types, attrs), attrs)
+    boxes = _all_boxes(tiling, types[0].shape)
+    w = [tiling.weight(b) for b in boxes if b[1] == (0, 1)]
+    if causal:
+        assert w == sorted(w) and w[-1] == w[0] * (512 // A.QUERY_TILE)  # rows 0..127 see 128 keys, the last 512
+    else:
+        assert len(set(w)) == 1
+    qs = (1, 2, 512, 64)
+    values = [Value(n, qs, "bf16", "batch") for n in "qkv"] + [Value("o", qs, "bf16"), Value("lse", qs[:3], "f32")]
+    g = Graph("p", values, [Node("att", A.SDPA, ("q", "k", "v"), ("o", "lse"), attrs)], [Group("batch", ["q", "k", "v"])],
+              [Group("out", ["o", "lse"])])
+    tg = tasks.build(g, registries().ops, num_sms=8)
+    costs = [c for c, t in zip(tg.cost, tg.tiles) if t[1] == (0, 1)]
+    assert (costs == sorted(costs) and costs[-1] > 3 * costs[0]) if causal else len(set(costs)) == 1

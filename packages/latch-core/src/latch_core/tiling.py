@@ -13,7 +13,7 @@ touches: the validator and the arena simulator trust them.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import attrs
 
@@ -35,6 +35,10 @@ class Tiling:
     # ("m", G): N-major, G row blocks fastest; ("n", G): row-major within groups of G column blocks;
     # () for plain row-major. latch_schedule.tiling.raster chooses it.
     raster: tuple = attrs.field(default=(), converter=tuple)
+    # the relative work of a tile (its box of the primary output -> a positive number), where tiles
+    # of one op differ (causal attention: a block of query rows visits the keys up to its last row);
+    # None: proportional to the tile's volume. The scheduler shares the op's cost out by it.
+    weight: Callable[[Any], float] | None = attrs.field(default=None, eq=False)
 
     def granule_of(self, dim: int) -> int:
         if not self.granule:

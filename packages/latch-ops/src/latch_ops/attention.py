@@ -155,10 +155,10 @@ def group(q: TensorType, k: TensorType) -> int:
     return q.shape[1] // k.shape[1]
 
 
-def _tiling(split_dims, footprint, granule, kind):
+def _tiling(split_dims, footprint, granule, kind, weight=None):
     from latch_core.tiling import Tiling
 
-    return Tiling(split_dims, footprint, granule=granule, kind=kind)
+    return Tiling(split_dims, footprint, granule=granule, kind=kind, weight=weight)
 
 
 def kv_heads(h0: int, h1: int, g: int) -> tuple[int, int]:
@@ -190,7 +190,15 @@ def tiling_sdpa(in_types, out_types, attrs):
         ins = [(b, (h0, h1), (r0, r1), (0, q.shape[3])), (b, kh, keys, (0, k.shape[3])), (b, kh, keys, (0, v.shape[3]))]
         return ins, [box, (b, (h0, h1), (r0, r1))]
 
-    return _tiling((0, 1, 2), footprint, (1, 1, QUERY_TILE), "sdpa")
+    causal = bool(attrs.get("causal"))
+
+    def weight(box):
+        # keys a tile's rows visit: 0..r1-1 under causal (its last row's), all of them otherwise
+        b, (h0, h1), (r0, r1) = box[0], box[1], box[2]
+        keys = min(r1, Tk) if causal else Tk
+        return float((b[1] - b[0]) * (h1 - h0) * (r1 - r0) * max(keys, 1))
+
+    return _tiling((0, 1, 2), footprint, (1, 1, QUERY_TILE), "sdpa", weight)
 
 
 def tiling_sdpa_backward(in_types, out_types, attrs):

@@ -278,15 +278,19 @@ def build(graph: Graph, ops: Registry | None, *, fuse_ops: bool = True, num_sms:
         tiler = GroupTiler(graph, plan, ops, cost)
         seconds = group_cost(graph, plan, ops, cost)
         target = target_tiles(seconds, cost, num_sms)
-        boxes = split(tiler.shape, tiler.row_aligned(graph, target, num_sms), target)
-        total = max(1, volume(full_box(tiler.shape)))
-        for box in boxes:
+        tiling = tiler.row_aligned(graph, target, num_sms)
+        boxes = split(tiler.shape, tiling, target)
+        # each tile's share of the group's cost: its volume, or the tiling's weight where tiles of
+        # one op differ (causal attention), so the assignment balances what the SMs really do
+        share = [float(volume(b)) for b in boxes] if tiling.weight is None else [tiling.weight(b) for b in boxes]
+        total = sum(share) or 1.0
+        for box, part in zip(boxes, share):
             r, w = tiler.footprint(box)
             group_of.append(gi)
             tiles.append(box)
             reads.append(tuple(access(v, b) for v, b in r.items()))
             writes.append(tuple(access(v, b) for v, b in w.items()))
-            costs.append(seconds * volume(box) / total + cost.task_overhead)
+            costs.append(seconds * part / total + cost.task_overhead)
     depsets, depset_value, task_deps = _dependencies(graph, plans, group_of, reads, writes)
     tg = TaskGraph(graph.name, groups, plans, group_of, tiles, reads, writes, costs, depsets, depset_value,
                    task_deps, [])
