@@ -399,10 +399,8 @@ def store_attention(g: Graph, counts: dict) -> Graph:
         stats["attention_widening_casts"] += 1
 
     # results first (the backward then reads the forward's out as written), then the operand casts
-    for i, n in enumerate(nodes):
-        dt = low.get(n.name)
-        if dt is None:
-            continue
+    stored = [(i, n, low[n.name]) for i, n in enumerate(nodes) if n.name in low]
+    for i, n, dt in stored:
         for k in _LOW_OUT[n.op]:
             old = n.outputs[k]
             low_name = fresh_name(names, f"{old}.{dt}")
@@ -411,10 +409,7 @@ def store_attention(g: Graph, counts: dict) -> Graph:
             stats["attention_results_low"] += 1
             serve(old, low_name, i, dt, n.source, old)
     casts: dict[tuple[str, str], str] = {}
-    for i, n in enumerate(nodes):
-        dt = low.get(n.name)
-        if dt is None:
-            continue
+    for i, n, dt in stored:
         for j in _LOW_IN[n.op]:
             v = n.inputs[j]
             if (n.name, j) in repoint or values[v].dtype == dt:
