@@ -78,7 +78,7 @@ def _embedding_scalar(ctx: BodyContext) -> list[str]:
 # vectors before it stores any of them, so a task keeps ~LOADS_IN_FLIGHT 16-byte loads per thread in
 # flight (the H200 needs ~30-50 KB in flight per SM at its share of the bandwidth).
 ROW_MIN = 32  # elements of a full run below which the row path is not taken (a warp would idle lanes)
-LOADS_IN_FLIGHT = 8  # vector loads per lane issued before the stores (12 spills in a noinline body: ptxas, 01:50)
+LOADS_IN_FLIGHT = 8  # vector loads per lane issued before the stores (12 spill in the noinline body: ptxas)
 BLOCK_ROW_VECTORS = 1024  # a run of this many vectors (16 KB) or more is copied by the whole block
 
 
