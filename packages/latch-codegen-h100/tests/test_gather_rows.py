@@ -151,3 +151,29 @@ def test_the_row_path_moves_16_bytes_per_access_without_spills(tmp_path, cache):
     assert r.local_loads == 0, r
     # six row-path bodies: bf16 2 x 3 and f32 6 loads per unrolled step at least
     assert r.ldg128 >= 6 * 6 and r.stg128 >= 6 * 6, r
+
+
+def emb_backward_doc(tokens=(2, 700), D=64, V=40, pad=3, tiles=3, split="rows", seed_dup=True):
+    """embedding_backward over 1400 indices (two chunks of EMB_CHUNK) into a 40-row table: many
+    repeats per row, the padding row skipped."""
+    v = [Value("g", (*tokens, D), F, "batch"), Value("tok", tokens, I, "batch"), Value("dw", (V, D), F)]
+    g = H.graph("update", v, [("eb", "latch::embedding_backward", ("g", "tok"), ("dw",),
+                                {"num_weights": V, "padding_idx": pad})],
+                [("batch", ["g", "tok"])], [("metrics", ["dw"])])
+    return H.planned([g], tiles=tiles, split=split)
+
+
+def test_the_embedding_backward_walks_only_its_hits():
+    src = body_sources(generate(emb_backward_doc(), jobs=1))["eb"]
+    assert "__ballot_sync(0xffffffffu, t >= 0)" in src and "hit_[base_[s] + __popc(" in src
+    assert "for (int j0 = 0; j0 < m_; j0 += 8)" in src  # the walk is over the hits only
+    assert "atomic" not in src  # deterministic: no float atomics
+
+
+@needs_tools
+def test_the_embedding_backward_compiles_without_spills(tmp_path, cache):
+    for split in ("rows", "cols"):
+        out = tmp_path / split
+        build(emb_backward_doc(split=split), out, jobs=2, use_cache=False)
+        assert _function_spills((out / "build.log").read_text()) == []
+        assert sass_report(out / "program.so").local_loads == 0

@@ -98,3 +98,41 @@ def test_the_row_path_reports_an_index_out_of_range_with_its_task(op, tmp_path):
     assert torch.equal(out["y"], x[[0, 3, 10, 2, 1]])
     with pytest.raises(LaunchError, match=rf"task \d+ \(node gather, op {op}\) read index 99, outside \[0, 11\)"):
         prog.run({"x": x}, {}, {"idx": torch.tensor([0, 99, 1, 2, 3], device="cuda")})
+
+
+def _in_order_fp32(g, tok, V, pad):
+    """dW as the body must compute it: zeros, then grad row k added into row tok[k] in index order, each
+    add rounded to FP32 (the FP64 sum is the gate; this is the exact-bits check)."""
+    gf, tf = g.reshape(-1, g.shape[-1]).float(), tok.reshape(-1)
+    out = torch.zeros(V, g.shape[-1], dtype=torch.float32)
+    for k in range(tf.numel()):
+        t = int(tf[k])
+        if t != pad:
+            out[t] = out[t] + gf[k]
+    return out
+
+
+@pytest.mark.parametrize("split", ["rows", "cols"])
+def test_the_embedding_backward_sums_in_index_order_with_the_same_bits_every_run(split, tmp_path):
+    doc = R.emb_backward_doc(split=split)
+    build(doc, tmp_path)
+    prog = Program.load(tmp_path)
+    gen = torch.Generator().manual_seed(1)
+    g = torch.randn(2, 700, 64, generator=gen, dtype=torch.float64).float()
+    tok = torch.randint(0, 40, (2, 700), generator=gen)
+    runs = [prog.run_program("update", batch={"g": g.cuda(), "tok": tok.cuda()})["dw"].cpu() for _ in range(2)]
+    assert torch.equal(runs[0], runs[1])
+    assert torch.equal(runs[0], _in_order_fp32(g, tok, 40, 3))
+    keep = (tok != 3).reshape(-1)
+    ref = torch.zeros(40, 64, dtype=torch.float64).index_add_(0, tok.reshape(-1)[keep],
+                                                               g.double().reshape(-1, 64)[keep])
+    assert ((runs[0].double() - ref).norm() / ref.norm()).item() < 1e-6
+
+
+def test_the_embedding_backward_reports_an_index_out_of_range(tmp_path):
+    build(R.emb_backward_doc(), tmp_path)
+    prog = Program.load(tmp_path)
+    tok = torch.randint(0, 40, (2, 700))
+    tok[1, 5] = 40
+    with pytest.raises(LaunchError, match=r"op latch::embedding_backward\) read index 40, outside \[0, 40\)"):
+        prog.run_program("update", batch={"g": torch.randn(2, 700, 64, device="cuda"), "tok": tok.cuda()})
