@@ -1,7 +1,9 @@
 """Lowerings of the indexing ops (latch_ops/indexing.py).
 
 Gathers (embedding, gather, index_select) compute each output element of the tile from one input
-element chosen by an index. Scatters (scatter, scatter_add, index_add) fill
+element chosen by an index. index_select and embedding copy whole rows where the run after the
+indexed dim is long enough (the row path below: one index per row, 16-byte copies); gather (an
+index per element), short runs and tiles that split the run keep one element per thread. Scatters (scatter, scatter_add, index_add) fill
 the task's tile of the output (zeros or a copy of x), then walk every source element and apply the
 ones whose target falls inside the tile (atomically for the accumulating forms), so tiles of one
 scatter never write each other's bytes. An index outside its dimension is reported through the
@@ -72,13 +74,13 @@ def _embedding_scalar(ctx: BodyContext) -> list[str]:
 # after it are copied as one contiguous run of x. A group of G threads (a warp, or the whole block
 # for rows of 16 KB and more) copies a row: the index loaded once per row (a broadcast load, every
 # lane of the group the same address), the run in 16-byte vectors where both row starts are aligned
-# (a raw copy when x and out have one dtype, LDG/STG.128 through __ldcg/__stcg: the operands are
-# generic pointers, plain loads would be generic LD.128, and L2 is where other SMs' writes are seen; 4-element ld4/st4 with the conversion otherwise), the
-# scalar loop for the run's tail and for misaligned rows. Every lane issues the loads of RW rows x U
+# (a raw copy when x and out have one dtype, as LDG/STG.E.128 through __ldcg/__stcg: the operands
+# are generic pointers, so plain accesses compile to generic LD/ST.128, and .cg reads L2, where other
+# SMs' writes are seen; 4-element ld4/st4 with the conversion when the dtypes differ), the scalar loop for the run's tail and for misaligned rows. Every lane issues the loads of RW rows x U
 # vectors before it stores any of them, so a task keeps ~LOADS_IN_FLIGHT 16-byte loads per thread in
 # flight (the H200 needs ~30-50 KB in flight per SM at its share of the bandwidth).
 ROW_MIN = 32  # elements of a full run below which the row path is not taken (a warp would idle lanes)
-LOADS_IN_FLIGHT = 8  # vector loads per lane issued before the stores (12 spill in the noinline body: ptxas)
+LOADS_IN_FLIGHT = 8  # vector loads per lane issued before the stores (ptxas spills the noinline body at 12)
 BLOCK_ROW_VECTORS = 1024  # a run of this many vectors (16 KB) or more is copied by the whole block
 
 
