@@ -37,7 +37,7 @@ export PYTHONUNBUFFERED=1
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 say() { echo "== [gpu_check ${SECONDS}s] $*"; }
-# LATCH_GPU_ONLY=matmul,pingpong,memory,attention,copies,examples,attn64,readme,pytest,sanitizer,dense,denseprof,moe,profile,full,fullprof,lmhead,bench
+# LATCH_GPU_ONLY=matmul,pingpong,gather,memory,attention,copies,examples,attn64,readme,pytest,sanitizer,dense,denseprof,moe,profile,full,fullprof,lmhead,bench
 # runs only the steps named (default: all; fullprof: the full TinyMoE-200M's profile without its timing step).
 want() { [ -z "${LATCH_GPU_ONLY:-}" ] || [[ ",${LATCH_GPU_ONLY}," == *",$1,"* ]]; }
 row() { echo "$*" >> "$SUMMARY"; }
@@ -91,6 +91,20 @@ if want pingpong; then
     { echo "===== pingpong GPU test (exit $rc)"; cat "$WORK/pingpong.log"; } >> "$OUT/examples.log"
     tail -5 "$WORK/pingpong.log"
     row "  PINGPONG test_gpu_pingpong.py (exit $rc): $(tail -1 "$WORK/pingpong.log")"
+fi
+
+# The gathers' row path and the embedding backward's compacted walk (lower_indexing.py, results/ix.md):
+# every gather against FP64 and bit-exact, row path and scalar loop, ragged tiles, odd widths,
+# misaligned run starts, a converting gather, index errors; dW in index order, same bits twice
+# (LATCH_GPU_ONLY=gather; ~40 s). LATCH_GPU_ONLY=gather,full adds the TinyMoE-200M profile to time them.
+if want gather; then
+    say "gather GPU test"
+    LATCH_SPIN_TIMEOUT_S=5 timeout "${LATCH_GPU_GATHER_S:-150}" "$PY" -m pytest -q -m gpu \
+        packages/latch-codegen-h100/tests/test_gpu_gather.py -p no:cacheprovider > "$WORK/gather.log" 2>&1
+    rc=$?
+    { echo "===== gather GPU test (exit $rc)"; cat "$WORK/gather.log"; } >> "$OUT/examples.log"
+    tail -5 "$WORK/gather.log"
+    row "  GATHER test_gpu_gather.py (exit $rc): $(tail -1 "$WORK/gather.log")"
 fi
 
 # The matrix products of TinyMoE-200M's dense path as Latch tasks (TMA + wgmma bodies on the worker)
