@@ -1,6 +1,7 @@
 """The machine code of the LM head's cross-entropy bodies (latch_xent.cuh) at the TinyMoE-200M head
 (2048 x 49152): 16-byte global loads and stores (LDG.E.128 / STG.E.128, not the generic LD.E.128
-the Ctx pointers compile to in plain C++), 16 loads in flight per thread, no local memory, and no
+the Ctx pointers compile to in plain C++), 8 in flight per thread and bulk L2 prefetches of the next
+iterations, no local memory, and no
 64-bit division on the backward's address path (run 26's body called the udiv64 subroutine once per
 8 elements: 531 us per task against a 126 us model; results/ce.md). Needs nvcc and cuobjdump."""
 
@@ -35,10 +36,10 @@ def _calls(so) -> int:
     return len(re.findall(r"\bCALL\.REL\b", text))
 
 
-# (logits, dlogits) -> (16-byte loads, 16-byte stores) at least: the forward's and the backward's 16
-# in flight per thread (16 chunks of 8 BF16, 8 chunks of 8 FP32) and a forward tail load; a chunk's
-# BF16 dlogits one store, FP32 two.
-CASES = {("bf16", "bf16"): (33, 16), ("f32", "bf16"): (34, 8), ("f32", "f32"): (34, 16)}
+# (logits, dlogits) -> (16-byte loads, 16-byte stores) at least: 8 words in flight per thread in the
+# forward (8 chunks of 8 BF16, 4 of 8 FP32) and a tail chunk; the backward's 8 chunks of BF16, 3 of
+# FP32 (6 words); a chunk's BF16 dlogits one store, FP32 two.
+CASES = {("bf16", "bf16"): (17, 8), ("f32", "bf16"): (16, 3), ("f32", "f32"): (16, 6)}
 
 
 @needs_tools
@@ -53,6 +54,8 @@ def test_xent_bodies_move_16_bytes_per_access_without_spills_or_divisions(tmp_pa
     assert r.ldg128 >= loads and r.stg128 >= stores, r
     text = _run([find_cuobjdump(), "-sass", str(b / "program.so")])
     assert not re.search(r"\bLD\.E\.128\b|\bST\.E\.128\b", text), "generic 16-byte accesses: the asm paths are gone"
+    # the L2 prefetches of the next iterations (cp.async.bulk.prefetch.L2): the forward's, the backward's
+    assert len(re.findall(r"\bUBLKPF\.L2\b", text)) >= 2, "no bulk L2 prefetch"
     # no local memory beyond the out-of-line bodies' call context (as test_sass's products)
     assert r.local_loads == 0 and r.local_stores <= 16, r
     # two body calls and the scale's float-division slow path; run 26's backward added five calls

@@ -157,10 +157,33 @@ template <class T> __host__ __device__ constexpr bool xent_vec_type() {
   return std::is_same<T, __nv_bfloat16>::value || std::is_same<T, __half>::value || std::is_same<T, float>::value;
 }
 
-// Bytes in flight: XENT_WORDS 16-byte loads per thread before any math (16 x 16 B x 256 consumer
-// threads = 64 KiB per SM; runs 14 and 26 measured 8 and 16 KiB at ~7 and ~13 GB/s per SM:
-// latency-bound, where 4.27 TB/s over 128 SMs needs 33 GB/s each).
-constexpr int XENT_WORDS = 16;
+// Bytes in flight: XENT_WORDS 16-byte loads per thread before any math (8 x 16 B x 256 consumer
+// threads = 32 KiB per SM; 16 spill once a kernel holds several of these bodies), plus L2
+// prefetches (cp.async.bulk.prefetch.L2: no registers) of the next XENT_AHEAD iterations' bytes, so
+// that ~96 KiB per SM are on their way from HBM. Runs 14 and 26 measured 8 and 16 KiB in flight at
+// ~7 and ~13 GB/s per SM (latency-bound), where 4.27 TB/s over 128 SMs needs 33 GB/s each.
+constexpr int XENT_WORDS = 8;
+constexpr int XENT_AHEAD = 2;
+
+// A hint: bytes [p, p + bytes) into L2 (p and bytes multiples of 16). Coherent: L2 is where every
+// SM's writes meet, so a prefetched line is never stale.
+__device__ __forceinline__ void xent_prefetch_l2(const void* p, long long bytes) {
+  if (bytes > 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((unsigned)bytes) : "memory");
+}
+
+// The L2 prefetch of the tile's flat chunks [a, b) (chunk i: row i / runs, chunk i % runs of it;
+// rows of V elements from x, the tile's columns from c0): one bulk prefetch per row segment, the
+// segments over the consumer threads.
+template <class T>
+__device__ __forceinline__ void xent_prefetch_chunks(const T* x, long long V, long long r0, long long c0, int runs,
+                                                     long long a, long long b) {
+  if (a >= b) return;  // past the tile; else both below 2^31 (the vector path's guard): 32-bit division
+  const int ai = (int)a, bi = (int)b, ra = ai / runs, rb = (bi - 1) / runs;
+  for (int row = ra + (int)threadIdx.x; row <= rb; row += LATCH_THREADS) {
+    const int s = row == ra ? ai - ra * runs : 0, e = row == rb ? bi - rb * runs : runs;
+    xent_prefetch_l2(x + (r0 + row) * V + c0 + 8LL * s, 16LL * (e - s) * Raw8<T>::W);
+  }
+}
 
 template <class T, class Acc>
 __device__ __forceinline__ void xent_row_stats(const T* x, long long V, Acc& m, Acc& s) {
@@ -174,7 +197,15 @@ __device__ __forceinline__ void xent_row_stats(const T* x, long long V, Acc& m, 
       constexpr int U = XENT_WORDS / Raw8<T>::W;  // chunks of 8 per lane in flight
       const int n8 = (int)(V / 8);
       int j = lane;
+      // lane 0 prefetches the warp's next iterations (32 U chunks each) into L2
+      auto ahead = [&](int from) {
+        if (lane == 0 && from < n8)
+          xent_prefetch_l2(x + 8LL * from, 16LL * Raw8<T>::W * ((from + 32 * U < n8 ? from + 32 * U : n8) - from));
+      };
+#pragma unroll
+      for (int a = 1; a < XENT_AHEAD; ++a) ahead(32 * U * a);
       for (; j + 32 * (U - 1) < n8; j += 32 * U) {
+        ahead(j - lane + 32 * U * XENT_AHEAD);
         Raw8<T> u[U];
 #pragma unroll
         for (int q = 0; q < U; ++q) u[q].load(x + 8LL * (j + 32 * q));
@@ -241,10 +272,11 @@ __device__ __forceinline__ void cross_entropy_grad_tile(const TS* grad, const T*
   bool vec = false;
   if constexpr (xent_vec_type<T>() && xent_vec_type<TO>() && std::is_same<Acc, float>::value) {
     vec = xent_vec_ok(x, V) && xent_vec_ok(dx, V) && (c0 % 8 == 0) && (width % 8 == 0) &&
-          (r1 - r0) * (width / 8) < (1LL << 31) - 2LL * LATCH_THREADS * XENT_WORDS;
+          (r1 - r0) * (width / 8) < (1LL << 31) - (XENT_AHEAD + 2LL) * LATCH_THREADS * XENT_WORDS;
   }
   if (vec) {
-    constexpr int U = XENT_WORDS / Raw8<T>::W;
+    // FP32 logits: 3 chunks (6 words), not 4: with 4 the FP32 bodies spilled in a kernel of 14 bodies
+    constexpr int U = Raw8<T>::W == 1 ? XENT_WORDS : 3;
     const int runs = (int)(width / 8), rows = (int)(r1 - r0);
     const float sc = (float)scale;
     // the cursor of chunk threadIdx.x: (rr, cc) = divmod(threadIdx.x, runs)
@@ -257,40 +289,54 @@ __device__ __forceinline__ void cross_entropy_grad_tile(const TS* grad, const T*
         c -= d * runs;
       }
     };
+    const long long total_chunks = (long long)rows * runs, per_iter = (long long)U * LATCH_THREADS;
+    for (int a = 1; a < XENT_AHEAD; ++a)
+      xent_prefetch_chunks(x, V, r0, c0, runs, a * per_iter, min(total_chunks, (a + 1) * per_iter));
+    long long base = 0;  // the flat index of this iteration's first chunk (thread 0's)
+    int cur = -1;        // the row whose target and lse are held
+    bool ok = false;
+    long long tcol = -1;
+    float nl = 0.f;
     while (rr < rows) {
+      {
+        const long long a = base + XENT_AHEAD * per_iter;
+        xent_prefetch_chunks(x, V, r0, c0, runs, a, min(total_chunks, a + per_iter));
+        base += per_iter;
+      }
+      // in flight per chunk only its words; the row's target and lse are loaded where the row
+      // changes (rarely: a thread's chunks are LATCH_THREADS apart, rows are runs long), from L1
+      // mostly, so they hold 4 registers, not 3 a chunk (which spilled with several bodies)
       Raw8<T> u[U];
-      int qr[U], qc[U];
-      long long t[U];
-      float l[U];
       int r = rr, c = cc;
 #pragma unroll
       for (int q = 0; q < U; ++q) {
-        qr[q] = r;
-        qc[q] = c;
-        if (r < rows) {
-          const long long row = r0 + r;
-          u[q].load(x + row * V + c0 + 8LL * c);
-          t[q] = (long long)target[row];
-          l[q] = (float)ld<TS>(lse, row);
-        }
+        if (r < rows) u[q].load(x + (r0 + r) * V + c0 + 8LL * c);
         step(r, c);
       }
-      rr = r;
-      cc = c;
+      r = rr;
+      c = cc;
 #pragma unroll
       for (int q = 0; q < U; ++q) {
-        if (qr[q] >= rows) break;
-        const long long row = r0 + qr[q], j0 = c0 + 8LL * qc[q];
-        const bool ok = t[q] != ignore_index;
-        const unsigned long long off = (unsigned long long)(t[q] - j0);
+        if (r >= rows) break;
+        if (r != cur) {
+          cur = r;
+          const long long tt = (long long)target[r0 + r];
+          ok = tt != ignore_index;
+          tcol = ok ? tt - c0 : -1;  // in [0, width) when the target is in this tile's columns
+          nl = xent_neg_scale((float)ld<TS>(lse, r0 + r));
+        }
+        const long long row = r0 + r, j0 = 8LL * c;
+        const unsigned long long off = (unsigned long long)(tcol - j0);
         const int hit = off < 8ULL ? (int)off : 8;  // the target's place in this chunk, 8: not here
-        const float nl = xent_neg_scale(l[q]);
         float f[8];
         u[q].to_float(f);
 #pragma unroll
         for (int k = 0; k < 8; ++k) f[k] = ok ? (xent_exp(f[k], nl) - (k == hit ? 1.f : 0.f)) * sc : 0.f;
-        xent_store8<TO>(dx + row * V + j0, f);
+        xent_store8<TO>(dx + row * V + c0 + j0, f);
+        step(r, c);
       }
+      rr = r;  // U steps on, or past the tile's last row where the loop broke
+      cc = c;
     }
     return;
   }
