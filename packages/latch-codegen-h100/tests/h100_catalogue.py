@@ -83,6 +83,13 @@ ex("cross_entropy_backward", [((), F), ((6, 40), "bf16"), ((6,), "i64"), ((6,), 
    reduction="mean", out_dtype="bf16")
 ex("cross_entropy_backward", [((), F), ((5, 37), F), ((5,), "i64"), ((5,), F), ((), F)], ignore_index=-100,
    reduction="sum")
+# the 16-byte paths of FP32 and FP16 logits and of mixed logits / dlogits dtypes (latch_xent.cuh)
+ex("cross_entropy", [((7, 48), F), ((7,), "i64")], ignore_index=-100)
+ex("cross_entropy", [((7, 48), "f16"), ((7,), "i64")], ignore_index=-100)
+ex("cross_entropy_backward", [((), F), ((7, 48), F), ((7,), "i64"), ((7,), F), ((), F)], ignore_index=-100,
+   reduction="mean", out_dtype="bf16")
+ex("cross_entropy_backward", [((), F), ((7, 48), "bf16"), ((7,), "i64"), ((7,), F), ((), F)], ignore_index=-100,
+   reduction="sum", out_dtype="f32")
 ex("layer_norm", [((3, 4, 16), F), ((16,), F), ((16,), F)], normalized_ndim=1, eps=1e-5)
 ex("layer_norm_backward", [((3, 16), F), ((3, 16), F), ((3, 1), F), ((3, 1), F), ((16,), F), ((16,), F)],
    normalized_ndim=1, output_mask=(True, True, True))

@@ -4,11 +4,14 @@
 //   cross_entropy_row:      one warp, one row: online (max, sum exp) over V, then lse, the target's
 //                           nll and the valid flag (lane 0 writes them). Deterministic: each lane
 //                           walks its columns in order, the warp combines in a fixed butterfly.
-//   cross_entropy_grad_tile: every consumer thread, 8 consecutive elements of the tile at a time:
+//   cross_entropy_grad_tile: the consumer threads over the tile's chunks of 8 elements:
 //                           (exp(x - lse) - onehot) * scale, or 0 on an ignored row.
-// BF16 logits with rows a multiple of 8 long and 16-byte aligned take 16-byte vector loads and
-// stores; anything else the scalar path. Plain (coherent) loads, never ld.global.nc: the logits are
-// written earlier in the same launch, into arena bytes that may have held another value before. Statistics in Acc (float; double for f64 logits).
+// BF16, FP16 or FP32 logits (and dlogits) with rows a multiple of 8 long and 16-byte aligned take
+// 16-byte global loads and stores, 16 loads in flight per thread (64 KiB per SM: the bytes in
+// flight HBM needs; results/ce.md); anything else a coalesced scalar path. Plain (coherent) loads,
+// never ld.global.nc: the logits are written earlier in the same launch, into arena bytes that may
+// have held another value before. Statistics in Acc (float; double for f64 logits); the float exp
+// is ex2.approx of one FMA (xent_exp).
 #pragma once
 
 #include <type_traits>
@@ -17,15 +20,32 @@
 
 namespace latch {
 
+// exp(v - l) for the float paths as one FFMA and one MUFU.EX2: ex2.approx(v * log2e - l * log2e).
+// Relative error ~2^-22 (the FMA rounds once, ex2.approx is within 2 ulp): far under BF16's 2^-9 and
+// the FP32 gate (1e-5 relative L2); torch's own CUDA softmax uses the same instruction. Results
+// below 2^-126 flush to 0. Double stays ::exp. ``nl`` is -l * log2e, computed once per row.
+__device__ __forceinline__ float xent_ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+constexpr float XENT_LOG2E = 1.4426950408889634f;
+__device__ __forceinline__ float xent_exp(float v, float nl) { return xent_ex2(fmaf(v, XENT_LOG2E, nl)); }
+__device__ __forceinline__ double xent_exp(double v, double nl) { return ::exp(v + nl); }
+template <class Acc> __device__ __forceinline__ Acc xent_neg_scale(Acc l) {
+  if constexpr (std::is_same<Acc, float>::value) return -l * XENT_LOG2E;
+  else return -l;
+}
+
 template <class Acc>
 __device__ __forceinline__ void xent_online(Acc v, Acc& m, Acc& s) {
   if (v != v) {
     m = v;  // NaN poisons the row, as in torch
   } else if (v > m) {
-    s = s * ew::exp_(m - v) + Acc(1);
+    s = s * xent_exp(m, xent_neg_scale(v)) + Acc(1);
     m = v;
   } else if (v != lowest<Acc>()) {
-    s += ew::exp_(v - m);
+    s += xent_exp(v, xent_neg_scale(m));
   }
 }
 
@@ -36,12 +56,13 @@ __device__ __forceinline__ void xent_online8(const float* f, float& m, float& s)
 #pragma unroll
   for (int k = 1; k < 8; ++k) cm = fmaxf(cm, f[k]);
   if (cm > m) {
-    s = m == lowest<float>() ? 0.f : s * ew::exp_(m - cm);
+    s = m == lowest<float>() ? 0.f : s * xent_exp(m, xent_neg_scale(cm));
     m = cm;
   }
   if (m == lowest<float>()) return;  // every value so far is -inf: nothing to add
+  const float nm = xent_neg_scale(m);
 #pragma unroll
-  for (int k = 0; k < 8; ++k) s += ew::exp_(f[k] - m);
+  for (int k = 0; k < 8; ++k) s += xent_exp(f[k], nm);
 }
 
 template <class Acc>
@@ -51,7 +72,8 @@ __device__ __forceinline__ void xent_combine(Acc& m, Acc& s, Acc m2, Acc s2) {
     return;
   }
   const Acc mm = m > m2 ? m : m2;
-  s = (m == lowest<Acc>() ? Acc(0) : s * ew::exp_(m - mm)) + (m2 == lowest<Acc>() ? Acc(0) : s2 * ew::exp_(m2 - mm));
+  const Acc nm = xent_neg_scale(mm);
+  s = (m == lowest<Acc>() ? Acc(0) : s * xent_exp(m, nm)) + (m2 == lowest<Acc>() ? Acc(0) : s2 * xent_exp(m2, nm));
   m = mm;
 }
 
@@ -59,30 +81,107 @@ __device__ __forceinline__ bool xent_vec_ok(const void* p, long long n) {
   return ((reinterpret_cast<uintptr_t>(p) & 15) == 0) && (n % 8 == 0);
 }
 
-// Unpack 8 bf16 held in a uint4 to floats.
-__device__ __forceinline__ void bf16x8_to_float(const uint4& u, float* f) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+// 16-byte global accesses. The pointers reach a body as generic addresses (Ctx::ops), so plain C++
+// compiles to generic LD.E.128 / ST.E.128; these are LDG.E.128 / STG.E.128. Coherent (no .nc): the
+// logits are written earlier in the same launch. Not volatile: the compiler may batch them.
+__device__ __forceinline__ uint4 xent_ldg16(const void* p) {
+  uint4 u;
+  asm("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w) : "l"(p) : "memory");
+  return u;
+}
+__device__ __forceinline__ void xent_stg16(void* p, const uint4& u) {
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(u.x), "r"(u.y), "r"(u.z), "r"(u.w) : "memory");
+}
+
+// Eight consecutive elements of T as raw 16-byte words: one for 16-bit types, two for float.
+template <class T> struct Raw8 {
+  static constexpr int W = sizeof(T) / 2;
+  uint4 w[W];
+  __device__ __forceinline__ void load(const T* p) {
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float2 v = __bfloat1622float2(h[k]);
-    f[2 * k] = v.x;
-    f[2 * k + 1] = v.y;
+    for (int k = 0; k < W; ++k) w[k] = xent_ldg16(reinterpret_cast<const char*>(p) + 16 * k);
+  }
+  __device__ __forceinline__ void to_float(float* f) const {
+    if constexpr (std::is_same<T, float>::value) {
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        f[4 * k] = __uint_as_float(w[k].x);
+        f[4 * k + 1] = __uint_as_float(w[k].y);
+        f[4 * k + 2] = __uint_as_float(w[k].z);
+        f[4 * k + 3] = __uint_as_float(w[k].w);
+      }
+    } else if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&w[0]);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 v = __bfloat1622float2(h[k]);
+        f[2 * k] = v.x;
+        f[2 * k + 1] = v.y;
+      }
+    } else {
+      const __half2* h = reinterpret_cast<const __half2*>(&w[0]);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 v = __half22float2(h[k]);
+        f[2 * k] = v.x;
+        f[2 * k + 1] = v.y;
+      }
+    }
+  }
+};
+
+// Eight floats stored as TO at p (16-byte aligned): one 16-byte store for 16-bit TO, two for float.
+template <class TO>
+__device__ __forceinline__ void xent_store8(TO* p, const float* f) {
+  if constexpr (std::is_same<TO, float>::value) {
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+      xent_stg16(p + 4 * k, make_uint4(__float_as_uint(f[4 * k]), __float_as_uint(f[4 * k + 1]),
+                                       __float_as_uint(f[4 * k + 2]), __float_as_uint(f[4 * k + 3])));
+  } else {
+    uint4 o;
+    if constexpr (std::is_same<TO, __nv_bfloat16>::value) {
+      __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
+    } else {
+      __half2* h = reinterpret_cast<__half2*>(&o);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) h[k] = __floats2half2_rn(f[2 * k], f[2 * k + 1]);
+    }
+    xent_stg16(p, o);
   }
 }
 
-// 8 16-bit floats held in a uint4, as floats.
+template <class T> __host__ __device__ constexpr bool xent_vec_type() {
+  return std::is_same<T, __nv_bfloat16>::value || std::is_same<T, __half>::value || std::is_same<T, float>::value;
+}
+
+// Bytes in flight: XENT_WORDS 16-byte loads per thread before any math (8 x 16 B x 256 consumer
+// threads = 32 KiB per SM; 16 spill once a kernel holds several of these bodies), plus L2
+// prefetches (cp.async.bulk.prefetch.L2: no registers) of the next XENT_AHEAD iterations' bytes, so
+// that ~96 KiB per SM are on their way from HBM. Runs 14 and 26 measured 8 and 16 KiB in flight at
+// ~7 and ~13 GB/s per SM (latency-bound), where 4.27 TB/s over 128 SMs needs 33 GB/s each.
+constexpr int XENT_WORDS = 8;
+constexpr int XENT_AHEAD = 2;
+
+// A hint: bytes [p, p + bytes) into L2 (p and bytes multiples of 16). Coherent: L2 is where every
+// SM's writes meet, so a prefetched line is never stale.
+__device__ __forceinline__ void xent_prefetch_l2(const void* p, long long bytes) {
+  if (bytes > 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((unsigned)bytes) : "memory");
+}
+
+// The L2 prefetch of the tile's flat chunks [a, b) (chunk i: row i / runs, chunk i % runs of it;
+// rows of V elements from x, the tile's columns from c0): one bulk prefetch per row segment, the
+// segments over the consumer threads.
 template <class T>
-__device__ __forceinline__ void to_float8(const uint4& u, float* f) {
-  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-    bf16x8_to_float(u, f);
-  } else {
-    const __half2* h = reinterpret_cast<const __half2*>(&u);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float2 v = __half22float2(h[k]);
-      f[2 * k] = v.x;
-      f[2 * k + 1] = v.y;
-    }
+__device__ __forceinline__ void xent_prefetch_chunks(const T* x, long long V, long long r0, long long c0, int runs,
+                                                     long long a, long long b) {
+  if (a >= b) return;  // past the tile; else both below 2^31 (the vector path's guard): 32-bit division
+  const int ai = (int)a, bi = (int)b, ra = ai / runs, rb = (bi - 1) / runs;
+  for (int row = ra + (int)threadIdx.x; row <= rb; row += LATCH_THREADS) {
+    const int s = row == ra ? ai - ra * runs : 0, e = row == rb ? bi - rb * runs : runs;
+    xent_prefetch_l2(x + (r0 + row) * V + c0 + 8LL * s, 16LL * (e - s) * Raw8<T>::W);
   }
 }
 
@@ -92,28 +191,36 @@ __device__ __forceinline__ void xent_row_stats(const T* x, long long V, Acc& m, 
   m = lowest<Acc>();
   s = Acc(0);
   bool scalar = true;
-  if constexpr (sizeof(T) == 2 && std::is_same<Acc, float>::value) {
+  if constexpr (xent_vec_type<T>() && std::is_same<Acc, float>::value) {
     if (xent_vec_ok(x, V)) {
       scalar = false;
-      // 4 independent 16-byte loads in flight per lane (8 warps x 2 KiB per SM): enough bytes in
-      // flight to stream at HBM rate, where one load per iteration waits out the latency each time.
-      const uint4* xv = reinterpret_cast<const uint4*>(x);
-      const long long n8 = V / 8;
-      long long j = lane;
-      for (; j + 96 < n8; j += 128) {
-        uint4 u[4];
+      constexpr int U = XENT_WORDS / Raw8<T>::W;  // chunks of 8 per lane in flight
+      const int n8 = (int)(V / 8);
+      int j = lane;
+      // lane 0 prefetches the warp's next iterations (32 U chunks each) into L2
+      auto ahead = [&](int from) {
+        if (lane == 0 && from < n8)
+          xent_prefetch_l2(x + 8LL * from, 16LL * Raw8<T>::W * ((from + 32 * U < n8 ? from + 32 * U : n8) - from));
+      };
 #pragma unroll
-        for (int q = 0; q < 4; ++q) u[q] = xv[j + 32 * q];
+      for (int a = 1; a < XENT_AHEAD; ++a) ahead(32 * U * a);
+      for (; j + 32 * (U - 1) < n8; j += 32 * U) {
+        ahead(j - lane + 32 * U * XENT_AHEAD);
+        Raw8<T> u[U];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
+        for (int q = 0; q < U; ++q) u[q].load(x + 8LL * (j + 32 * q));
+#pragma unroll
+        for (int q = 0; q < U; ++q) {
           float f[8];
-          to_float8<T>(u[q], f);
+          u[q].to_float(f);
           xent_online8(f, m, s);
         }
       }
       for (; j < n8; j += 32) {
+        Raw8<T> u;
+        u.load(x + 8LL * j);
         float f[8];
-        to_float8<T>(xv[j], f);
+        u.to_float(f);
         xent_online8(f, m, s);
       }
     }
@@ -147,70 +254,101 @@ __device__ __forceinline__ void cross_entropy_row(const T* x, const TI* target, 
   if (valid) st<TO>(valid, row, ok ? Acc(1) : Acc(0));
 }
 
-// The tile [r0, r1) x [c0, c1) of dlogits; every consumer thread takes runs of 8 columns.
+// The tile [r0, r1) x [c0, c1) of dlogits = (exp(x - lse) - onehot(t)) * scale, 0 on an ignored row.
+// Vector path (16-bit or float logits and dx, rows a multiple of 8 long, 16-byte aligned, the tile's
+// columns whole chunks of 8): the tile is a sequence of rows x runs chunks; consumer thread i takes
+// chunks i, i + T, i + 2T, ... (T = LATCH_THREADS), XENT_WORDS 16-byte logit loads in flight before
+// any math. Its (row, chunk) cursor steps by T chunks: no division on the address path (the old body
+// did a 64-bit division per chunk before its load), a 32-bit one only where the step crosses a row.
+// Every element is computed by the same formula in every run and tiling: deterministic.
 template <class T, class TI, class TS, class TO, class Acc>
 __device__ __forceinline__ void cross_entropy_grad_tile(const TS* grad, const T* x, const TI* target, const TS* lse,
                                                         const TS* total, TO* dx, long long V, long long r0,
                                                         long long r1, long long c0, long long c1,
                                                         long long ignore_index, bool mean) {
   const Acc scale = mean ? (Acc)ld<TS>(grad, 0) / (Acc)ld<TS>(total, 0) : (Acc)ld<TS>(grad, 0);
-  const long long width = c1 - c0, runs = (width + 7) / 8, n = (r1 - r0) * runs;
+  const long long width = c1 - c0;
+  if (r1 <= r0 || width <= 0) return;
   bool vec = false;
-  if constexpr (std::is_same<T, __nv_bfloat16>::value && std::is_same<TO, __nv_bfloat16>::value &&
-                sizeof(Acc) == 4) {
-    vec = xent_vec_ok(x, V) && xent_vec_ok(dx, V) && (c0 % 8 == 0) && (width % 8 == 0);
+  if constexpr (xent_vec_type<T>() && xent_vec_type<TO>() && std::is_same<Acc, float>::value) {
+    vec = xent_vec_ok(x, V) && xent_vec_ok(dx, V) && (c0 % 8 == 0) && (width % 8 == 0) &&
+          (r1 - r0) * (width / 8) < (1LL << 31) - (XENT_AHEAD + 2LL) * LATCH_THREADS * XENT_WORDS;
   }
   if (vec) {
-    // XENT_RUNS runs (of 8 BF16 logits) per thread per iteration, every load (the logits, the row's
-    // target and lse) issued before any math or store: 256 threads x 4 x 16 B = 16 KiB of logits
-    // in flight per SM (run 14 measured two runs, with the row's scalars loaded after the logits,
-    // at ~7 GB/s per SM: latency-bound). The (row, run) decomposition is one division per run.
-    constexpr int XENT_RUNS = 4;
+    // FP32 logits: 3 chunks (6 words), not 4: with 4 the FP32 bodies spilled in a kernel of 14 bodies
+    // (results/ce.md; FP32 -> BF16 still saves 16 words there, a pair no model makes)
+    constexpr int U = Raw8<T>::W == 1 ? XENT_WORDS : 3;
+    const int runs = (int)(width / 8), rows = (int)(r1 - r0);
     const float sc = (float)scale;
-    for (long long i0 = threadIdx.x; i0 < n; i0 += XENT_RUNS * LATCH_THREADS) {
-      uint4 u[XENT_RUNS];
-      long long r[XENT_RUNS], j0[XENT_RUNS], t[XENT_RUNS];
-      float l[XENT_RUNS];
-#pragma unroll
-      for (int q = 0; q < XENT_RUNS; ++q) {
-        const long long i = i0 + q * LATCH_THREADS;
-        const long long rr = i / runs;
-        r[q] = r0 + rr;
-        j0[q] = c0 + (i - rr * runs) * 8;
-        if (i < n) {
-          u[q] = *reinterpret_cast<const uint4*>(x + r[q] * V + j0[q]);
-          t[q] = (long long)target[r[q]];
-          l[q] = (float)ld<TS>(lse, r[q]);
-        }
+    // the cursor of chunk threadIdx.x: (rr, cc) = divmod(threadIdx.x, runs)
+    int rr = (int)threadIdx.x / runs, cc = (int)threadIdx.x - rr * runs;
+    auto step = [&](int& r, int& c) {
+      c += LATCH_THREADS;
+      if (c >= runs) {
+        const int d = c / runs;
+        r += d;
+        c -= d * runs;
       }
+    };
+    const long long total_chunks = (long long)rows * runs, per_iter = (long long)U * LATCH_THREADS;
+    for (int a = 1; a < XENT_AHEAD; ++a)
+      xent_prefetch_chunks(x, V, r0, c0, runs, a * per_iter, min(total_chunks, (a + 1) * per_iter));
+    long long base = 0;  // the flat index of this iteration's first chunk (thread 0's)
+    int cur = -1;        // the row whose target and lse are held
+    bool ok = false;
+    long long tcol = -1;
+    float nl = 0.f;
+    while (rr < rows) {
+      {
+        const long long a = base + XENT_AHEAD * per_iter;
+        xent_prefetch_chunks(x, V, r0, c0, runs, a, min(total_chunks, a + per_iter));
+        base += per_iter;
+      }
+      // in flight per chunk only its words; the row's target and lse are loaded where the row
+      // changes (rarely: a thread's chunks are LATCH_THREADS apart, rows are runs long), from L1
+      // mostly, so they hold 4 registers, not 3 a chunk (which spilled with several bodies)
+      Raw8<T> u[U];
+      int r = rr, c = cc;
 #pragma unroll
-      for (int q = 0; q < XENT_RUNS; ++q) {
-        if (i0 + q * LATCH_THREADS >= n) break;
-        const bool ok = t[q] != ignore_index;
+      for (int q = 0; q < U; ++q) {
+        if (r < rows) u[q].load(x + (r0 + r) * V + c0 + 8LL * c);
+        step(r, c);
+      }
+      r = rr;
+      c = cc;
+#pragma unroll
+      for (int q = 0; q < U; ++q) {
+        if (r >= rows) break;
+        if (r != cur) {
+          cur = r;
+          const long long tt = (long long)target[r0 + r];
+          ok = tt != ignore_index;
+          tcol = ok ? tt - c0 : -1;  // in [0, width) when the target is in this tile's columns
+          nl = xent_neg_scale((float)ld<TS>(lse, r0 + r));
+        }
+        const long long row = r0 + r, j0 = 8LL * c;
+        const unsigned long long off = (unsigned long long)(tcol - j0);
+        const int hit = off < 8ULL ? (int)off : 8;  // the target's place in this chunk, 8: not here
         float f[8];
-        bf16x8_to_float(u[q], f);
-        uint4 o;
-        __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&o);
+        u[q].to_float(f);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const long long ja = j0[q] + 2 * k;
-          const float a = ok ? (ew::exp_(f[2 * k] - l[q]) - (ja == t[q] ? 1.f : 0.f)) * sc : 0.f;
-          const float b = ok ? (ew::exp_(f[2 * k + 1] - l[q]) - (ja + 1 == t[q] ? 1.f : 0.f)) * sc : 0.f;
-          h[k] = __floats2bfloat162_rn(a, b);
-        }
-        *reinterpret_cast<uint4*>(dx + r[q] * V + j0[q]) = o;
+        for (int k = 0; k < 8; ++k) f[k] = ok ? (xent_exp(f[k], nl) - (k == hit ? 1.f : 0.f)) * sc : 0.f;
+        xent_store8<TO>(dx + row * V + c0 + j0, f);
+        step(r, c);
       }
+      rr = r;  // U steps on, or past the tile's last row where the loop broke
+      cc = c;
     }
     return;
   }
-  for (long long i = threadIdx.x; i < n; i += LATCH_THREADS) {
-    const long long r = r0 + i / runs, j0 = c0 + (i % runs) * 8;
+  // Scalar path (odd V, misaligned, a column tile not in chunks of 8, f64): a row at a time, the
+  // consumer threads over its columns (coalesced); the row's target and lse loaded once.
+  for (long long r = r0; r < r1; ++r) {
     const long long t = (long long)target[r];
     const bool ok = t != ignore_index;
-    const Acc l = (Acc)ld<TS>(lse, r);
-    const long long j1 = j0 + 8 < c1 ? j0 + 8 : c1;
-    for (long long j = j0; j < j1; ++j) {
-      const Acc v = ok ? (ew::exp_((Acc)ld<T>(x, r * V + j) - l) - (j == t ? Acc(1) : Acc(0))) * scale : Acc(0);
+    const Acc nl = xent_neg_scale((Acc)ld<TS>(lse, r));
+    for (long long j = c0 + threadIdx.x; j < c1; j += LATCH_THREADS) {
+      const Acc v = ok ? (xent_exp((Acc)ld<T>(x, r * V + j), nl) - (j == t ? Acc(1) : Acc(0))) * scale : Acc(0);
       st<TO>(dx, r * V + j, v);
     }
   }
