@@ -383,9 +383,9 @@ class _IlpPuller(_Puller):
         ext = [self.spec.values[i].shape[dim] for i in ins]
         ends = [sum(ext[:k + 1]) for k in range(len(ins))]
         if st == VEC_ and (v.shape[-1] % self.W or dim == len(v.shape) - 1 and any(e % self.W for e in ends)):
-            raise NotLaneUniform(f"concat {n.name}: a region boundary along dim {dim} is not a multiple of {self.W}")
+            raise NotLaneUniform(f"a concat: a region boundary along dim {dim} is not a multiple of {self.W}")
         if st == GEN_ and _LANE.search(coords[dim]):
-            raise NotLaneUniform(f"concat {n.name}: its dim {dim} moves with the lane")
+            raise NotLaneUniform(f"a concat: its dim {dim} moves with the lane")
         c = _LANE.sub("0", coords[dim])  # lane 0's coordinate: every lane's region (checked above)
         self.concats += 1
         saved_memo, saved_guard, vals = self.memo, self.guard, []
