@@ -297,6 +297,7 @@ VEC_, BCAST_, GEN_ = "vec", "bcast", "gen"
 ILP_IN_FLIGHT, ILP_MIN_U, ILP_MAX_U = 192, 2, 12
 _BYTES = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1, "u8": 1, "bool": 1}
 _LANE = re.compile(r"\bj_\b")
+_REG = re.compile(r"\br\d+_(?!\w)")
 _LONG = re.compile(r"(?<![\w.])(\d+)LL\b")
 
 
@@ -342,8 +343,8 @@ class NotLaneUniform(LoweringError):
 
 class _IlpPuller(_Puller):
     """The fused puller for one lane ``j_`` of one group ``u_``: group inputs come from registers
-    that the load phase fills (``self.loads``, one entry per distinct access; ``@k@`` in the text
-    stands for access k's register until :func:`_slots` assigns them).
+    that the load phase fills (``self.loads``, one entry per distinct access, register ``r{k}_``;
+    :func:`ilp_lines` renames them to the shared registers :func:`_slots` assigns).
 
     A concat is evaluated per group, not per element: its region is the same for the W lanes (its
     dim is not the innermost, or every boundary is a multiple of W; else :class:`NotLaneUniform`),
@@ -354,10 +355,11 @@ class _IlpPuller(_Puller):
     the region's value, so the lanes run straight-line code; values computed in a region are scoped
     to it (the memo is restored after each), as in the scalar puller."""
 
-    def __init__(self, spec, lowerings, names, indent, W: int):
+    def __init__(self, spec, lowerings, names, indent, W: int, concats: bool = False):
         super().__init__(spec, lowerings, names, indent)
         self.W = W
-        self.loads: dict[tuple, tuple[str, int, int, str]] = {}  # key -> (kind, access index, value, offset)
+        self.allow_concat = concats  # only ilp_lines reads the guards (flat.py's prologue loads do not)
+        self.loads: dict[tuple, tuple[str, str, int, str]] = {}  # key -> (kind, register, value, offset)
         self.guards: dict[tuple, set[frozenset]] = {}  # key -> the guards it is read under (any one)
         self.guard: frozenset = frozenset()  # atoms (concat instance, region, predicate) entered
         self.concats = 0
@@ -371,13 +373,15 @@ class _IlpPuller(_Puller):
             offset = _LANE.sub("0", offset)
         key = (vi, st, offset)
         if key not in self.loads:
-            self.loads[key] = (st, len(self.loads), vi, offset)
+            self.loads[key] = (st, f"r{len(self.loads)}_", vi, offset)
             self.guards[key] = set()
         self.guards[key].add(self.guard)
-        kind, k, _, _ = self.loads[key]
-        return f"@{k}@[u_]" if kind == BCAST_ else f"@{k}@[u_][j_]"
+        kind, reg, _, _ = self.loads[key]
+        return f"{reg}[u_]" if kind == BCAST_ else f"{reg}[u_][j_]"
 
     def _concat_lanes(self, key, v, n, coords: list[str], st: str) -> str:
+        if not self.allow_concat:
+            raise NotLaneUniform("a concat in a row reduction's prologue: the vector loads do not read its guards")
         dim = int(dict(n.attrs)["dim"]) % len(v.shape)
         ins = [i for i in n.inputs if i is not None]
         ext = [self.spec.values[i].shape[dim] for i in ins]
@@ -492,12 +496,12 @@ def ilp_lines(spec: BodySpec, lowerings: dict[str, Lowering], names: dict[int, s
     wide = math.prod(target) >= 2**31 or any(math.prod(v.shape) >= 2**31 for v in spec.values)
     itype = "long long" if wide else "int"
     lane = [f"x{d}" for d in range(len(target) - 1)] + [f"(x{len(target) - 1} + j_)" if W > 1 else f"x{len(target) - 1}"]
-    p = _IlpPuller(spec, lowerings, names, ind + "      ", W)
+    p = _IlpPuller(spec, lowerings, names, ind + "      ", W, concats=True)
     outs = [i for i, v in enumerate(spec.values) if v.kind == OUT]
     stores = [f"{ind}      o{i}_[u_][j_] = {p.pull_st(i, lane, VEC_ if W > 1 else GEN_)};" for i in outs]
     slots = _slots(p, spec)
     reg = {p.loads[key][1]: f"r{s}_" for s, keys in enumerate(slots) for key in keys}
-    lines = [re.sub(r"@(\d+)@", lambda m: reg[int(m[1])], x) for x in p.lines + stores]
+    lines = [_REG.sub(lambda m: reg[m[0]], x) for x in p.lines + stores]  # one pass: names swap safely
 
     def nbytes(key):
         kind, _, vi, _ = p.loads[key]
