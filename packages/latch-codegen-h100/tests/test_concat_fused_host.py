@@ -103,7 +103,23 @@ def _straddling():
     return g, [y], (B * T, D), ref
 
 
-CASES = {"rope_forward": _rope_forward, "dqkv_assembly": _dqkv_assembly, "straddling": _straddling}
+def _transposed_rows():
+    """A concat along the rows of a plain operand (16-byte loads) and a transposed one (its lanes
+    read with a stride: per-lane loads): the two regions' accesses share a register, so the load
+    phase branches between the two kinds of access instead of selecting one pointer."""
+    g = G()
+    b, a = g.inp("b", (B * T - 4, D)), g.inp("a", (D, 4))
+    at = g.op("permute", (a,), (4, D), {"perm": (1, 0)})
+    y = g.op("mul", (g.op("concat", (b, at), (B * T, D), {"dim": 0}),), (B * T, D), {"scalar": 2.0})
+
+    def ref(v):
+        n = B * T - 4
+        return [[2.0 * (v["b"][r * D + d] if r < n else v["a"][d * 4 + r - n]) for r in range(B * T) for d in range(D)]]
+    return g, [y], (B * T, D), ref
+
+
+CASES = {"rope_forward": _rope_forward, "dqkv_assembly": _dqkv_assembly, "straddling": _straddling,
+         "transposed_rows": _transposed_rows}
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +196,7 @@ def test_fused_concat_branches_per_region(build):
     assert src2.count("if (") >= 2  # the stack concat and, nested in its first branch, the halves
 
 
-@pytest.mark.parametrize("name", ["rope_forward", "dqkv_assembly"])
+@pytest.mark.parametrize("name", ["rope_forward", "dqkv_assembly", "transposed_rows"])
 def test_row_tiles_of_a_lane_uniform_concat_take_the_vector_path(build, name):
     """Every concat boundary is a multiple of 4 (or the concat's dim is not the innermost): row tiles
     run the vector/ILP path: 16-byte accesses, the same values (the rows and whole-tile cases above
@@ -194,8 +210,10 @@ def test_row_tiles_of_a_lane_uniform_concat_take_the_vector_path(build, name):
     assert all(g == pytest.approx(w, rel=1e-5, abs=1e-6) for g, w in zip(got, want))
     src = build(name)[4]
     ilp = src[src.index("U groups of W"):src.index("operands not aligned")]
-    assert "latch::gld4(s_, 0," in ilp  # a region's source chosen once per group: one pointer, one load
-    assert "nullptr" in ilp and " ? " in ilp
+    if name == "transposed_rows":  # a strided region and a contiguous one: a branch between them
+        assert "} else if (" in ilp and "latch::ld<float>(in1," in ilp and "latch::gld4(in0," in ilp
+    else:  # a region's source chosen once per group: one pointer, one load
+        assert "latch::gld4(s_, 0," in ilp and "nullptr" in ilp and " ? " in ilp
     assert "LL" not in ilp.split("{", 1)[1]  # every index of these small values in 32 bits
 
 

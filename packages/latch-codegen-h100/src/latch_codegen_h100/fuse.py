@@ -546,7 +546,7 @@ def ilp_lines(spec: BodySpec, lowerings: dict[str, Lowering], names: dict[int, s
             L += ([f"{i2}    #pragma unroll"] if text.startswith("for") else []) + [f"{i2}    {text}"]
             continue
         sts = {storage_type(spec.values[a[2]].dtype) for a, _ in acc}
-        if kind != GEN_ and len(sts) == 1:
+        if kind != GEN_ and len(sts) == 1 and all(x[0] == kind for x, _ in acc):
             # the region's source chosen once per group: one pointer, one access
             sel = " : ".join(f"({g}) ? {names[a[2]]} + ({a[3]})" for a, g in acc) + " : nullptr"
             L += [f"{i2}    {{ const {sts.pop()}* s_ = {sel};",
