@@ -292,6 +292,9 @@ def fused_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> list[str]:
 #   GEN    anything else (a permute that moves the innermost dim): W loads, still before compute.
 # The classification follows the pull chain from the output (VEC at its own coordinates) through
 # each view's rule below; when unsure it answers GEN, which is correct for any index map.
+# A concat keeps its state when its region is the same for the W lanes (its dim is not the innermost,
+# or its boundaries are multiples of W): the region is chosen once per group (_IlpPuller._concat_lanes);
+# else the group takes the element loop (NotLaneUniform).
 
 VEC_, BCAST_, GEN_ = "vec", "bcast", "gen"
 ILP_IN_FLIGHT, ILP_MIN_U, ILP_MAX_U = 192, 2, 12
