@@ -90,7 +90,36 @@ def _dqkv_assembly():
     return g, [y], (B * T, 2 * H * D), ref
 
 
-CASES = {"rope_forward": _rope_forward, "dqkv_assembly": _dqkv_assembly}
+def _straddling():
+    """A concat along the last dim with a boundary at 2 (not a multiple of W = 4): a group of four
+    lanes straddles two regions, so the group keeps the per-element loop."""
+    g = G()
+    a, b = g.inp("a", (B * T, 2)), g.inp("b", (B * T, D - 2))
+    y = g.op("mul", (g.op("concat", (g.op("neg", (a,), (B * T, 2)), b), (B * T, D), {"dim": 1}),), (B * T, D),
+             {"scalar": 3.0})
+
+    def ref(v):
+        return [[3.0 * (-v["a"][r * 2 + d] if d < 2 else v["b"][r * (D - 2) + d - 2]) for r in range(B * T) for d in range(D)]]
+    return g, [y], (B * T, D), ref
+
+
+def _transposed_rows():
+    """A concat along the rows of a plain operand (16-byte loads) and a transposed one (its lanes
+    read with a stride: per-lane loads): the two regions' accesses share a register, so the load
+    phase branches between the two kinds of access instead of selecting one pointer."""
+    g = G()
+    b, a = g.inp("b", (B * T - 4, D)), g.inp("a", (D, 4))
+    at = g.op("permute", (a,), (4, D), {"perm": (1, 0)})
+    y = g.op("mul", (g.op("concat", (b, at), (B * T, D), {"dim": 0}),), (B * T, D), {"scalar": 2.0})
+
+    def ref(v):
+        n = B * T - 4
+        return [[2.0 * (v["b"][r * D + d] if r < n else v["a"][d * 4 + r - n]) for r in range(B * T) for d in range(D)]]
+    return g, [y], (B * T, D), ref
+
+
+CASES = {"rope_forward": _rope_forward, "dqkv_assembly": _dqkv_assembly, "straddling": _straddling,
+         "transposed_rows": _transposed_rows}
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +156,7 @@ def _run(build, name, lo, hi):
     ptrs = (ctypes.c_void_p * (len(bufs) + 1))(*[ctypes.addressof(b) for b in bufs + [ob]])
     lo8 = (ctypes.c_int * 8)(*(list(lo) + [0] * (8 - len(lo))))
     hi8 = (ctypes.c_int * 8)(*(list(hi) + [0] * (8 - len(hi))))
-    lib.run(ptrs, lo8, hi8)
+    _run.vec = lib.run(ptrs, lo8, hi8)
     want = ref({k: [float(ctypes.c_float(a).value) for a in v] for k, v in flat.items()})[0]
     return [ob[i] for i in range(n)], want, lib.stores(), shape
 
@@ -165,3 +194,33 @@ def test_fused_concat_branches_per_region(build):
         assert branch.count("latch::ld<float>(in1,") == 1 and branch.count("latch::ld<float>(in2,") == 1
     src2 = build("dqkv_assembly")[4]
     assert src2.count("if (") >= 2  # the stack concat and, nested in its first branch, the halves
+
+
+@pytest.mark.parametrize("name", ["rope_forward", "dqkv_assembly", "transposed_rows"])
+def test_row_tiles_of_a_lane_uniform_concat_take_the_vector_path(build, name):
+    """Every concat boundary is a multiple of 4 (or the concat's dim is not the innermost): row tiles
+    run the vector/ILP path: 16-byte accesses, the same values (the rows and whole-tile cases above
+    check every element), each region's source chosen once per group of four lanes."""
+    shape = build(name)[2]
+    lo, hi = [0] * len(shape), list(shape)
+    got, want, stores, shape = _run(build, name, lo, hi)
+    n = math.prod(shape)
+    assert stores == n
+    assert _run.vec >= n // 4  # at least the output's own 16-byte stores, plus the operands' loads
+    assert all(g == pytest.approx(w, rel=1e-5, abs=1e-6) for g, w in zip(got, want))
+    src = build(name)[4]
+    ilp = src[src.index("U groups of W"):src.index("operands not aligned")]
+    if name == "transposed_rows":  # a strided region and a contiguous one: a branch between them
+        assert "} else if (" in ilp and "latch::ld<float>(in1," in ilp and "latch::gld4(in0," in ilp
+    else:  # a region's source chosen once per group: one pointer, one load
+        assert "latch::gld4(s_, 0," in ilp and "nullptr" in ilp and " ? " in ilp
+    assert "LL" not in ilp.split("{", 1)[1]  # every index of these small values in 32 bits
+
+
+def test_a_concat_boundary_inside_a_group_of_four_keeps_the_element_loop(build):
+    src = build("straddling")[4]
+    assert "U groups of W" not in src and "constant-extent decode" in src
+    shape = build("straddling")[2]
+    got, want, stores, _ = _run(build, "straddling", [0, 0], list(shape))
+    assert _run.vec == 0 and stores == math.prod(shape)
+    assert all(g == pytest.approx(w, rel=1e-6) for g, w in zip(got, want))

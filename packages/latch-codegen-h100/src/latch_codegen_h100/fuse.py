@@ -261,14 +261,15 @@ def fused_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> list[str]:
                 + vector_lines(flat, lowerings, names, inner, "    ", shape=tuple(target))
                 + ["  } else {"] + slow + ind(loop_body(scoords)) + ["    }", "  }"])
     fast, fcoords = _const_loop(target, "    ")
-    if any(n.op == CONCAT for n in spec.nodes):
-        # a concat branches per element: row tiles take the constant-extent decode, one element
-        # per thread (the vector/ILP path classifies lanes through view maps, not branches)
-        return (decl + [f"  if ({full}) {{  // row tiles: constant-extent decode"] + fast + ind(loop_body(fcoords))
-                + ["    }", "  } else {"] + slow + ind(loop_body(scoords)) + ["    }", "  }"])
     # row tiles take the vector/ILP path when its vector operands are aligned, else one element per
     # thread with the constant-extent decode; other tiles the general loop
-    ilp, cond = ilp_lines(spec, lowerings, names, "    ")
+    try:
+        ilp, cond = ilp_lines(spec, lowerings, names, "    ")
+    except NotLaneUniform:
+        # a concat whose region changes inside a group of W lanes: one element per thread, the
+        # concat branching per element (the constant-extent decode for row tiles)
+        return (decl + [f"  if ({full}) {{  // row tiles: constant-extent decode"] + fast + ind(loop_body(fcoords))
+                + ["    }", "  } else {"] + slow + ind(loop_body(scoords)) + ["    }", "  }"])
     if target[-1] % 4 == 0:  # groups of four start at multiples of four (a tile cut along the last dim)
         cond = f"({cond}) && ({first}) % 4 == 0"
     return (decl + [f"  if (({full}) && ({cond})) {{  // row tiles: U groups of W elements per thread"] + ilp
@@ -291,11 +292,16 @@ def fused_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> list[str]:
 #   GEN    anything else (a permute that moves the innermost dim): W loads, still before compute.
 # The classification follows the pull chain from the output (VEC at its own coordinates) through
 # each view's rule below; when unsure it answers GEN, which is correct for any index map.
+# A concat keeps its state when its region is the same for the W lanes (its dim is not the innermost,
+# or its boundaries are multiples of W): the region is chosen once per group (_IlpPuller._concat_lanes);
+# else the group takes the element loop (NotLaneUniform).
 
 VEC_, BCAST_, GEN_ = "vec", "bcast", "gen"
 ILP_IN_FLIGHT, ILP_MIN_U, ILP_MAX_U = 192, 2, 12
 _BYTES = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1, "u8": 1, "bool": 1}
 _LANE = re.compile(r"\bj_\b")
+_REG = re.compile(r"\br\d+_(?!\w)")
+_LONG = re.compile(r"(?<![\w.])(\d+)LL\b")
 
 
 def _view_state(op: str, st: str, info: NodeInfo, W: int) -> str:
@@ -333,14 +339,33 @@ def _operand_state(st: str, shape, out_shape) -> str:
     return VEC_
 
 
+class NotLaneUniform(LoweringError):
+    """A concat whose operand region can change inside one group of W lanes: the vector path does
+    not apply (the caller takes the one-element-per-thread loop, which branches per element)."""
+
+
 class _IlpPuller(_Puller):
     """The fused puller for one lane ``j_`` of one group ``u_``: group inputs come from registers
-    that the load phase fills (``self.loads``, one entry per distinct access)."""
+    that the load phase fills (``self.loads``, one entry per distinct access, register ``r{k}_``;
+    :func:`ilp_lines` renames them to the shared registers :func:`_slots` assigns).
 
-    def __init__(self, spec, lowerings, names, indent, W: int):
+    A concat is evaluated per group, not per element: its region is the same for the W lanes (its
+    dim is not the innermost, or every boundary is a multiple of W; else :class:`NotLaneUniform`),
+    so the region test reads lane 0's coordinate. Each operand is pulled under a guard (the
+    regions of the concats entered, ``self.guard``): its accesses are loaded only when the guard
+    holds, and accesses under different regions of one concat share registers (one region holds
+    per group). The arithmetic of every region runs (a few register operations) and a select picks
+    the region's value, so the lanes run straight-line code; values computed in a region are scoped
+    to it (the memo is restored after each), as in the scalar puller."""
+
+    def __init__(self, spec, lowerings, names, indent, W: int, concats: bool = False):
         super().__init__(spec, lowerings, names, indent)
         self.W = W
-        self.loads: dict[tuple, tuple[str, str, int, str]] = {}  # key -> (kind, reg, value, offset)
+        self.allow_concat = concats  # only ilp_lines reads the guards (flat.py's prologue loads do not)
+        self.loads: dict[tuple, tuple[str, str, int, str]] = {}  # key -> (kind, register, value, offset)
+        self.guards: dict[tuple, set[frozenset]] = {}  # key -> the guards it is read under (any one)
+        self.guard: frozenset = frozenset()  # atoms (concat instance, region, predicate) entered
+        self.concats = 0
 
     def _coord_vars(self, coords):
         # no temporaries: the load phase evaluates the same expressions outside the lane loop
@@ -352,8 +377,42 @@ class _IlpPuller(_Puller):
         key = (vi, st, offset)
         if key not in self.loads:
             self.loads[key] = (st, f"r{len(self.loads)}_", vi, offset)
+            self.guards[key] = set()
+        self.guards[key].add(self.guard)
         kind, reg, _, _ = self.loads[key]
         return f"{reg}[u_]" if kind == BCAST_ else f"{reg}[u_][j_]"
+
+    def _concat_lanes(self, key, v, n, coords: list[str], st: str) -> str:
+        if not self.allow_concat:
+            raise NotLaneUniform("a concat in a row reduction's prologue: the vector loads do not read its guards")
+        dim = int(dict(n.attrs)["dim"]) % len(v.shape)
+        ins = [i for i in n.inputs if i is not None]
+        ext = [self.spec.values[i].shape[dim] for i in ins]
+        ends = [sum(ext[:k + 1]) for k in range(len(ins))]
+        if st == VEC_ and (v.shape[-1] % self.W or dim == len(v.shape) - 1 and any(e % self.W for e in ends)):
+            raise NotLaneUniform(f"a concat: a region boundary along dim {dim} is not a multiple of {self.W}")
+        if st == GEN_ and _LANE.search(coords[dim]):
+            raise NotLaneUniform(f"a concat: its dim {dim} moves with the lane")
+        c = _LANE.sub("0", coords[dim])  # lane 0's coordinate: every lane's region (checked above)
+        self.concats += 1
+        saved_memo, saved_guard, vals = self.memo, self.guard, []
+        for k, i in enumerate(ins):
+            off = ends[k] - ext[k]
+            pred = " && ".join(([f"{c} >= {off}LL"] if k else []) + ([f"{c} < {ends[k]}LL"] if k < len(ins) - 1 else []))
+            self.memo = dict(saved_memo)
+            self.guard = saved_guard | {(self.concats, k, pred)} if pred else saved_guard
+            sub = list(coords)
+            sub[dim] = coords[dim] if off == 0 else f"({coords[dim]} - {off}LL)"
+            vals.append(self.pull_st(i, sub, st))  # the operand's extents are the concat's off dim
+        self.memo, self.guard = saved_memo, saved_guard
+        ct = compute_type(v.dtype)
+        expr = f"({ct}){vals[-1]}"
+        for k in reversed(range(len(ins) - 1)):
+            expr = f"({c} < {ends[k]}LL) ? ({ct}){vals[k]} : {expr}"
+        name = self._fresh("c")
+        self.lines.append(f"{self.ind}const {ct} {name} = {expr};")
+        self.memo[key] = name
+        return name
 
     def pull_st(self, vi: int, coords: list[str], st: str) -> str:
         coords = self._coord_vars(list(coords))
@@ -366,6 +425,8 @@ class _IlpPuller(_Puller):
             self.memo[key] = name
             return name
         n, low = self._producer_of(vi)
+        if n.op == CONCAT:
+            return self._concat_lanes(key, v, n, coords, st)
         info = node_info(self.spec, n, coords)
         if low.view_map is not None:
             src = next(i for i in n.inputs if i is not None)
@@ -383,6 +444,35 @@ class _IlpPuller(_Puller):
             return self.pull_st(i, broadcast_coords(shp, v.shape, coords), _operand_state(st, shp, v.shape))
 
         return self._elementwise(key, v, n, low, info, pull_input)
+
+
+def _exclusive(g: frozenset, h: frozenset) -> bool:
+    """Guards ``g`` and ``h`` never hold together: they enter different regions of one concat."""
+    return any(a[0] == b[0] and a[1] != b[1] for a in g for b in h)
+
+
+def _slots(p: _IlpPuller, spec: BodySpec) -> list[list[tuple]]:
+    """The accesses grouped into registers: greedy, in order of first access; an access joins a
+    register whose accesses it excludes (every guard of each against every guard of the other) and
+    whose array has its shape (per lane, or one per group) and compute type."""
+    slots: list[tuple[tuple, list[tuple]]] = []
+    for key, (kind, _, vi, _) in p.loads.items():
+        pool = (kind == BCAST_, compute_type(spec.values[vi].dtype))
+        for sp, keys in slots:
+            if sp == pool and all(_exclusive(g, h) for k2 in keys for g in p.guards[key] for h in p.guards[k2]):
+                keys.append(key)
+                break
+        else:
+            slots.append((pool, [key]))
+    return [keys for _, keys in slots]
+
+
+def _guard_text(guards: set[frozenset]) -> str:
+    """The condition of an access read under any of ``guards`` ("" when one is unconditional)."""
+    if frozenset() in guards:
+        return ""
+    conj = sorted(" && ".join(f"({a[2]})" for a in sorted(g)) for g in guards)
+    return conj[0] if len(conj) == 1 else " || ".join(f"({x})" for x in conj)
 
 
 def _decode(shape, var: str, ind: str, itype: str) -> tuple[list[str], list[str]]:
@@ -409,11 +499,18 @@ def ilp_lines(spec: BodySpec, lowerings: dict[str, Lowering], names: dict[int, s
     wide = math.prod(target) >= 2**31 or any(math.prod(v.shape) >= 2**31 for v in spec.values)
     itype = "long long" if wide else "int"
     lane = [f"x{d}" for d in range(len(target) - 1)] + [f"(x{len(target) - 1} + j_)" if W > 1 else f"x{len(target) - 1}"]
-    p = _IlpPuller(spec, lowerings, names, ind + "      ", W)
+    p = _IlpPuller(spec, lowerings, names, ind + "      ", W, concats=True)
     outs = [i for i, v in enumerate(spec.values) if v.kind == OUT]
     stores = [f"{ind}      o{i}_[u_][j_] = {p.pull_st(i, lane, VEC_ if W > 1 else GEN_)};" for i in outs]
-    loads = list(p.loads.values())
-    per_group = sum((1 if k == BCAST_ else W) * _BYTES.get(spec.values[vi].dtype, 4) for k, _, vi, _ in loads) or 4 * W
+    slots = _slots(p, spec)
+    reg = {p.loads[key][1]: f"r{s}_" for s, keys in enumerate(slots) for key in keys}
+    lines = [_REG.sub(lambda m: reg[m[0]], x) for x in p.lines + stores]  # one pass: names swap safely
+
+    def nbytes(key):
+        kind, _, vi, _ = p.loads[key]
+        return (1 if kind == BCAST_ else W) * _BYTES.get(spec.values[vi].dtype, 4)
+
+    per_group = sum(max(nbytes(k) for k in keys) for keys in slots) or 4 * W  # one region's loads per register
     U = max(ILP_MIN_U, min(ILP_MAX_U, -(-ILP_IN_FLIGHT // per_group)))
     dec, _ = _decode(target, "l_", ind + "    ", itype)
     step = W * U
@@ -422,9 +519,9 @@ def ilp_lines(spec: BodySpec, lowerings: dict[str, Lowering], names: dict[int, s
     _, first, count = contiguous_tile(target, itype)
     L = [f"{ind}const {itype} n_ = {count};",
          f"{ind}const {itype} base_ = {first};"]
-    for k, reg, vi, _ in loads:
-        ct = compute_type(spec.values[vi].dtype)
-        L.append(f"{ind}{ct} {reg}[{U}]" + ("" if k == BCAST_ else f"[{W}]") + " = {};")
+    for s, keys in enumerate(slots):
+        kind, _, vi, _ = p.loads[keys[0]]
+        L.append(f"{ind}{compute_type(spec.values[vi].dtype)} r{s}_[{U}]" + ("" if kind == BCAST_ else f"[{W}]") + " = {};")
     for i in outs:
         L.append(f"{ind}{compute_type(spec.values[i].dtype)} o{i}_[{U}][{W}];")
     L.append(f"{ind}for ({itype} q_ = {W} * ({itype})threadIdx.x; q_ < n_; q_ += {step} * LATCH_THREADS) {{")
@@ -434,22 +531,40 @@ def ilp_lines(spec: BodySpec, lowerings: dict[str, Lowering], names: dict[int, s
           f"{i2}  if (q_ + u_ * {W} * LATCH_THREADS < n_) {{",
           f"{i2}    const {itype} l_ = base_ + q_ + u_ * {W} * LATCH_THREADS;"]
     L += dec
-    for k, reg, vi, off in loads:
+
+    def load(kind, r, vi, off, src=None):
         st = storage_type(spec.values[vi].dtype)
-        if k == VEC_ and W == 4:
-            L.append(f"{i2}    latch::gld4({names[vi]}, {off}, {reg}[u_]);")
-        elif k == BCAST_:
-            L.append(f"{i2}    {reg}[u_] = latch::ld<{st}>({names[vi]}, {off});")
+        src = names[vi] if src is None else src
+        if kind == VEC_ and W == 4:
+            return f"latch::gld4({src}, {off}, {r}[u_]);"
+        if kind == BCAST_:
+            return f"{r}[u_] = latch::ld<{st}>({src}, {off});"
+        return f"for (int j_ = 0; j_ < {W}; ++j_) {r}[u_][j_] = latch::ld<{st}>({src}, {off});"
+
+    for s, keys in enumerate(slots):
+        r, acc = f"r{s}_", [(p.loads[k], _guard_text(p.guards[k])) for k in keys]
+        (kind, _, vi, off), g = acc[0]
+        if len(acc) == 1 and not g:
+            text = load(kind, r, vi, off)
+            L += ([f"{i2}    #pragma unroll"] if text.startswith("for") else []) + [f"{i2}    {text}"]
+            continue
+        sts = {storage_type(spec.values[a[2]].dtype) for a, _ in acc}
+        if kind != GEN_ and len(sts) == 1 and all(x[0] == kind for x, _ in acc):
+            # the region's source chosen once per group: one pointer, one access
+            sel = " : ".join(f"({g}) ? {names[a[2]]} + ({a[3]})" for a, g in acc) + " : nullptr"
+            L += [f"{i2}    {{ const {sts.pop()}* s_ = {sel};",
+                  f"{i2}      if (s_ != nullptr) {load(kind, r, vi, '0', 's_')} }}"]
         else:
-            L += [f"{i2}    #pragma unroll", f"{i2}    for (int j_ = 0; j_ < {W}; ++j_) "
-                  f"{reg}[u_][j_] = latch::ld<{st}>({names[vi]}, {off});"]
+            for k, (a, g) in enumerate(acc):
+                L.append(f"{i2}    {'} else ' if k else ''}if ({g}) {{ {load(a[0], r, a[2], a[3])}")
+            L.append(f"{i2}    }}")
     L += [f"{i2}  }}", f"{i2}}}"]
     # the arithmetic, lane by lane, in registers
     L += [f"{i2}#pragma unroll", f"{i2}for (int u_ = 0; u_ < {U}; ++u_) {{",
           f"{i2}  const {itype} l_ = base_ + q_ + u_ * {W} * LATCH_THREADS;"]
     L += dec
     L += [f"{i2}  #pragma unroll", f"{i2}  for (int j_ = 0; j_ < {W}; ++j_) {{"]
-    L += p.lines + stores
+    L += lines
     L += [f"{i2}  }}", f"{i2}}}"]
     # the stores (the output's flat offset is l_)
     L += [f"{i2}#pragma unroll", f"{i2}for (int u_ = 0; u_ < {U}; ++u_) {{",
@@ -462,6 +577,8 @@ def ilp_lines(spec: BodySpec, lowerings: dict[str, Lowering], names: dict[int, s
         else:
             L.append(f"{i2}    latch::st<{st}>({names[i]}, l_, o{i}_[u_][0]);")
     L += [f"{i2}  }}", f"{i2}}}", f"{ind}}}"]
-    vec = [(names[vi], "0") for k, _, vi, _ in loads if k == VEC_] + [(names[i], "0") for i in outs]
+    if not wide:  # every index fits in 32 bits: the view maps' 64-bit constants would widen the math
+        L = [_LONG.sub(r"\1", x) for x in L]
+    vec = [(names[vi], "0") for k, _, vi, _ in p.loads.values() if k == VEC_] + [(names[i], "0") for i in outs]
     cond = " && ".join(f"latch::aligned4({p_}, {o})" for p_, o in dict.fromkeys(vec)) if W == 4 else "true"
     return L, cond
