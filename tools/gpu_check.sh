@@ -427,6 +427,7 @@ run_profile "${LATCH_GPU_DENSEPROF_S:-300}" dense-barrier transformer --schedule
     --set mlp_hidden=2048 --trace-dir "$OUT/timeline-dense"
 fi
 TIMING_S=150  # what the full TinyMoE-200M timing step below takes (capture + build twice + bench)
+want full || TIMING_S=0  # fullprof alone: no timing step after the profile
 LEFT=$(( ${LATCH_GPU_BUDGET_S:-570} - SECONDS - TIMING_S ))
 if { want full || want fullprof; } && [ "${LATCH_GPU_FULL:-1}" = 1 ] && [ "$LEFT" -gt 60 ]; then
     run_profile "$LEFT" tinymoe-200M-barrier tinymoe --scheduler barrier --policy --updates 2 \
