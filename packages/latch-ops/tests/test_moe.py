@@ -338,3 +338,48 @@ def test_ragged_tiles_read_only_their_footprint(op):
         part = ref([a if a.dtype == torch.int64 else _poisoned(a, b) for a, b in zip(args, ins)], {})[0]
         idx = tuple(slice(lo, hi) for lo, hi in box)
         assert torch.equal(part[idx], full[idx]), box
+
+
+def test_token_topk_backward_tiles_by_rows_and_reads_only_their_footprint():
+    """Tiles of rows (run 29: as one task it took 133 us a layer while the other SMs waited): each
+    tile computed from only its footprint (the other rows of the gradient poisoned) equals the
+    reference on its rows."""
+    pytest.importorskip("latch_schedule.tiling")
+    g = torch.randn(9, 2, dtype=torch.float64)
+    idx = torch.stack([torch.randperm(5)[:2] for _ in range(9)])
+    spec = SPECS[S.TOKEN_TOPK_BACKWARD]
+    attrs = {"num_experts": 5}
+    types = [T((9, 2), "f64"), T((9, 2), "i64")]
+    out = spec.check(types, attrs)[0]
+    tiling = spec.extra["tiling"](types, [out], attrs)
+    assert tiling.split_dims == (0,)
+    full = spec.extra["reference"]([g, idx], attrs)[0]
+    for box in (((0, 4), (0, 5)), ((4, 9), (0, 5)), ((3, 4), (0, 5))):
+        ins, outs = tiling.footprint(box)
+        assert outs == [box] and ins[1] == (box[0], (0, 2))
+        part = spec.extra["reference"]([_poisoned(g, ins[0]), idx], attrs)[0]
+        assert torch.equal(part[box[0][0]:box[0][1]], full[box[0][0]:box[0][1]]), box
+
+
+@pytest.mark.parametrize("op", ["latch::softmax", S.TOKEN_TOPK, S.TOKEN_TOPK_BACKWARD])
+def test_the_routers_short_rows_spread_over_the_sms(op):
+    """A router's rows are latency-bound (CostModel.row_latency): run 26 had softmax on 5 SMs for
+    ~72 us and token_topk on 3 for ~110 us a layer, run 29 token_topk_backward as one task of 133 us,
+    the other SMs waiting. [2048, 16] must now take (nearly) every SM."""
+    tasks = pytest.importorskip("latch_schedule.tasks")
+    from latch_core.ir import Graph, Group, Node, Value
+    from latch_core.plugins import registries
+
+    N, E, k = 2048, 16, 2
+    if op == "latch::softmax":
+        values, ins, outs = [Value("x", (N, E), "f32", "batch"), Value("y", (N, E), "f32")], ("x",), ("y",)
+        attrs = {"dim": 1}
+    elif op == S.TOKEN_TOPK:
+        values = [Value("x", (N, E), "f32", "batch"), Value("v", (N, k), "f32"), Value("i", (N, k), "i64")]
+        ins, outs, attrs = ("x",), ("v", "i"), {"k": k}
+    else:
+        values = [Value("g", (N, k), "f32", "batch"), Value("i", (N, k), "i64", "batch"), Value("y", (N, E), "f32")]
+        ins, outs, attrs = ("g", "i"), ("y",), {"num_experts": E}
+    g = Graph("p", values, [Node("n", op, ins, outs, attrs)], [Group("batch", list(ins))], [Group("out", list(outs))])
+    tg = tasks.build(g, registries().ops, num_sms=132)
+    assert len(tg.tiles) >= 100, (op, len(tg.tiles))

@@ -229,7 +229,9 @@ def group_cost(graph: Graph, plan: GroupPlan, ops: Registry | None, cost: CostMo
     return max(cost.seconds(flops, mma, nbytes), row_latency(graph, plan, ops, cost))
 
 
-ROW_BODIES = frozenset({"latch::token_topk"})  # warp-per-row bodies without the norm tag
+# bodies without the norm tag whose rows are latency-bound: token_topk (a warp per row) and its
+# backward (an element per thread, two dependent loads each: run 29, 133 us as one task)
+ROW_BODIES = frozenset({"latch::token_topk", "latch::token_topk_backward"})
 
 
 def row_latency(graph: Graph, plan: GroupPlan, ops: Registry | None, cost: CostModel) -> float:

@@ -269,7 +269,8 @@ SPECS = [
         tags={ROUTING, INDEXING},
         num_inputs=(2, 2),
         doc="gradient of token_topk: grad_values scattered into zero rows at indices",
-        extra={"reference": _ref_token_topk_backward, "torch_ops": ["latch::token_topk_backward"]},
+        extra={"reference": _ref_token_topk_backward, "torch_ops": ["latch::token_topk_backward"],
+               "tiling": tilings.token_topk_backward},
     ),
     OpSpec(
         name=ROUTE_ORDER,

@@ -72,3 +72,17 @@ def token_topk(in_types, out_types, attrs):
         return [(rows, (0, probs.shape[1]))], [box, box]
 
     return _tiling((0,), footprint, (0,), "token_topk")
+
+
+def token_topk_backward(in_types, out_types, attrs):
+    """token_topk_backward(grad_values[N, k], indices[N, k]) -> grad_probs[N, E]: tiles of rows; a tile
+    reads its rows of both inputs (every slot) and writes its rows of grad_probs (every expert). Run
+    29: as one task it took 133 us a layer (an element per thread, two dependent loads each) while
+    the other SMs waited; the scheduler spreads it by rows (latch_schedule.tasks.ROW_BODIES)."""
+    g, idx = in_types
+
+    def footprint(box):
+        rows = box[0]
+        return [(rows, (0, g.shape[1])), (rows, (0, idx.shape[1]))], [(rows, (0, out_types[0].shape[1]))]
+
+    return _tiling((0,), footprint, (0,), "token_topk_backward")
