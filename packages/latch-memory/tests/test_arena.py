@@ -91,24 +91,34 @@ def _chain(n):
     return items
 
 
-def _measure(n):
+def _cpu(n):
+    """Best CPU seconds of three placements of ``_chain(n)``, taken without tracemalloc: tracing
+    every allocation made the placement ~8x slower and its ratio noisy on a loaded CI machine (the
+    2-core runner once saw 3.4x for a doubling under tracing)."""
     items = _chain(n)
-    best = None
-    for _ in range(2):
-        tracemalloc.start()
+    best = float("inf")
+    for _ in range(3):
         c = time.process_time()
         assign_offsets(items, lambda a, b: True, alignment=256)
-        cpu = time.process_time() - c
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-        best = (cpu, peak) if best is None or cpu < best[0] else best
+        best = min(best, time.process_time() - c)
     return best
 
 
+def _peak(n):
+    items = _chain(n)
+    tracemalloc.start()
+    assign_offsets(items, lambda a, b: True, alignment=256)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return peak
+
+
 def test_time_and_memory_grow_linearly_not_quadratically():
-    small, large = _measure(1000), _measure(2000)  # 3,000 and 6,000 values, ~40% of pairs live together
-    t_ratio, m_ratio = large[0] / max(small[0], 1e-6), large[1] / small[1]
-    # n log n doubling is ~2.1x; the quadratic version took ~4x (and 20+ s on the real 8,000-value plan)
-    assert t_ratio < 3.0, (small, large)
-    assert m_ratio < 2.5, (small, large)
-    assert large[0] < 5.0
+    # 3,000 and 12,000 values, ~40% of pairs live together. Quadrupling n: n log n is ~4.5x, the
+    # quadratic version ~16x (and took 20+ s on the real 8,000-value plan); 8x sits between with
+    # room for a noisy machine on either side. Memory: a doubling, linear is ~2x, quadratic ~4x.
+    t_small, t_large = _cpu(1000), _cpu(4000)
+    m_small, m_large = _peak(500), _peak(1000)
+    assert t_large / max(t_small, 1e-6) < 8.0, (t_small, t_large)
+    assert m_large / m_small < 2.5, (m_small, m_large)
+    assert t_large < 5.0
