@@ -20,11 +20,12 @@ from test_gpu_ops import reference, rel_l2, tolerance
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 IGNORE = -100
-# (name, logits dtype, dlogits dtype, rows, V): 257 chunks of 8 a row (2056) make every thread's cursor
-# cross rows at a different chunk; 1003 is odd (the scalar paths); 37 rows split in 5 or 3 are ragged.
+# (name, logits dtype, dlogits dtype, rows, V): 257 chunks of 8 a row (2056) leave a row's last chunk
+# to one thread; 1003 is odd (the scalar paths); 37 rows split in 5 or 3 are ragged;
+# 96 (12 chunks a row) makes the backward take 21 rows at once (a row per 12 threads, 4 threads idle).
 CASES = [("bb", "bf16", "bf16", 37, 2056), ("hh", "f16", "f16", 37, 2056), ("fb", "f32", "bf16", 37, 2056),
          ("ff", "f32", "f32", 37, 2056), ("bf", "bf16", "f32", 37, 2056), ("odd", "bf16", "bf16", 37, 1003),
-         ("wide", "bf16", "bf16", 19, 6144)]
+         ("wide", "bf16", "bf16", 19, 6144), ("narrow", "bf16", "bf16", 37, 96)]
 
 
 def _graph():

@@ -4,11 +4,11 @@
 //   cross_entropy_row:      one warp, one row: online (max, sum exp) over V, then lse, the target's
 //                           nll and the valid flag (lane 0 writes them). Deterministic: each lane
 //                           walks its columns in order, the warp combines in a fixed butterfly.
-//   cross_entropy_grad_tile: the consumer threads over the tile's chunks of 8 elements:
+//   cross_entropy_grad_tile: a row at a time, the consumer threads over its chunks of 8 elements:
 //                           (exp(x - lse) - onehot) * scale, or 0 on an ignored row.
 // BF16, FP16 or FP32 logits (and dlogits) with rows a multiple of 8 long and 16-byte aligned take
-// 16-byte global loads and stores, 16 loads in flight per thread (64 KiB per SM: the bytes in
-// flight HBM needs; results/ce.md); anything else a coalesced scalar path. Plain (coherent) loads,
+// 16-byte global loads and stores, 8 loads in flight per thread and bulk L2 prefetches ahead
+// (results/ce.md); anything else a coalesced scalar path. Plain (coherent) loads,
 // never ld.global.nc: the logits are written earlier in the same launch, into arena bytes that may
 // have held another value before. Statistics in Acc (float; double for f64 logits); the float exp
 // is ex2.approx of one FMA (xent_exp).
@@ -159,8 +159,9 @@ template <class T> __host__ __device__ constexpr bool xent_vec_type() {
 
 // Bytes in flight: XENT_WORDS 16-byte loads per thread before any math (8 x 16 B x 256 consumer
 // threads = 32 KiB per SM; 16 spill once a kernel holds several of these bodies), plus L2
-// prefetches (cp.async.bulk.prefetch.L2: no registers) of the next XENT_AHEAD iterations' bytes, so
-// that ~96 KiB per SM are on their way from HBM. Runs 14 and 26 measured 8 and 16 KiB in flight at
+// prefetches (cp.async.bulk.prefetch.L2: no registers) of the bytes ahead (the forward: the next
+// XENT_AHEAD iterations' of each warp's row; the backward: the next row of the tile), so that
+// ~96 KiB per SM are on their way from HBM. Runs 14 and 26 measured 8 and 16 KiB in flight at
 // ~7 and ~13 GB/s per SM (latency-bound), where 4.27 TB/s over 128 SMs needs 33 GB/s each.
 constexpr int XENT_WORDS = 8;
 constexpr int XENT_AHEAD = 2;
@@ -169,20 +170,6 @@ constexpr int XENT_AHEAD = 2;
 // SM's writes meet, so a prefetched line is never stale.
 __device__ __forceinline__ void xent_prefetch_l2(const void* p, long long bytes) {
   if (bytes > 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((unsigned)bytes) : "memory");
-}
-
-// The L2 prefetch of the tile's flat chunks [a, b) (chunk i: row i / runs, chunk i % runs of it;
-// rows of V elements from x, the tile's columns from c0): one bulk prefetch per row segment, the
-// segments over the consumer threads.
-template <class T>
-__device__ __forceinline__ void xent_prefetch_chunks(const T* x, long long V, long long r0, long long c0, int runs,
-                                                     long long a, long long b) {
-  if (a >= b) return;  // past the tile; else both below 2^31 (the vector path's guard): 32-bit division
-  const int ai = (int)a, bi = (int)b, ra = ai / runs, rb = (bi - 1) / runs;
-  for (int row = ra + (int)threadIdx.x; row <= rb; row += LATCH_THREADS) {
-    const int s = row == ra ? ai - ra * runs : 0, e = row == rb ? bi - rb * runs : runs;
-    xent_prefetch_l2(x + (r0 + row) * V + c0 + 8LL * s, 16LL * (e - s) * Raw8<T>::W);
-  }
 }
 
 template <class T, class Acc>
@@ -256,11 +243,17 @@ __device__ __forceinline__ void cross_entropy_row(const T* x, const TI* target, 
 
 // The tile [r0, r1) x [c0, c1) of dlogits = (exp(x - lse) - onehot(t)) * scale, 0 on an ignored row.
 // Vector path (16-bit or float logits and dx, rows a multiple of 8 long, 16-byte aligned, the tile's
-// columns whole chunks of 8): the tile is a sequence of rows x runs chunks; consumer thread i takes
-// chunks i, i + T, i + 2T, ... (T = LATCH_THREADS), XENT_WORDS 16-byte logit loads in flight before
-// any math. Its (row, chunk) cursor steps by T chunks: no division on the address path (the old body
-// did a 64-bit division per chunk before its load), a 32-bit one only where the step crosses a row.
-// Every element is computed by the same formula in every run and tiling: deterministic.
+// columns whole chunks of 8): a row at a time (P rows at once where a row has fewer chunks of 8 than
+// there are consumer threads), its chunks spread over the threads, XENT_WORDS 16-byte logit loads in
+// flight per thread before any math; the next row L2-prefetched (cp.async.bulk.prefetch.L2) as a row
+// starts. Per row, once: its target chunk, its lse, whether it is ignored (a whole ignored row is
+// stored as zeros without reading its logits). Per chunk: a 32-bit offset from the row's base, and
+// per element one FFMA, one MUFU.EX2 and one FMUL (run 29's body spent ~140 instructions a chunk on
+// per-element selects for the one-hot and the ignore, a per-chunk row cursor and 64-bit target
+// arithmetic: 287 us a task, ~6 us an iteration for 32 KiB per SM: issue-bound). The chunk holding
+// the target takes a branch (one chunk of a row) that subtracts the one at its place. Every element is
+// computed by the formula the scalar path writes, in every run and tiling: (e - 0) * sc is e * sc to
+// the bit, (e - 1) * sc at the target; deterministic.
 template <class T, class TI, class TS, class TO, class Acc>
 __device__ __forceinline__ void cross_entropy_grad_tile(const TS* grad, const T* x, const TI* target, const TS* lse,
                                                         const TS* total, TO* dx, long long V, long long r0,
@@ -271,8 +264,9 @@ __device__ __forceinline__ void cross_entropy_grad_tile(const TS* grad, const T*
   if (r1 <= r0 || width <= 0) return;
   bool vec = false;
   if constexpr (xent_vec_type<T>() && xent_vec_type<TO>() && std::is_same<Acc, float>::value) {
+    // a row's chunks are counted in 32 bits (offsets 16 * chunk bytes from the row's base)
     vec = xent_vec_ok(x, V) && xent_vec_ok(dx, V) && (c0 % 8 == 0) && (width % 8 == 0) &&
-          (r1 - r0) * (width / 8) < (1LL << 31) - (XENT_AHEAD + 2LL) * LATCH_THREADS * XENT_WORDS;
+          width / 8 < (1LL << 26);
   }
   if (vec) {
     // FP32 logits: 3 chunks (6 words), not 4: with 4 the FP32 bodies spilled in a kernel of 14 bodies
@@ -280,64 +274,49 @@ __device__ __forceinline__ void cross_entropy_grad_tile(const TS* grad, const T*
     constexpr int U = Raw8<T>::W == 1 ? XENT_WORDS : 3;
     const int runs = (int)(width / 8), rows = (int)(r1 - r0);
     const float sc = (float)scale;
-    // the cursor of chunk threadIdx.x: (rr, cc) = divmod(threadIdx.x, runs)
-    int rr = (int)threadIdx.x / runs, cc = (int)threadIdx.x - rr * runs;
-    auto step = [&](int& r, int& c) {
-      c += LATCH_THREADS;
-      if (c >= runs) {
-        const int d = c / runs;
-        r += d;
-        c -= d * runs;
+    // L threads per row, P rows at once; threads past P * L (when L does not divide them) sit out
+    const int L = runs < LATCH_THREADS ? runs : LATCH_THREADS, P = LATCH_THREADS / L;
+    const int p = (int)threadIdx.x / L, l = (int)threadIdx.x - p * L;
+    if (p >= P) return;
+    const long long row_bytes = 16LL * Raw8<T>::W * runs;
+    for (int r = p; r < rows; r += P) {
+      const long long row = r0 + r;
+      if (l == 0 && r + P < rows) xent_prefetch_l2(x + (row + P) * V + c0, row_bytes);
+      TO* drow = dx + row * V + c0;
+      const long long t = (long long)target[row];
+      if (t == ignore_index) {  // an ignored row: zeros, its logits never read
+        const float z[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        for (int j = l; j < runs; j += L) xent_store8<TO>(drow + 8 * j, z);
+        continue;
       }
-    };
-    const long long total_chunks = (long long)rows * runs, per_iter = (long long)U * LATCH_THREADS;
-    for (int a = 1; a < XENT_AHEAD; ++a)
-      xent_prefetch_chunks(x, V, r0, c0, runs, a * per_iter, min(total_chunks, (a + 1) * per_iter));
-    long long base = 0;  // the flat index of this iteration's first chunk (thread 0's)
-    int cur = -1;        // the row whose target and lse are held
-    bool ok = false;
-    long long tcol = -1;
-    float nl = 0.f;
-    while (rr < rows) {
-      {
-        const long long a = base + XENT_AHEAD * per_iter;
-        xent_prefetch_chunks(x, V, r0, c0, runs, a, min(total_chunks, a + per_iter));
-        base += per_iter;
-      }
-      // in flight per chunk only its words; the row's target and lse are loaded where the row
-      // changes (rarely: a thread's chunks are LATCH_THREADS apart, rows are runs long), from L1
-      // mostly, so they hold 4 registers, not 3 a chunk (which spilled with several bodies)
-      Raw8<T> u[U];
-      int r = rr, c = cc;
+      // the chunk holding the target, and its place in it (-1: the target is not in this tile)
+      const unsigned long long tc = (unsigned long long)(t - c0);
+      const int tchunk = tc < (unsigned long long)width ? (int)(tc >> 3) : -1, hit = (int)(tc & 7);
+      const float nl = xent_neg_scale((float)ld<TS>(lse, row));
+      const T* xrow = x + row * V + c0;
+      for (int j0 = l; j0 < runs; j0 += U * L) {
+        Raw8<T> u[U];
 #pragma unroll
-      for (int q = 0; q < U; ++q) {
-        if (r < rows) u[q].load(x + (r0 + r) * V + c0 + 8LL * c);
-        step(r, c);
-      }
-      r = rr;
-      c = cc;
-#pragma unroll
-      for (int q = 0; q < U; ++q) {
-        if (r >= rows) break;
-        if (r != cur) {
-          cur = r;
-          const long long tt = (long long)target[r0 + r];
-          ok = tt != ignore_index;
-          tcol = ok ? tt - c0 : -1;  // in [0, width) when the target is in this tile's columns
-          nl = xent_neg_scale((float)ld<TS>(lse, r0 + r));
+        for (int q = 0; q < U; ++q) {
+          const int j = j0 + q * L;
+          if (j < runs) u[q].load(xrow + 8 * j);
         }
-        const long long row = r0 + r, j0 = 8LL * c;
-        const unsigned long long off = (unsigned long long)(tcol - j0);
-        const int hit = off < 8ULL ? (int)off : 8;  // the target's place in this chunk, 8: not here
-        float f[8];
-        u[q].to_float(f);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) f[k] = ok ? (xent_exp(f[k], nl) - (k == hit ? 1.f : 0.f)) * sc : 0.f;
-        xent_store8<TO>(dx + row * V + c0 + j0, f);
-        step(r, c);
+        for (int q = 0; q < U; ++q) {
+          const int j = j0 + q * L;
+          if (j >= runs) break;
+          float f[8];
+          u[q].to_float(f);
+          if (j != tchunk) {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) f[k] = xent_exp(f[k], nl) * sc;
+          } else {
+#pragma unroll
+            for (int k = 0; k < 8; ++k) f[k] = (xent_exp(f[k], nl) - (k == hit ? 1.f : 0.f)) * sc;
+          }
+          xent_store8<TO>(drow + 8 * j, f);
+        }
       }
-      rr = r;  // U steps on, or past the tile's last row where the loop broke
-      cc = c;
     }
     return;
   }
