@@ -24,8 +24,11 @@ needs_tools = pytest.mark.skipif(not H.have_sass_tools(), reason="nvcc or cuobjd
 
 def test_the_wgmma_body_is_taken_for_bf16_operands_tma_can_stream():
     R, d, h, E = 4096, 768, 512, 16  # TinyMoE-200M's expert layer
-    assert ragged_wgmma("latch::ragged_mm", (((R, d), BF), ((E, d, h), BF)), F) == 128
-    assert ragged_wgmma("latch::ragged_mm_grad_x", (((R, h), BF), ((E, d, h), BF)), F) == 128
+    # wide outputs take 128 x 256 sub-tiles, as their tiles (latch_ops.moe.tilings.cols); grad_w 128 x 128
+    assert ragged_wgmma("latch::ragged_mm", (((R, d), BF), ((E, d, h), BF)), F) == 256
+    assert ragged_wgmma("latch::ragged_mm_grad_x", (((R, h), BF), ((E, d, h), BF)), F) == 256
+    assert ragged_wgmma("latch::ragged_mm", (((R, d), BF), ((E, d, 192), BF)), F) == 128
+    assert ragged_wgmma("latch::ragged_mm_grad_x", (((R, h), BF), ((E, 192, h), BF)), F) == 128
     assert ragged_wgmma("latch::ragged_mm_grad_w", (((R, d), BF), ((R, h), BF)), F) == 128
     assert ragged_wgmma("latch::ragged_mm_grad_x", (((R, 8), BF), ((E, 40, 8), BF)), F) == 64
     # FP32 operands, rows TMA cannot stream (not 16-byte multiples), an FP64 result: SIMT
@@ -60,6 +63,18 @@ def test_ragged_products_compile_to_tensor_cores_fed_by_tma(tmp_path, cache):
     assert r.local_loads == 0, r
 
 
+@needs_tools
+def test_wide_ragged_products_compile_to_n256_tensor_cores_without_spills(tmp_path, cache):
+    # TinyMoE-200M's expert layer: the forward and grad_x at N 256 (tilings.cols), grad_w at N 128
+    out = tmp_path / "w"
+    doc = build(_doc(R=4096, d=768, h=512, E=16, tiles=32), out, jobs=2)
+    stats = dict(doc.build.stats)
+    assert stats.get("spill_stores", 0) == 0 and "wgmma_warnings" not in stats, stats
+    r = sass_report(out / "program.so")
+    assert r.hgmma.get("64x256x16.F32.BF16", 0) >= 8 and r.hgmma.get("64x128x16.F32.BF16", 0) >= 4, r
+    assert r.hgmma_serialized == 0 and r.local_loads == 0 and r.local_stores == 0, r
+
+
 # --------------------------------------------------------------------------------------------
 # GPU
 
@@ -80,15 +95,18 @@ def _routing(R, E, gen):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("strategy,split", [("barrier", "rows"), ("dataflow", "cols")])
-def test_ragged_products_match_fp64_and_weight_gradients_repeat_bit_for_bit(strategy, split, tmp_path):
+@pytest.mark.parametrize("strategy,split,shape", [("barrier", "rows", (512, 128, 192, 6)),
+                                                  ("dataflow", "cols", (512, 128, 192, 6)),
+                                                  ("barrier", "rows", (1024, 256, 512, 8))])
+def test_ragged_products_match_fp64_and_weight_gradients_repeat_bit_for_bit(strategy, split, shape, tmp_path):
+    """The third shape takes the wide bodies (128 x 256 sub-tiles: ragged_mm N = 512, grad_x N = 256)."""
     import torch
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from latch_codegen_h100.runtime import Program
 
-    R, d, h, E = 512, 128, 192, 6
+    R, d, h, E = shape
     build(_doc(R, d, h, E, strategy=strategy, split=split), tmp_path / "b")
     prog = Program.load(tmp_path / "b")
     gen = torch.Generator().manual_seed(1)

@@ -307,6 +307,27 @@ def test_ragged_tilings_footprints():
     assert ins == [((0, 300), (0, 32)), ((0, 300), (8, 16)), ((0, 5),)] and outs == [((2, 3), (0, 32), (8, 16))]
 
 
+def test_wide_bf16_expert_products_tile_128_by_256():
+    # TinyMoE-200M (4096 sorted rows, d 768, hidden 512, 16 experts, BF16 operands): 128 x 256 tiles
+    # for the forward and grad_x (one wgmma sub-tile of N 256 per expert a tile meets), 128 x 128 for
+    # narrower outputs and for FP32 operands (the SIMT body); grad_w keeps (1, 128, 128)
+    pytest.importorskip("latch_schedule.tiling")
+    from latch_ops.moe import tilings
+
+    R, d, h, E = 4096, 768, 512, 16
+    off = T((E + 1,), "i64")
+    for dt, want in (("bf16", 256), ("f16", 256), ("f32", 128)):
+        t = SPECS[S.RAGGED_MM].extra["tiling"]([T((R, d), dt), T((E, d, h), dt), off], [T((R, h), "f32")], {})
+        assert t.granule == (128, want), (dt, t.granule)
+        t = SPECS[S.RAGGED_MM_GRAD_X].extra["tiling"]([T((R, h), dt), T((E, d, h), dt), off], [T((R, d), "f32")], {})
+        assert t.granule == (128, want), (dt, t.granule)
+    t = SPECS[S.RAGGED_MM].extra["tiling"]([T((R, d), "bf16"), T((E, d, 192), "bf16"), off], [T((R, 192), "f32")], {})
+    assert t.granule == (128, 128)
+    t = SPECS[S.RAGGED_MM_GRAD_W].extra["tiling"]([T((R, d), "bf16"), T((R, h), "bf16"), off], [T((E, d, h), "f32")], {})
+    assert t.granule == (1, 128, 128)
+    assert tilings.cols(255, "bf16") == 128 and tilings.cols(256, "bf16") == 256
+
+
 def _poisoned(t, box):
     out = torch.full_like(t, float("nan"))
     idx = tuple(slice(lo, hi) for lo, hi in box)

@@ -17,12 +17,14 @@ segments inside their tile (``latch_moe.cuh``). Two bodies per ragged product:
 
 from __future__ import annotations
 
+from latch_ops.moe import tilings
+
 from . import cgen
 from .lowering import BodyContext, Lowering, LoweringError, OnlyWhen, TensorMap
 
 HEADER = "latch_moe.cuh"
 MAX_EXPERTS = 8192  # route_order keeps one counter per expert in shared memory
-FAST_EXPERTS = 256  # = latch::ROUTE_FAST_EXPERTS: route_order_match's per-warp counts fit (9 * E ints)
+FAST_EXPERTS = 256  # = latch::ROUTE_FAST_EXPERTS: route_order_warps scans the counts one thread per expert
 
 
 def _round(ctx: BodyContext) -> int:
@@ -69,14 +71,14 @@ def _route_order(ctx: BodyContext) -> str:
     E = int(ctx.attr("num_experts"))
     if E > MAX_EXPERTS:
         raise LoweringError(f"{ctx.op}: {E} experts exceed {MAX_EXPERTS}, the most this body counts in shared memory")
-    fn = "route_order_match" if E <= FAST_EXPERTS else "route_order_all"
+    fn = "route_order_warps" if E <= FAST_EXPERTS else "route_order_all"
     return (f"latch::{fn}<{idx.ctype}, {token.ctype}>({idx.ptr}, {token.ptr}, {position.ptr}, "
             f"{offsets.ptr}, {N}LL, {k}, {E}LL, (int*){ctx.smem});")
 
 
 def _route_smem(ctx: BodyContext) -> int:
     E = int(ctx.attr("num_experts"))
-    return 4 * 9 * E if E <= FAST_EXPERTS else 4 * (E + ctx.threads)
+    return 4 * (ctx.threads // 32) * (E + 1) if E <= FAST_EXPERTS else 4 * (E + ctx.threads)
 
 
 def _ragged(mode: int):
@@ -115,7 +117,9 @@ OUT = ("f32", "bf16", "f16")  # what the fused epilogue stores
 
 def ragged_wgmma(op: str, in_types, out_dtype: str) -> int | None:
     """BN of the wgmma body for a ragged node with operand types ``in_types`` ((shape, dtype) of
-    the two float operands) and result dtype ``out_dtype``, or None when the SIMT body computes it."""
+    the two float operands) and result dtype ``out_dtype``, or None when the SIMT body computes it.
+    The forward and grad_x take the tile width of ``latch_ops.moe.tilings.cols`` (256 for wide
+    outputs), so a task is one sub-tile per expert its rows meet."""
     (a_shape, a_dt), (b_shape, b_dt) = in_types
     if a_dt not in LOW or b_dt != a_dt or out_dtype not in OUT:
         return None
@@ -125,10 +129,11 @@ def ragged_wgmma(op: str, in_types, out_dtype: str) -> int | None:
         return None
     if op == "latch::ragged_mm":  # w[e] [K, N] N-major: whole 64-column blocks
         n = b_shape[2]
-        return 128 if n > 64 else 64
+        return tilings.cols(n, a_dt) if n > 64 else 64
     if op == "latch::ragged_mm_grad_x":  # w[e] [N, K] K-major: N = Din, any multiple of 16
         n = b_shape[1]
-        return next(x for x in (16, 32, 64, 96, 128) if x >= min(n, 128))
+        wide = tilings.cols(n, a_dt)
+        return wide if wide > 128 else next(x for x in (16, 32, 64, 96, 128) if x >= min(n, 128))
     n = b_shape[1]  # grad_w: g [R, Dout] N-major
     return 128 if n > 64 else 64
 
@@ -235,8 +240,9 @@ def lowerings() -> list[Lowering]:
                  doc="warp per row: k rounds of a per-lane pick and a shuffle arg-max"),
         Lowering("latch::token_topk_backward", body=_token_topk_backward, headers=h),
         Lowering("latch::route_order", body=_route_order, headers=h, smem=_route_smem, whole=True,
-                 doc="one block: expert counts, offsets, stable ranks 256 pairs at a time (warp match + "
-                     "per-warp counts up to 256 experts, a scan of the chunk beyond)"),
+                 doc="one block: up to 256 experts, each warp counts its contiguous pairs (warp match), a "
+                     "block scan gives the offsets and each warp's first rows, a second pass ranks; beyond "
+                     "256 experts, 256 pairs at a time with a scan of the chunk"),
         _ragged_lowering("latch::ragged_mm", _ragged(0)),
         _ragged_lowering("latch::ragged_mm_grad_x", _ragged(1)),
         _ragged_lowering("latch::ragged_mm_grad_w", _ragged_grad_w),

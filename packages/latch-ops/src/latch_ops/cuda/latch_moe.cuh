@@ -1,4 +1,4 @@
-// MoE bodies (latch_ops/moe/specs.py): token_topk and its backward, route_order, and the ragged
+// MoE bodies (latch_ops/moe/specs.py): token_topk and its backward, route_order (latch_route.cuh), and the ragged
 // matrix products (forward, grad_x, grad_w) over expert segments given by ``offsets`` (data).
 //
 // Two forms of the ragged products:
@@ -16,6 +16,7 @@
 
 #include "latch_gemm.cuh"
 #include "latch_matmul.cuh"
+#include "latch_route.cuh"
 
 namespace latch {
 
@@ -50,55 +51,6 @@ __device__ void token_topk_rows(const T* probs, T* values, TI* indices, long lon
       prev = best;
       prev_v = bv;
     }
-  }
-}
-
-// The whole route_order in one block: counts, offsets, then a stable rank of every (token, slot)
-// pair among the pairs of its expert, 256 pairs at a time. smem: E + 256 ints.
-template <class TI, class TO>
-__device__ void route_order_all(const TI* indices, TO* token, TO* position, TO* offsets, long long N, int k,
-                                long long E, int* smem) {
-  int* run = smem;            // [E]: counts, then the next free row of each expert
-  int* chunk = smem + E;      // [LATCH_THREADS]: the experts of the current chunk of pairs
-  const long long P = N * (long long)k;
-  for (long long e = threadIdx.x; e < E; e += LATCH_THREADS) run[e] = 0;
-  latch::block_sync();
-  for (long long p = threadIdx.x; p < P; p += LATCH_THREADS) {
-    const long long e = (long long)indices[p];
-    if (e < 0 || e >= E) {
-      latch_report(ERR_INDEX_RANGE, e, E);
-      continue;
-    }
-    atomicAdd(&run[e], 1);
-  }
-  latch::block_sync();
-  if (threadIdx.x == 0) {
-    int acc = 0;
-    for (long long e = 0; e < E; ++e) {
-      const int c = run[e];
-      offsets[e] = (TO)acc;
-      run[e] = acc;
-      acc += c;
-    }
-    offsets[E] = (TO)acc;
-  }
-  latch::block_sync();
-  for (long long base = 0; base < P; base += LATCH_THREADS) {
-    const long long p = base + threadIdx.x;
-    long long e = p < P ? (long long)indices[p] : -1;
-    if (e < 0 || e >= E) e = -1;
-    chunk[threadIdx.x] = (int)e;
-    latch::block_sync();
-    if (e >= 0) {
-      int rank = 0;
-      for (int q = 0; q < (int)threadIdx.x; ++q) rank += chunk[q] == (int)e;
-      const long long row = run[e] + rank;
-      token[row] = (TO)(p / k);
-      position[p] = (TO)row;
-    }
-    latch::block_sync();
-    if (e >= 0) atomicAdd(&run[e], 1);
-    latch::block_sync();
   }
 }
 
@@ -154,68 +106,6 @@ __device__ void token_topk_warps(const T* probs, T* values, TI* indices, long lo
       prev = best;
       prev_v = bv;
     }
-  }
-}
-
-// route_order in one block for up to ROUTE_FAST_EXPERTS experts: counts (shared-memory integer
-// atomics: the same counts in any order), offsets, then the pairs 256 at a time in pair order, each
-// pair's stable rank among its expert's pairs from __match_any_sync within its warp plus the
-// counts of the warps before it: O(1) per pair instead of a scan of the chunk.
-// smem: E + 8 * E ints.
-constexpr int ROUTE_FAST_EXPERTS = 256;
-
-template <class TI, class TO>
-__device__ void route_order_match(const TI* indices, TO* token, TO* position, TO* offsets, long long N, int k,
-                                  long long E, int* smem) {
-  int* run = smem;      // [E]: counts, then the next free row of each expert
-  int* cnt = smem + E;  // [8][E]: pairs of each expert in each warp of the current chunk
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const long long P = N * (long long)k;
-  for (long long e = tid; e < E; e += LATCH_THREADS) run[e] = 0;
-  latch::block_sync();
-  for (long long p = tid; p < P; p += LATCH_THREADS) {
-    const long long e = (long long)indices[p];
-    if (e < 0 || e >= E) {
-      latch_report(ERR_INDEX_RANGE, e, E);
-      continue;
-    }
-    atomicAdd(&run[e], 1);
-  }
-  latch::block_sync();
-  if (tid == 0) {
-    int acc = 0;
-    for (long long e = 0; e < E; ++e) {
-      const int c = run[e];
-      offsets[e] = (TO)acc;
-      run[e] = acc;
-      acc += c;
-    }
-    offsets[E] = (TO)acc;
-  }
-  const unsigned below = (1u << lane) - 1u;
-  for (long long base = 0; base < P; base += LATCH_THREADS) {
-    for (long long i = tid; i < 8 * E; i += LATCH_THREADS) cnt[i] = 0;
-    const long long p = base + tid;
-    long long e = p < P ? (long long)indices[p] : -1;
-    if (e < 0 || e >= E) e = -1;
-    const unsigned same = __match_any_sync(0xffffffffu, (int)e);
-    latch::block_sync();  // offsets/run written, cnt zeroed
-    if (e >= 0 && (same & below) == 0) cnt[warp * E + e] = __popc(same);  // the group's first lane
-    latch::block_sync();
-    if (e >= 0) {
-      int rank = __popc(same & below);
-      for (int w = 0; w < warp; ++w) rank += cnt[w * E + e];
-      const long long row = run[e] + rank;
-      token[row] = (TO)(p / k);
-      position[p] = (TO)row;
-    }
-    latch::block_sync();
-    for (long long x = tid; x < E; x += LATCH_THREADS) {
-      int add = 0;
-      for (int w = 0; w < 8; ++w) add += cnt[w * E + x];
-      run[x] += add;
-    }
-    latch::block_sync();
   }
 }
 
@@ -339,13 +229,15 @@ __device__ __forceinline__ bool ragged_produce(Pipe& p, const void* map_a, const
 template <class T, int BN, bool B_K, class TO, class TOff>
 __device__ __forceinline__ bool ragged_consume(Pipe& p, TO* out, const TOff* offsets, int E, int K, int N, int r_lo,
                                                int r_hi, int n_lo, int n_hi) {
-  // rows outside every segment are zero (offsets need not cover all rows)
+  // rows outside every segment are zero (offsets need not cover all rows): [r_lo, first) and
+  // [last, r_hi), usually both empty (route_order's offsets cover every row). Run 29's loop over
+  // every element of the box (a 32-bit division per element, 64 per thread at 128 x 128) ran
+  // before the first wgmma of every task even when it stored nothing.
   const int first = max(r_lo, min(r_hi, (int)offsets[0])), last = min(r_hi, max(r_lo, (int)offsets[E]));
-  const int w = n_hi - n_lo;
-  for (int i = threadIdx.x; i < (r_hi - r_lo) * w; i += LATCH_THREADS) {
-    const int r = r_lo + i / w;
-    if (r < first || r >= last) st<TO>(out, (long long)r * N + n_lo + i % w, 0.0f);
-  }
+  for (int r = r_lo; r < first; ++r)
+    for (int c = n_lo + (int)threadIdx.x; c < n_hi; c += LATCH_THREADS) st<TO>(out, (long long)r * N + c, 0.0f);
+  for (int r = last; r < r_hi; ++r)
+    for (int c = n_lo + (int)threadIdx.x; c < n_hi; c += LATCH_THREADS) st<TO>(out, (long long)r * N + c, 0.0f);
   for (int e = 0; e < E; ++e) {
     int lo, hi;
     moe::segment(offsets, e, r_lo, r_hi, lo, hi);

@@ -10,7 +10,20 @@ The record is ``latch_core.tiling.Tiling``: latch-ops does not depend on latch-s
 
 from __future__ import annotations
 
-TILE = 128  # rows / columns per tile: one tensor-core block tile
+TILE = 128  # rows per tile (the wgmma body's block tile: two warpgroups of 64 rows); columns: ``cols``
+WIDE = 256  # columns per tile of a wide BF16/F16 product (wgmma N = 256)
+
+
+def cols(out_cols: int, dtype: str) -> int:
+    """Columns per tile of ragged_mm / ragged_mm_grad_x with ``out_cols`` output columns and
+    operands of ``dtype``: 256 for BF16/F16 outputs of at least 256 columns (the grouped wgmma
+    body then runs one 128 x 256 sub-tile per expert the rows meet), else 128. Run 29
+    (results/rg.md): the 128 x 128 tiles ran at ~1.6 TFLOP/s per SM; the dense wgmma body's
+    steady-state rate at BN 256 is 1.27x that at BN 128 (results/gpu.md run 10: 655 vs 514
+    TFLOP/s), each tile loads A once for twice the columns, and TinyMoE-200M's phases become one
+    wave (128 and 96 tasks instead of 256 and 192) whose slowest task is one straddling tile
+    rather than two. The lowering (latch_codegen_h100.lower_moe.ragged_wgmma) takes BN from here."""
+    return WIDE if dtype in ("bf16", "f16") and out_cols >= WIDE else TILE
 
 
 def _tiling(split_dims, footprint, granule, kind):
@@ -34,7 +47,7 @@ def _ragged_rows(in_types, out_types, w_col_dim: int, kind: str):
         wbox[w_col_dim] = cols
         return [((r0, r1), (0, rows.shape[1])), tuple(wbox), _full(offsets)], [box]
 
-    return _tiling((0, 1), footprint, (TILE, TILE), kind)
+    return _tiling((0, 1), footprint, (TILE, cols(out_types[0].shape[1], rows.dtype)), kind)
 
 
 def ragged_mm(in_types, out_types, attrs):
