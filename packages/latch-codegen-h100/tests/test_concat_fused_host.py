@@ -92,7 +92,7 @@ def _dqkv_assembly():
     return g, [y], (B * T, 2 * H * D), ref
 
 
-def _rope_backward():
+def _rope_backward(T: int = T):
     """The RoPE backward group as TinyMoE plans it (small shapes, FP32): dq and dk each rotated back
     by halves and concatenated, stacked with dv along a new leading dim, permuted and reshaped to the
     q/k/v product's layout: five regions (q lo | q hi | k lo | k hi | v) of one output."""
@@ -164,7 +164,8 @@ def _transposed_rows():
 
 
 CASES = {"rope_forward": _rope_forward, "dqkv_assembly": _dqkv_assembly, "rope_backward": _rope_backward,
-         "straddling": _straddling, "transposed_rows": _transposed_rows}
+         "rope_backward_long": lambda: _rope_backward(64), "straddling": _straddling,
+         "transposed_rows": _transposed_rows}
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +246,8 @@ def test_fused_concat_branches_per_region(build):
     assert src2.count("if (") >= 2  # the stack concat and, nested in its first branch, the halves
 
 
-@pytest.mark.parametrize("name", ["rope_forward", "dqkv_assembly", "rope_backward", "transposed_rows"])
+@pytest.mark.parametrize("name", ["rope_forward", "dqkv_assembly", "rope_backward", "rope_backward_long",
+                                  "transposed_rows"])
 def test_row_tiles_of_a_lane_uniform_concat_take_the_vector_path(build, name):
     """Every concat boundary is a multiple of 4 (or the concat's dim is not the innermost): row tiles
     run the vector/ILP path: 16-byte accesses, the same values (the rows and whole-tile cases above
@@ -278,7 +280,8 @@ def test_a_concat_boundary_inside_a_group_of_four_keeps_the_element_loop(build):
     assert all(g == pytest.approx(w, rel=1e-6) for g, w in zip(got, want))
 
 
-@pytest.mark.parametrize("name", ["rope_forward", "dqkv_assembly", "rope_backward", "transposed_rows"])
+@pytest.mark.parametrize("name", ["rope_forward", "dqkv_assembly", "rope_backward", "rope_backward_long",
+                                  "transposed_rows"])
 def test_joint_regions_compute_the_bits_of_separate_regions(build, name, tmp_path, monkeypatch):
     """The vector path pulls a concat's regions jointly (fuse.py ``_IlpPuller._joint``: one
     expression over operands whose source is chosen per group, a select where the regions'
@@ -302,6 +305,7 @@ def test_joint_regions_compute_the_bits_of_separate_regions(build, name, tmp_pat
         lane = ilp[ilp.index("for (int j_ = 0; j_ < 4; ++j_) {"):]
         return len(re.findall(r"^\s+const float [vc]\d+ = ", lane[:lane.index("for (int u_")], re.M))
 
-    if name == "rope_backward":  # one rotation for the four rotated regions (q, k x lo, hi), not four
-        assert src.count("latch::gld4(s_, 0,") == 4 and arithmetic(src) <= arithmetic(src0) // 2, \
+    if name.startswith("rope_backward"):  # one rotation for the four rotated regions (q, k x lo, hi), not four
+        assert len(set(re.findall(r"latch::gld4\(s_, 0, (r\d+_)", src))) == 4, "four registers of loads"
+        assert arithmetic(src) <= arithmetic(src0) // 2, \
             (arithmetic(src), arithmetic(src0))

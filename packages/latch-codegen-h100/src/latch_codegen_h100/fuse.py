@@ -681,13 +681,7 @@ def ilp_lines(spec: BodySpec, lowerings: dict[str, Lowering], names: dict[int, s
         L.append(f"{ind}{compute_type(spec.values[vi].dtype)} r{s}_[{U}]" + ("" if kind == BCAST_ else f"[{W}]") + " = {};")
     for i in outs:
         L.append(f"{ind}{compute_type(spec.values[i].dtype)} o{i}_[{U}][{W}];")
-    L.append(f"{ind}for ({itype} q_ = {W} * ({itype})threadIdx.x; q_ < n_; q_ += {step} * LATCH_THREADS) {{")
     i2 = ind + "  "
-    # the load phase: every access of every group, nothing computed yet
-    L += [f"{i2}#pragma unroll", f"{i2}for (int u_ = 0; u_ < {U}; ++u_) {{",
-          f"{i2}  if (q_ + u_ * {W} * LATCH_THREADS < n_) {{",
-          f"{i2}    const {itype} l_ = base_ + q_ + u_ * {W} * LATCH_THREADS;"]
-    L += dec
 
     def load(kind, r, vi, off, src=None):
         st = storage_type(spec.values[vi].dtype)
@@ -698,12 +692,13 @@ def ilp_lines(spec: BodySpec, lowerings: dict[str, Lowering], names: dict[int, s
             return f"{r}[u_] = latch::ld<{st}>({src}, {off});"
         return f"for (int j_ = 0; j_ < {W}; ++j_) {r}[u_][j_] = latch::ld<{st}>({src}, {off});"
 
+    loads = []
     for s, keys in enumerate(slots):
         r, acc = f"r{s}_", [(p.loads[k], _guard_text(p.guards[k])) for k in keys]
         (kind, _, vi, off), g = acc[0]
         if len(acc) == 1 and not g:
             text = load(kind, r, vi, off)
-            L += ([f"{i2}    #pragma unroll"] if text.startswith("for") else []) + [f"{i2}    {text}"]
+            loads += ([f"{i2}    #pragma unroll"] if text.startswith("for") else []) + [f"{i2}    {text}"]
             continue
         if kind != GEN_:
             # the region's source chosen once per group: one pointer, one access; where no guard
@@ -714,41 +709,59 @@ def ilp_lines(spec: BodySpec, lowerings: dict[str, Lowering], names: dict[int, s
                 srcs.setdefault((a[2], a[3]), []).append(g)
             st = storage_type(spec.values[vi].dtype)
             if len(srcs) == 1 and any(not g for gs in srcs.values() for g in gs):
-                L.append(f"{i2}    {load(kind, r, vi, off)}")
+                loads.append(f"{i2}    {load(kind, r, vi, off)}")
                 continue
-            # candidates and conditions as plain values first: a select among them, not a branch
-            # tree with each candidate's address math in its own arm
+            # candidates and conditions as plain values first, then a select among them (not a
+            # branch tree with each candidate's address math in its own arm)
             cand = [f"{i2}    {{"]
             for k, ((svi, soff), gs) in enumerate(srcs.items()):
                 cond = " || ".join(f"({x})" if x else "true" for x in gs)
                 cand += [f"{i2}      const {st}* const s{k}_ = {names[svi]} + ({soff});",
                          f"{i2}      const bool g{k}_ = {cond};"]
             sel = " : ".join(f"g{k}_ ? s{k}_" for k in range(len(srcs))) + f" : {names[vi]}"
-            L += cand + [f"{i2}      const {st}* s_ = {sel};",
-                         f"{i2}      {load(kind, r, vi, '0', 's_')} }}"]
+            loads += cand + [f"{i2}      const {st}* s_ = {sel};",
+                             f"{i2}      {load(kind, r, vi, '0', 's_')} }}"]
         else:
             for k, (a, g) in enumerate(acc):
-                L.append(f"{i2}    {'} else ' if k else ''}if ({g or 'true'}) {{ {load(a[0], r, a[2], a[3])}")
-            L.append(f"{i2}    }}")
-    L += [f"{i2}  }}", f"{i2}}}"]
-    # the arithmetic, lane by lane, in registers
-    L += [f"{i2}#pragma unroll", f"{i2}for (int u_ = 0; u_ < {U}; ++u_) {{",
-          f"{i2}  const {itype} l_ = base_ + q_ + u_ * {W} * LATCH_THREADS;"]
-    L += dec
-    L += [f"{i2}  #pragma unroll", f"{i2}  for (int j_ = 0; j_ < {W}; ++j_) {{"]
-    L += lines
-    L += [f"{i2}  }}", f"{i2}}}"]
-    # the stores (the output's flat offset is l_)
-    L += [f"{i2}#pragma unroll", f"{i2}for (int u_ = 0; u_ < {U}; ++u_) {{",
-          f"{i2}  if (q_ + u_ * {W} * LATCH_THREADS < n_) {{",
-          f"{i2}    const {itype} l_ = base_ + q_ + u_ * {W} * LATCH_THREADS;"]
-    for i in outs:
-        st = storage_type(spec.values[i].dtype)
-        if W == 4:
-            L.append(f"{i2}    latch::gst4({names[i]}, l_, o{i}_[u_]);")
-        else:
-            L.append(f"{i2}    latch::st<{st}>({names[i]}, l_, o{i}_[u_][0]);")
-    L += [f"{i2}  }}", f"{i2}}}", f"{ind}}}"]
+                loads.append(f"{i2}    {'} else ' if k else ''}if ({g or 'true'}) {{ {load(a[0], r, a[2], a[3])}")
+            loads.append(f"{i2}    }}")
+
+    def iteration(guarded: bool) -> list[str]:
+        """One iteration over the thread's U groups: the load phase (every access of every group,
+        nothing computed yet), the arithmetic lane by lane in registers, the stores. Unguarded
+        (every group inside the tile: the main loop) the index math and region predicates sit in
+        one straight line that the two phases share; guarded (the last, partial iteration) each
+        group past the tile's end is skipped."""
+        cur = f"base_ + q_ + u_ * {W} * LATCH_THREADS"
+        inside = f"q_ + u_ * {W} * LATCH_THREADS < n_"
+        it = [f"{i2}#pragma unroll", f"{i2}for (int u_ = 0; u_ < {U}; ++u_) {{",
+              f"{i2}  if ({inside}) {{" if guarded else f"{i2}  {{",
+              f"{i2}    const {itype} l_ = {cur};"]
+        it += dec + loads + [f"{i2}  }}", f"{i2}}}"]
+        it += [f"{i2}#pragma unroll", f"{i2}for (int u_ = 0; u_ < {U}; ++u_) {{",
+               f"{i2}  const {itype} l_ = {cur};"]
+        it += dec + [f"{i2}  #pragma unroll", f"{i2}  for (int j_ = 0; j_ < {W}; ++j_) {{"]
+        it += lines + [f"{i2}  }}", f"{i2}}}"]
+        # the stores (the output's flat offset is l_)
+        it += [f"{i2}#pragma unroll", f"{i2}for (int u_ = 0; u_ < {U}; ++u_) {{",
+               f"{i2}  if ({inside}) {{" if guarded else f"{i2}  {{",
+               f"{i2}    const {itype} l_ = {cur};"]
+        for i in outs:
+            if W == 4:
+                it.append(f"{i2}    latch::gst4({names[i]}, l_, o{i}_[u_]);")
+            else:
+                it.append(f"{i2}    latch::st<{storage_type(spec.values[i].dtype)}>({names[i]}, l_, o{i}_[u_][0]);")
+        return it + [f"{i2}  }}", f"{i2}}}"]
+
+    if p.concats:
+        # a concat's predicates and selects read the coordinates in both phases: the full
+        # iterations run without guards (shared index math), the partial one after them guarded
+        L.append(f"{ind}{itype} q_ = {W} * ({itype})threadIdx.x;")
+        L.append(f"{ind}for (; q_ + {(U - 1) * W} * LATCH_THREADS < n_; q_ += {step} * LATCH_THREADS) {{")
+        L += iteration(False) + [f"{ind}}}", f"{ind}if (q_ < n_) {{"] + iteration(True) + [f"{ind}}}"]
+    else:
+        L.append(f"{ind}for ({itype} q_ = {W} * ({itype})threadIdx.x; q_ < n_; q_ += {step} * LATCH_THREADS) {{")
+        L += iteration(True) + [f"{ind}}}"]
     if not wide:  # every index fits in 32 bits: the view maps' 64-bit constants would widen the math
         L = [_LONG.sub(r"\1", x) for x in L]
     vec = [(names[vi], "0") for k, _, vi, _ in p.loads.values() if k == VEC_] + [(names[i], "0") for i in outs]
