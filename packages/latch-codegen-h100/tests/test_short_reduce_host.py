@@ -177,3 +177,33 @@ def test_a_short_reduction_over_the_innermost_dim_keeps_the_thread_loop():
     y = g.op("sum", (x,), (N,), {"dims": (1,), "keepdim": False})
     src = render_body(g.spec([y]), _lowerings()).source
     assert "n4_ = " not in src and "latch::reduce_thread_per_output<double, latch::SumOp>(n_out, 4LL," in src
+
+
+def test_the_top2_sums_of_awkward_pairs_keep_the_bits_of_the_double_sum(built):
+    """The vector path and the thread loop give the same bits for pairs that stress a sum: signed
+    zeros, subnormals, exponents far apart, ties at FP32's rounding, overflow to infinity (both
+    start from the identity and add in index order in double, then round to FP32)."""
+    g, y, oshape, ref, src, lib = built("topk_sum")
+    f32 = lambda a: struct.unpack("f", struct.pack("f", a))[0]  # noqa: E731
+    tiny = struct.unpack("f", struct.pack("I", 1))[0]  # the smallest subnormal
+    pairs = [(-0.0, -0.0), (-0.0, 0.0), (0.0, -0.0), (tiny, tiny), (tiny, -tiny), (1.0, 2.0 ** -30),
+             (1.0, 2.0 ** -24), (1.0, 3 * 2.0 ** -25), (1.0 + 2.0 ** -23, 2.0 ** -24), (-1.0, -(2.0 ** -24)),
+             (3.0e38, 3.0e38), (-3.0e38, -3.0e38), (2.0 ** 100, -(2.0 ** 70)), (1.5, -1.5),
+             (f32(1.0 / 3.0), f32(2.0 ** -26 / 3.0)), (float("inf"), 1.0), (float("inf"), float("-inf"))]
+    rng = random.Random(5)
+    x = [0.0] * (2 * N * K)
+    for n in range(N):
+        for c in range(K):
+            a, b = pairs[rng.randrange(len(pairs))]
+            x[(2 * n) * K + c], x[(2 * n + 1) * K + c] = f32(a), f32(b)
+    buf = (ctypes.c_float * len(x))(*x)
+    outs = []
+    for lo, hi in (([0, 0], [N, K]), ([0, 1], [N, K - 1])):  # row tile: vector path; box: thread loop
+        out = (ctypes.c_float * (N * K))(*([float("nan")] * (N * K)))
+        ptrs = (ctypes.c_void_p * 2)(ctypes.addressof(buf), ctypes.addressof(out))
+        lib.run(ptrs, (ctypes.c_int * 8)(*(lo + [0] * 6)), (ctypes.c_int * 8)(*(hi + [0] * 6)))
+        outs.append(list(out))
+    assert lib.st4() == N * K // 4 and lib.vec4() == 2 * N * K // 4  # the row tile only: the box runs the loop
+    for i in range(N * K):
+        if 1 <= i % K < K - 1:
+            assert struct.pack("f", outs[0][i]) == struct.pack("f", outs[1][i]), (i, x[(i // K) * 2 * K + i % K])
