@@ -12,7 +12,9 @@ from __future__ import annotations
 import ctypes
 import math
 import random
+import re
 import shutil
+import struct
 
 import pytest
 
@@ -90,6 +92,49 @@ def _dqkv_assembly():
     return g, [y], (B * T, 2 * H * D), ref
 
 
+def _rope_backward(T: int = T):
+    """The RoPE backward group as TinyMoE plans it (small shapes, FP32): dq and dk each rotated back
+    by halves and concatenated, stacked with dv along a new leading dim, permuted and reshaped to the
+    q/k/v product's layout: five regions (q lo | q hi | k lo | k hi | v) of one output."""
+    g = G()
+    shape, hs = (B, H, T, D), (B, H, T, HALF)
+    cos, sin = g.inp("cos", (T, HALF)), g.inp("sin", (T, HALF))
+    grads = [g.inp(n, shape) for n in ("dq", "dk", "dv")]
+    stacked = []
+    for x in grads[:2]:
+        da = g.op("slice", (x,), hs, {"dim": 3, "start": 0, "end": HALF, "step": 1})
+        db = g.op("slice", (x,), hs, {"dim": 3, "start": HALF, "end": D, "step": 1})
+        lo = g.op("add", (g.op("mul", (db, sin), hs), g.op("mul", (da, cos), hs)), hs)
+        hi = g.op("add", (g.op("mul", (db, cos), hs), g.op("mul", (g.op("neg", (da,), hs), sin), hs)), hs)
+        stacked.append(g.op("concat", (lo, hi), shape, {"dim": 3}))
+    stacked.append(grads[2])
+    ones = [g.op("reshape", (x,), (1,) + shape, {"shape": (1,) + shape}) for x in stacked]
+    st = g.op("concat", tuple(ones), (3,) + shape, {"dim": 0})
+    pm = g.op("permute", (st,), (B, T, 3, H, D), {"perm": (1, 3, 0, 2, 4)})
+    y = g.op("reshape", (pm,), (B * T, 3 * H * D), {"shape": (B * T, 3 * H * D)})
+    sq = _strides(shape)
+
+    def ref(v):
+        out = []
+        for bb in range(B):
+            for t in range(T):
+                for w in range(3):
+                    for h in range(H):
+                        for d in range(D):
+                            x = v[("dq", "dk", "dv")[w]]
+                            base = bb * sq[0] + h * sq[1] + t * sq[2]
+                            j = d % HALF
+                            c, s_ = v["cos"][t * HALF + j], v["sin"][t * HALF + j]
+                            if w == 2:
+                                out.append(x[base + d])
+                            elif d < HALF:
+                                out.append(x[base + HALF + j] * s_ + x[base + j] * c)
+                            else:
+                                out.append(x[base + HALF + j] * c + (-x[base + j]) * s_)
+        return [out]
+    return g, [y], (B * T, 3 * H * D), ref
+
+
 def _straddling():
     """A concat along the last dim with a boundary at 2 (not a multiple of W = 4): a group of four
     lanes straddles two regions, so the group keeps the per-element loop."""
@@ -118,7 +163,8 @@ def _transposed_rows():
     return g, [y], (B * T, D), ref
 
 
-CASES = {"rope_forward": _rope_forward, "dqkv_assembly": _dqkv_assembly, "straddling": _straddling,
+CASES = {"rope_forward": _rope_forward, "dqkv_assembly": _dqkv_assembly, "rope_backward": _rope_backward,
+         "rope_backward_long": lambda: _rope_backward(64), "straddling": _straddling,
          "transposed_rows": _transposed_rows}
 
 
@@ -139,6 +185,10 @@ def build(tmp_path_factory):
 
 def _run(build, name, lo, hi):
     g, outs, shape, ref, src, lib = build(name)
+    return _run_lib(g, shape, ref, lib, lo, hi)
+
+
+def _run_lib(g, shape, ref, lib, lo, hi):
     rng = random.Random(7)
     bufs, flat = [], {}
     for vname in g.ins:
@@ -196,7 +246,8 @@ def test_fused_concat_branches_per_region(build):
     assert src2.count("if (") >= 2  # the stack concat and, nested in its first branch, the halves
 
 
-@pytest.mark.parametrize("name", ["rope_forward", "dqkv_assembly", "transposed_rows"])
+@pytest.mark.parametrize("name", ["rope_forward", "dqkv_assembly", "rope_backward", "rope_backward_long",
+                                  "transposed_rows"])
 def test_row_tiles_of_a_lane_uniform_concat_take_the_vector_path(build, name):
     """Every concat boundary is a multiple of 4 (or the concat's dim is not the innermost): row tiles
     run the vector/ILP path: 16-byte accesses, the same values (the rows and whole-tile cases above
@@ -210,10 +261,13 @@ def test_row_tiles_of_a_lane_uniform_concat_take_the_vector_path(build, name):
     assert all(g == pytest.approx(w, rel=1e-5, abs=1e-6) for g, w in zip(got, want))
     src = build(name)[4]
     ilp = src[src.index("U groups of W"):src.index("operands not aligned")]
-    if name == "transposed_rows":  # a strided region and a contiguous one: a branch between them
-        assert "} else if (" in ilp and "latch::ld<float>(in1," in ilp and "latch::gld4(in0," in ilp
-    else:  # a region's source chosen once per group: one pointer, one load
-        assert "latch::gld4(s_, 0," in ilp and "nullptr" in ilp and " ? " in ilp
+    # no branch around a vector load: a region's source chosen once per group (one pointer, one
+    # load; where no region of it holds, the operand's own base, so the load is unconditional)
+    assert "latch::gld4(s_, 0," in ilp and " ? " in ilp and "nullptr" not in ilp and "if (s_" not in ilp
+    if name == "transposed_rows":  # a strided region and a contiguous one: each in its own register
+        strided = re.search(r"(r\d+_)\[u_\]\[j_\] = latch::ld<float>\(in1,", ilp)
+        vector = re.search(r"latch::gld4\(s_, 0, (r\d+_)\[u_\]\)", ilp)
+        assert strided and vector and strided[1] != vector[1]
     assert "LL" not in ilp.split("{", 1)[1]  # every index of these small values in 32 bits
 
 
@@ -224,3 +278,34 @@ def test_a_concat_boundary_inside_a_group_of_four_keeps_the_element_loop(build):
     got, want, stores, _ = _run(build, "straddling", [0, 0], list(shape))
     assert _run.vec == 0 and stores == math.prod(shape)
     assert all(g == pytest.approx(w, rel=1e-6) for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("name", ["rope_forward", "dqkv_assembly", "rope_backward", "rope_backward_long",
+                                  "transposed_rows"])
+def test_joint_regions_compute_the_bits_of_separate_regions(build, name, tmp_path, monkeypatch):
+    """The vector path pulls a concat's regions jointly (fuse.py ``_IlpPuller._joint``: one
+    expression over operands whose source is chosen per group, a select where the regions'
+    expressions differ). Rendered again with every region pulled on its own (the form before,
+    ``JOINT_REGIONS = False``), the same inputs give the same bits in every element: per element
+    the same operations on the same operands in the same order. The RoPE backward computes one
+    rotation per lane instead of four (its forward's halves differ at the root, sub | add: a select)."""
+    from latch_codegen_h100 import fuse
+
+    g, outs, shape, ref, src, lib = build(name)
+    monkeypatch.setattr(fuse, "JOINT_REGIONS", False)
+    src0 = render_body(g.spec(outs), _lowerings()).source.replace(FUNC, "body")
+    lib0 = host_library(HARNESS + HARNESS_EXTRA + src0, tmp_path)
+    lo, hi = [0] * len(shape), list(shape)
+    got, _, _, _ = _run_lib(g, shape, ref, lib, lo, hi)
+    want, _, _, _ = _run_lib(g, shape, ref, lib0, lo, hi)
+    assert [struct.pack("<f", x) for x in got] == [struct.pack("<f", x) for x in want]
+
+    def arithmetic(text):  # statements per lane in the vector path's arithmetic
+        ilp = text[text.index("U groups of W"):text.index("operands not aligned")]
+        lane = ilp[ilp.index("for (int j_ = 0; j_ < 4; ++j_) {"):]
+        return len(re.findall(r"^\s+const float [vc]\d+ = ", lane[:lane.index("for (int u_")], re.M))
+
+    if name.startswith("rope_backward"):  # one rotation for the four rotated regions (q, k x lo, hi), not four
+        assert len(set(re.findall(r"latch::gld4\(s_, 0, (r\d+_)", src))) == 4, "four registers of loads"
+        assert arithmetic(src) <= arithmetic(src0) // 2, \
+            (arithmetic(src), arithmetic(src0))

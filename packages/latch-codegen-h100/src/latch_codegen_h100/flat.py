@@ -342,6 +342,10 @@ def _load4_pulled(spec: BodySpec, lowerings: dict[str, Lowering], names: dict[in
                                           f"auto load4 = [&](long long i, {acc} (&o4_)[4]) {{",
                                           f"  {ct} t_[4];", "  load4v(i, t_);", "  #pragma unroll",
                                           f"  for (int j_ = 0; j_ < 4; ++j_) o4_[j_] = ({acc})t_[j_];", "};"]
+    if all(math.prod(v.shape) < 2**31 for v in spec.values):  # 32-bit index math (fuse.ilp_lines alike)
+        from .fuse import _LONG
+
+        L = [_LONG.sub(r"\1", x) for x in L]
     cond = " && ".join(f"latch::aligned4({n}, 0)" for n in dict.fromkeys(vec)) or "true"
     return L, cond
 

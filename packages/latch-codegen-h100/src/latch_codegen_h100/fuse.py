@@ -21,6 +21,9 @@ from .cgen import dot, strides
 from .lowering import Lowering, LoweringError, NodeInfo, compute_type, load_expr, storage_type
 
 CONCAT = "latch::concat"  # fused with its producers and consumers (latch_schedule.fusion): _Puller._concat
+# The vector path pulls a concat's regions jointly (_IlpPuller._joint); False pulls each region on
+# its own and selects (the same values per element: the tests build both and compare the bits)
+JOINT_REGIONS = True
 
 
 def tile_loop_open(rank: int, indent: str = "  ") -> tuple[list[str], list[str]]:
@@ -372,6 +375,10 @@ class _IlpPuller(_Puller):
         self.guards: dict[tuple, set[frozenset]] = {}  # key -> the guards it is read under (any one)
         self.guard: frozenset = frozenset()  # atoms (concat instance, region, predicate) entered
         self.concats = 0
+        self.units = 0  # joint accesses made (_joint_access)
+        self.unit_of: list[list[tuple]] = []  # the keys of each joint access: one register
+        self.base_memo: dict = {}  # the memo where the concat being pulled was entered
+        self.jmemo: dict = {}  # joint values of that concat's regions
 
     def _coord_vars(self, coords):
         # no temporaries: the load phase evaluates the same expressions outside the lane loop
@@ -389,6 +396,23 @@ class _IlpPuller(_Puller):
         return f"{reg}[u_]" if kind == BCAST_ else f"{reg}[u_][j_]"
 
     def _concat_lanes(self, key, v, n, coords: list[str], st: str) -> str:
+        base = self.guard
+        items = self._regions((key[0], tuple(coords), st, base))
+        saved = (self.memo, self.base_memo, self.jmemo)
+        self.base_memo, self.jmemo = dict(self.memo), {}
+        name = self._joint(items, base)
+        self.memo, self.base_memo, self.jmemo = saved
+        self.guard = base
+        self.memo[key] = name
+        return name
+
+    def _regions(self, item) -> list[tuple]:
+        """The regions of the concat computing ``item``'s value: one item (value, coordinates,
+        state, guard) per operand, its guard extended by the region's atom (concat instance,
+        region, predicate on lane 0's coordinate)."""
+        vi, coords, st, guard = item
+        v = self.spec.values[vi]
+        n, _ = self._producer_of(vi)
         if not self.allow_concat:
             raise NotLaneUniform("a concat in a row reduction's prologue: the vector loads do not read its guards")
         dim = int(dict(n.attrs)["dim"]) % len(v.shape)
@@ -401,24 +425,148 @@ class _IlpPuller(_Puller):
             raise NotLaneUniform(f"a concat: its dim {dim} moves with the lane")
         c = _LANE.sub("0", coords[dim])  # lane 0's coordinate: every lane's region (checked above)
         self.concats += 1
-        saved_memo, saved_guard, vals = self.memo, self.guard, []
+        out = []
         for k, i in enumerate(ins):
             off = ends[k] - ext[k]
             pred = " && ".join(([f"{c} >= {off}LL"] if k else []) + ([f"{c} < {ends[k]}LL"] if k < len(ins) - 1 else []))
-            self.memo = dict(saved_memo)
-            self.guard = saved_guard | {(self.concats, k, pred)} if pred else saved_guard
             sub = list(coords)
             sub[dim] = coords[dim] if off == 0 else f"({coords[dim]} - {off}LL)"
-            vals.append(self.pull_st(i, sub, st))  # the operand's extents are the concat's off dim
-        self.memo, self.guard = saved_memo, saved_guard
-        ct = compute_type(v.dtype)
+            out.append((i, tuple(sub), st, guard | {(self.concats, k, pred)} if pred else guard))
+        return out
+
+    def _head(self, item):
+        """``item`` followed through its views: (signature, resolved item, payload); the resolved
+        item pulls (:meth:`pull_st`) to the same value. Items of one signature compute the same
+        expression: a concat ("concat"), a group input read with one kind of access and storage
+        type (payload: the input and the offset), an elementwise node of one op, attributes and
+        expression (payload: the node, its lowering and NodeInfo)."""
+        vi, coords, st, guard = item
+        while True:
+            coords = tuple(self._coord_vars(list(coords)))
+            v = self.spec.values[vi]
+            if v.kind == IN:
+                return ("in", st, storage_type(v.dtype)), (vi, coords, st, guard), (vi, dot(list(coords), strides(v.shape)))
+            n, low = self._producer_of(vi)
+            if n.op == CONCAT:
+                return ("concat",), (vi, coords, st, guard), None
+            info = node_info(self.spec, n, coords)
+            if low.view_map is None:
+                break
+            src = next(i for i in n.inputs if i is not None)
+            if n.op == "latch::reshape" and self.spec.values[src].kind == IN:
+                # a reshape of a group input: its element is at the output's flat offset
+                s = self.spec.values[src]
+                return (("in", st, storage_type(s.dtype)), (vi, coords, st, guard),
+                        (src, dot(list(coords), strides(v.shape))))
+            st = _view_state(n.op, st, info, self.W)
+            vi, coords = src, tuple(low.view_map(list(coords), info))
+        if low.expr is None or len(n.outputs) != 1:
+            return ("opaque", vi, coords), (vi, coords, st, guard), None
+        try:  # the expression over placeholders (an op reading its coordinates shows them in it)
+            text = low.expr([f"@{k}@" for k in range(len(n.inputs))], info)
+        except (IndexError, KeyError):
+            return ("opaque", vi, coords), (vi, coords, st, guard), None
+        sig = ("node", n.op, repr(sorted(dict(n.attrs).items())), v.dtype, tuple(v.shape),
+               tuple(None if i is None else (self.spec.values[i].shape, self.spec.values[i].dtype) for i in n.inputs),
+               text)
+        return sig, (vi, coords, st, guard), (n, low, info)
+
+    def _cond(self, guard: frozenset, base: frozenset) -> str:
+        atoms = sorted(guard - base)
+        return " && ".join(f"({a[2]})" for a in atoms) or "true"
+
+    def _pick(self, guards: list[list[frozenset]], vals: list[str], vi: int, base: frozenset) -> str:
+        """A select among ``vals``: the k-th where one of ``guards[k]`` holds, the last otherwise."""
+        if len(vals) == 1:
+            return vals[0]
+        ct = compute_type(self.spec.values[vi].dtype)
         expr = f"({ct}){vals[-1]}"
-        for k in reversed(range(len(ins) - 1)):
-            expr = f"({c} < {ends[k]}LL) ? ({ct}){vals[k]} : {expr}"
+        for gs, val in reversed(list(zip(guards, vals))[:-1]):
+            cond = " || ".join(f"({self._cond(g, base)})" for g in gs) if len(gs) > 1 else self._cond(gs[0], base)
+            expr = f"({cond}) ? ({ct}){val} : {expr}"
         name = self._fresh("c")
         self.lines.append(f"{self.ind}const {ct} {name} = {expr};")
-        self.memo[key] = name
         return name
+
+    def _joint(self, items: list[tuple], base: frozenset) -> str:
+        """One value for ``items`` (regions of one value, exclusive guards; each item is (value,
+        coordinates, state, guard)): where their expressions agree the expression is emitted once
+        over joint operands (:meth:`_joint_class`), where they differ each is computed and a
+        select on the regions' predicates picks the lane's own. A concat met on the way is
+        flattened into its regions, so regions of nested concats (q | k, each lo | hi) join too."""
+        mkey = tuple(items)
+        if mkey in self.jmemo:
+            return self.jmemo[mkey]
+        if len(items) == 1:
+            vi, coords, st, guard = items[0]
+            saved = (self.memo, self.guard)
+            self.memo, self.guard = dict(self.base_memo), guard
+            name = self.pull_st(vi, list(coords), st)
+            self.memo, self.guard = saved
+        elif not JOINT_REGIONS:  # every region on its own, then a select (the tests' reference form)
+            name = self._pick([[it[3]] for it in items], [self._joint([it], base) for it in items], items[0][0], base)
+        else:
+            classes: dict = {}
+            for it in items:
+                sig, res, pay = self._head(it)
+                if sig[0] == "concat":
+                    for sub in self._regions(res):
+                        s2, r2, p2 = self._head(sub)
+                        classes.setdefault(s2, []).append((r2, p2))
+                    continue
+                classes.setdefault(sig, []).append((res, pay))
+            vals = [self._joint_class(sig, members, base) for sig, members in classes.items()]
+            name = self._pick([[r[3] for r, _ in m] for m in classes.values()], vals, items[0][0], base)
+        self.jmemo[mkey] = name
+        return name
+
+    def _joint_class(self, sig, members, base: frozenset) -> str:
+        """The value of regions of one signature (:meth:`_head`)."""
+        if len(members) == 1:
+            return self._joint([members[0][0]], base)
+        if sig[0] == "opaque" or sig[0] == "in" and sig[1] == GEN_:
+            # lane-strided accesses, nodes without an expression: each region's own value, a select
+            return self._pick([[r[3]] for r, _ in members], [self._joint([r], base) for r, _ in members],
+                              members[0][0][0], base)
+        if sig[0] == "in":
+            return self._joint_access([(r, off) for r, off in members])
+        # one elementwise node: its operands pulled jointly, the expression emitted once
+        (vi, coords, st, _), (n, low, info) = members[0]
+        v = self.spec.values[vi]
+        args = []
+        for pos, i in enumerate(n.inputs):
+            if i is None:
+                args.append("")
+                continue
+            sub = []
+            for (mvi, mco, mst, mg), (mn, _, _) in members:
+                shp = self.spec.values[mn.inputs[pos]].shape
+                sub.append((mn.inputs[pos], tuple(broadcast_coords(shp, self.spec.values[mvi].shape, list(mco))),
+                            _operand_state(mst, shp, self.spec.values[mvi].shape), mg))
+            args.append(self._joint(sub, base))
+        expr = low.expr(args, info)
+        name = self._fresh("v")
+        ct = compute_type(v.dtype)
+        self.lines.append(f"{self.ind}const {ct} {name} = ({ct})({expr});")
+        return name
+
+    def _joint_access(self, members) -> str:
+        """Group-input accesses of one kind and storage type, one per region: one register,
+        loaded through a pointer chosen per group among the regions' (source, offset)."""
+        self.units += 1
+        keys = []
+        for (_, _, st, guard), (vi, offset) in members:
+            if st in (VEC_, BCAST_):
+                offset = _LANE.sub("0", offset)
+            key = (vi, st, offset, self.units)
+            if key not in self.loads:
+                self.loads[key] = (st, f"r{len(self.loads)}_", vi, offset)
+                self.guards[key] = set()
+            self.guards[key].add(guard)
+            keys.append(key)
+        self.unit_of.append(list(dict.fromkeys(keys)))
+        kind, reg, _, _ = self.loads[keys[0]]
+        return f"{reg}[u_]" if kind == BCAST_ else f"{reg}[u_][j_]"
 
     def pull_st(self, vi: int, coords: list[str], st: str) -> str:
         coords = self._coord_vars(list(coords))
@@ -458,18 +606,27 @@ def _exclusive(g: frozenset, h: frozenset) -> bool:
 
 
 def _slots(p: _IlpPuller, spec: BodySpec) -> list[list[tuple]]:
-    """The accesses grouped into registers: greedy, in order of first access; an access joins a
-    register whose accesses it excludes (every guard of each against every guard of the other) and
-    whose array has its shape (per lane, or one per group) and compute type."""
+    """The accesses grouped into registers: greedy, in order of first access; a joint access's keys
+    (``p.unit_of``) stay together; an access (or joint access) joins a register whose accesses it
+    excludes (every guard of each against every guard of the other) and whose array has its kind
+    (per lane, one per group, or lane-strided) and storage type, so that one pointer chosen per
+    group serves every access of a register."""
+    unit = {k: tuple(u) for u in p.unit_of for k in u}
     slots: list[tuple[tuple, list[tuple]]] = []
+    done: set = set()
     for key, (kind, _, vi, _) in p.loads.items():
-        pool = (kind == BCAST_, compute_type(spec.values[vi].dtype))
-        for sp, keys in slots:
-            if sp == pool and all(_exclusive(g, h) for k2 in keys for g in p.guards[key] for h in p.guards[k2]):
-                keys.append(key)
+        if key in done:
+            continue
+        keys = list(unit.get(key, (key,)))
+        done.update(keys)
+        pool = (kind, storage_type(spec.values[vi].dtype))
+        for sp, have in slots:
+            if sp == pool and all(_exclusive(g, h) for k1 in keys for k2 in have
+                                  for g in p.guards[k1] for h in p.guards[k2]):
+                have.extend(keys)
                 break
         else:
-            slots.append((pool, [key]))
+            slots.append((pool, keys))
     return [keys for _, keys in slots]
 
 
@@ -532,13 +689,7 @@ def ilp_lines(spec: BodySpec, lowerings: dict[str, Lowering], names: dict[int, s
         L.append(f"{ind}{compute_type(spec.values[vi].dtype)} r{s}_[{U}]" + ("" if kind == BCAST_ else f"[{W}]") + " = {};")
     for i in outs:
         L.append(f"{ind}{compute_type(spec.values[i].dtype)} o{i}_[{U}][{W}];")
-    L.append(f"{ind}for ({itype} q_ = {W} * ({itype})threadIdx.x; q_ < n_; q_ += {step} * LATCH_THREADS) {{")
     i2 = ind + "  "
-    # the load phase: every access of every group, nothing computed yet
-    L += [f"{i2}#pragma unroll", f"{i2}for (int u_ = 0; u_ < {U}; ++u_) {{",
-          f"{i2}  if (q_ + u_ * {W} * LATCH_THREADS < n_) {{",
-          f"{i2}    const {itype} l_ = base_ + q_ + u_ * {W} * LATCH_THREADS;"]
-    L += dec
 
     def load(kind, r, vi, off, src=None):
         st = storage_type(spec.values[vi].dtype)
@@ -549,42 +700,76 @@ def ilp_lines(spec: BodySpec, lowerings: dict[str, Lowering], names: dict[int, s
             return f"{r}[u_] = latch::ld<{st}>({src}, {off});"
         return f"for (int j_ = 0; j_ < {W}; ++j_) {r}[u_][j_] = latch::ld<{st}>({src}, {off});"
 
+    loads = []
     for s, keys in enumerate(slots):
         r, acc = f"r{s}_", [(p.loads[k], _guard_text(p.guards[k])) for k in keys]
         (kind, _, vi, off), g = acc[0]
         if len(acc) == 1 and not g:
             text = load(kind, r, vi, off)
-            L += ([f"{i2}    #pragma unroll"] if text.startswith("for") else []) + [f"{i2}    {text}"]
+            loads += ([f"{i2}    #pragma unroll"] if text.startswith("for") else []) + [f"{i2}    {text}"]
             continue
-        sts = {storage_type(spec.values[a[2]].dtype) for a, _ in acc}
-        if kind != GEN_ and len(sts) == 1 and all(x[0] == kind for x, _ in acc):
-            # the region's source chosen once per group: one pointer, one access
-            sel = " : ".join(f"({g}) ? {names[a[2]]} + ({a[3]})" for a, g in acc) + " : nullptr"
-            L += [f"{i2}    {{ const {sts.pop()}* s_ = {sel};",
-                  f"{i2}      if (s_ != nullptr) {load(kind, r, vi, '0', 's_')} }}"]
+        if kind != GEN_:
+            # the region's source chosen once per group: one pointer, one access; where no guard
+            # holds, the first source's base (a valid, aligned address: the value is not used), so
+            # the load is unconditional (no branch around it)
+            srcs: dict = {}
+            for a, g in acc:
+                srcs.setdefault((a[2], a[3]), []).append(g)
+            st = storage_type(spec.values[vi].dtype)
+            if len(srcs) == 1 and any(not g for gs in srcs.values() for g in gs):
+                loads.append(f"{i2}    {load(kind, r, vi, off)}")
+                continue
+            # candidates and conditions as plain values first, then a select among them (not a
+            # branch tree with each candidate's address math in its own arm)
+            cand = [f"{i2}    {{"]
+            for k, ((svi, soff), gs) in enumerate(srcs.items()):
+                cond = " || ".join(f"({x})" if x else "true" for x in gs)
+                cand += [f"{i2}      const {st}* const s{k}_ = {names[svi]} + ({soff});",
+                         f"{i2}      const bool g{k}_ = {cond};"]
+            sel = " : ".join(f"g{k}_ ? s{k}_" for k in range(len(srcs))) + f" : {names[vi]}"
+            loads += cand + [f"{i2}      const {st}* s_ = {sel};",
+                             f"{i2}      {load(kind, r, vi, '0', 's_')} }}"]
         else:
             for k, (a, g) in enumerate(acc):
-                L.append(f"{i2}    {'} else ' if k else ''}if ({g}) {{ {load(a[0], r, a[2], a[3])}")
-            L.append(f"{i2}    }}")
-    L += [f"{i2}  }}", f"{i2}}}"]
-    # the arithmetic, lane by lane, in registers
-    L += [f"{i2}#pragma unroll", f"{i2}for (int u_ = 0; u_ < {U}; ++u_) {{",
-          f"{i2}  const {itype} l_ = base_ + q_ + u_ * {W} * LATCH_THREADS;"]
-    L += dec
-    L += [f"{i2}  #pragma unroll", f"{i2}  for (int j_ = 0; j_ < {W}; ++j_) {{"]
-    L += lines
-    L += [f"{i2}  }}", f"{i2}}}"]
-    # the stores (the output's flat offset is l_)
-    L += [f"{i2}#pragma unroll", f"{i2}for (int u_ = 0; u_ < {U}; ++u_) {{",
-          f"{i2}  if (q_ + u_ * {W} * LATCH_THREADS < n_) {{",
-          f"{i2}    const {itype} l_ = base_ + q_ + u_ * {W} * LATCH_THREADS;"]
-    for i in outs:
-        st = storage_type(spec.values[i].dtype)
-        if W == 4:
-            L.append(f"{i2}    latch::gst4({names[i]}, l_, o{i}_[u_]);")
-        else:
-            L.append(f"{i2}    latch::st<{st}>({names[i]}, l_, o{i}_[u_][0]);")
-    L += [f"{i2}  }}", f"{i2}}}", f"{ind}}}"]
+                loads.append(f"{i2}    {'} else ' if k else ''}if ({g or 'true'}) {{ {load(a[0], r, a[2], a[3])}")
+            loads.append(f"{i2}    }}")
+
+    def iteration(guarded: bool) -> list[str]:
+        """One iteration over the thread's U groups: the load phase (every access of every group,
+        nothing computed yet), the arithmetic lane by lane in registers, the stores. Unguarded
+        (every group inside the tile: the main loop) the index math and region predicates sit in
+        one straight line that the two phases share; guarded (the last, partial iteration) each
+        group past the tile's end is skipped."""
+        cur = f"base_ + q_ + u_ * {W} * LATCH_THREADS"
+        inside = f"q_ + u_ * {W} * LATCH_THREADS < n_"
+        it = [f"{i2}#pragma unroll", f"{i2}for (int u_ = 0; u_ < {U}; ++u_) {{",
+              f"{i2}  if ({inside}) {{" if guarded else f"{i2}  {{",
+              f"{i2}    const {itype} l_ = {cur};"]
+        it += dec + loads + [f"{i2}  }}", f"{i2}}}"]
+        it += [f"{i2}#pragma unroll", f"{i2}for (int u_ = 0; u_ < {U}; ++u_) {{",
+               f"{i2}  const {itype} l_ = {cur};"]
+        it += dec + [f"{i2}  #pragma unroll", f"{i2}  for (int j_ = 0; j_ < {W}; ++j_) {{"]
+        it += lines + [f"{i2}  }}", f"{i2}}}"]
+        # the stores (the output's flat offset is l_)
+        it += [f"{i2}#pragma unroll", f"{i2}for (int u_ = 0; u_ < {U}; ++u_) {{",
+               f"{i2}  if ({inside}) {{" if guarded else f"{i2}  {{",
+               f"{i2}    const {itype} l_ = {cur};"]
+        for i in outs:
+            if W == 4:
+                it.append(f"{i2}    latch::gst4({names[i]}, l_, o{i}_[u_]);")
+            else:
+                it.append(f"{i2}    latch::st<{storage_type(spec.values[i].dtype)}>({names[i]}, l_, o{i}_[u_][0]);")
+        return it + [f"{i2}  }}", f"{i2}}}"]
+
+    if p.concats:
+        # a concat's predicates and selects read the coordinates in both phases: the full
+        # iterations run without guards (shared index math), the partial one after them guarded
+        L.append(f"{ind}{itype} q_ = {W} * ({itype})threadIdx.x;")
+        L.append(f"{ind}for (; q_ + {(U - 1) * W} * LATCH_THREADS < n_; q_ += {step} * LATCH_THREADS) {{")
+        L += iteration(False) + [f"{ind}}}", f"{ind}if (q_ < n_) {{"] + iteration(True) + [f"{ind}}}"]
+    else:
+        L.append(f"{ind}for ({itype} q_ = {W} * ({itype})threadIdx.x; q_ < n_; q_ += {step} * LATCH_THREADS) {{")
+        L += iteration(True) + [f"{ind}}}"]
     if not wide:  # every index fits in 32 bits: the view maps' 64-bit constants would widen the math
         L = [_LONG.sub(r"\1", x) for x in L]
     vec = [(names[vi], "0") for k, _, vi, _ in p.loads.values() if k == VEC_] + [(names[i], "0") for i in outs]

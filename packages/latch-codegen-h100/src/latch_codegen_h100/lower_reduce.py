@@ -120,6 +120,13 @@ def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None
         # short reductions (a split-K sum over S <= 16 partials): one thread per output, in index order
         generic = f"latch::reduce_thread_per_output<{acc}, {op}>(n_out, {R}LL, base, off, load, store);"
         vector = None
+        short = None if load is not None and load4 is None else \
+            short_vec_statements(name, ctx, acc, op, dims, load4, vec_cond)
+        if short is not None:
+            pre, cond, stmts = short
+            lines += pre
+            lines += [f"if ({cond}) {{"] + ["  " + x_ for x_ in stmts] + ["} else {", "  " + generic, "}"]
+            return "\n".join(lines)
     else:
         generic = f"latch::reduce_warp_per_output<{acc}, {op}>(n_out, {R}LL, base, off, load, store);"
         vector = f"latch::reduce_rows_vec4_warp<{acc}, {op}>(n_out, {R}LL, base, load4, store);"
@@ -141,6 +148,108 @@ def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None
     else:
         lines.append(generic)
     return "\n".join(lines)
+
+
+SHORT_LOADS = 8  # 16-byte loads per thread in flight in the short vector path (U groups x R rows)
+
+
+def short_vec_statements(name: str, ctx: BodyContext, acc: str, op: str, dims, load4: list[str] | None,
+                         vec_cond: str):
+    """A short reduction (R <= THREAD_THRESHOLD) whose kept innermost dim is the input's innermost
+    (the reduced dims are not last) and a multiple of 4, over a tile that is one contiguous range
+    of the output (row tiles): (statements before, run-time condition, statements), or None where
+    it does not apply. Thread t takes groups of four consecutive outputs (t, t + LATCH_THREADS, ...,
+    U at a time): their coordinates decoded with constant extents (no run-time division), each of
+    the R rows read with one 16-byte access (``load4v``: the input, or the fused prologue, at four
+    consecutive elements) for all U groups before any is accumulated, each output reduced in index
+    order from the operator's identity in ``acc``, as ``reduce_thread_per_output`` does (the same
+    operations in the same order: the same bits), and written with one 16-byte store. ``load4``: a
+    fused prologue's statements (defining ``load4v``), or None for a plain input."""
+    x, out = ctx.inputs[0], ctx.outputs[0]
+    rank = x.rank
+    red = {d % rank for d in dims}
+    kept = [d for d in range(rank) if d not in red]
+    if name not in ("sum", "mean", "amax", "amin", "prod") or not kept or kept[-1] != rank - 1:
+        return None
+    if x.shape[-1] % 4 or not out.shape or out.shape[-1] != x.shape[-1]:
+        return None
+    if compute_type(x.dtype) not in ("float", "double") or compute_type(out.dtype) not in ("float", "double"):
+        return None
+    R = 1
+    for d in red:
+        R *= x.shape[d]
+    wide = max(cgen_numel(x.shape), cgen_numel(out.shape)) >= 2**31
+    it = "long long" if wide else "int"
+    full, first, count = cgen.contiguous_tile(out.shape, it)
+    keepdim = bool(ctx.attr("keepdim"))
+    out_dim = {d: (d if keepdim else k) for k, d in enumerate(kept)}
+    xst, ost = cgen.strides(x.shape), cgen.strides(out.shape)
+    ct = compute_type(x.dtype)
+    pre = list(load4 or [])  # a fused prologue's load4 / load4v (flat.reduce_body)
+    if load4 is None:
+        pre.append(f"auto load4v = [&](long long i, {ct} (&o4_)[4]) {{ latch::gld4({x.ptr}, i, o4_); }};")
+        vec_cond = f"latch::aligned4({x.ptr}, 0)"
+    U = max(1, SHORT_LOADS // R)
+    init = f"{op}::template init<{acc}>()"
+    val = f"a_[j_] / ({acc}){R}" if name == "mean" else "a_[j_]"
+    # input offset of each row of the reduced dims (their merged index r: row-major over them)
+    rsizes = [x.shape[d] for d in sorted(red)]
+    rstr = [xst[d] for d in sorted(red)]
+    roff = []
+    for r in range(R):
+        q, terms = r, []
+        for sz, st in zip(reversed(rsizes), reversed(rstr)):
+            terms.append((q % sz) * st)
+            q //= sz
+        roff.append(sum(terms))
+    # the output's coordinates of flat output element l_ (constant extents)
+    dec, acc_ = [], 1
+    for d in reversed(range(1, out.rank)):
+        dec.append(f"const {it} y{d} = ({'l_' if acc_ == 1 else f'l_ / {acc_}'}) % {out.shape[d]};")
+        acc_ *= out.shape[d]
+    dec.append(f"const {it} y0 = {'l_' if acc_ == 1 else f'l_ / {acc_}'};")
+    bexpr = " + ".join(f"y{out_dim[d]} * {xst[d]}" if xst[d] != 1 else f"y{out_dim[d]}" for d in kept)
+    stmts = [
+        "{",
+        f"  const {it} n4_ = {count} / 4, first_ = {first};",
+        f"  for ({it} g0_ = threadIdx.x; g0_ < n4_; g0_ += {U} * LATCH_THREADS) {{",
+        f"    {ct} v_[{U}][{R}][4];",
+        "    #pragma unroll",
+        f"    for (int u_ = 0; u_ < {U}; ++u_) {{",
+        f"      if (g0_ + u_ * LATCH_THREADS < n4_) {{",
+        f"        const {it} l_ = first_ + 4 * (g0_ + u_ * LATCH_THREADS);",
+    ] + ["        " + d for d in dec] + [
+        f"        const long long b_ = {bexpr};",
+    ] + [f"        load4v(b_ + {roff[r]}LL, v_[u_][{r}]);" for r in range(R)] + [
+        "      }",
+        "    }",
+        "    #pragma unroll",
+        f"    for (int u_ = 0; u_ < {U}; ++u_) {{",
+        f"      if (g0_ + u_ * LATCH_THREADS < n4_) {{",
+        f"        {acc} a_[4] = {{{init}, {init}, {init}, {init}}};",
+        "        #pragma unroll",
+        f"        for (int r_ = 0; r_ < {R}; ++r_) {{",
+        "          #pragma unroll",
+        f"          for (int j_ = 0; j_ < 4; ++j_) a_[j_] = {op}::apply(a_[j_], ({acc})v_[u_][r_][j_]);",
+        "        }",
+        f"        {compute_type(out.dtype)} o_[4];",
+        "        #pragma unroll",
+        f"        for (int j_ = 0; j_ < 4; ++j_) o_[j_] = ({compute_type(out.dtype)})({val});",
+        f"        latch::gst4({out.ptr}, first_ + 4 * (g0_ + u_ * LATCH_THREADS), o_);",
+        "      }",
+        "    }",
+        "  }",
+        "}",
+    ]
+    cond = f"({full}) && ({first}) % 4 == 0 && ({count}) % 4 == 0 && ({vec_cond}) && latch::aligned4({out.ptr}, 0)"
+    return pre, cond, stmts
+
+
+def cgen_numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
 
 
 # 16-byte loads in flight per lane in a row reduction (over one or several rows): 16 x 16 B x 256
