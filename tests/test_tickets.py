@@ -116,10 +116,40 @@ def test_task_dependencies_count_from_the_last_barrier():
     tasks = [Task(0, 0, box, [], [Access("a", box)]), Task(1, 1, box, [Access("a", box)], [Access("b", box)]),
              Task(2, 2, box, [Access("b", box)], [Access("c", box)]), Task(3, 3, box, [Access("c", box)], [Access("d", box)])]
     sms = [((TASK, 0), (TASK, 1), (BARRIER, 0), (TASK, 2), (TASK, 3))]
-    deps = local_deps(ProgramSchedule("update", [], tasks, sms, [], 1))
+    deps = local_deps(ProgramSchedule("update", [], tasks, sms, [], 1), since_barrier=True)
     # task 1 waits for position 0 (task 0); task 2's writer is behind the barrier: none; task 3 waits
     # for position 0 after the barrier (task 2), not position 2 of the whole list
     assert deps == {0: -1, 1: 0, 2: -1, 3: 0}
+    # the barrier kernel's producer counts from the list's start (its code is unchanged by tickets)
+    assert local_deps(ProgramSchedule("update", [], tasks, sms, [], 1)) == {0: -1, 1: 0, 2: 1, 3: 2}
+
+
+def test_a_ticketed_build_compiles_the_ticket_producer_and_a_barrier_build_does_not(planned, tmp_path):
+    import re
+
+    from latch_codegen_h100.sass import _run, find_cuobjdump
+    import attrs
+
+    gen = generate(planned, jobs=1)
+    kernel = next(u for u in gen.units if u.name == "kernel.cu").source
+    assert "#define LATCH_TICKETS 1" in kernel
+    barrier = attrs.evolve(planned, schedule=attrs.evolve(planned.schedule, stats=tuple(
+        (k, False if k == "tickets" else v) for k, v in planned.schedule.stats)))
+    assert "#define LATCH_TICKETS 0" in next(u for u in generate(barrier, jobs=1).units if u.name == "kernel.cu").source
+    try:
+        find_cuobjdump()
+        from latch_codegen_h100.builder import find_nvcc
+
+        find_nvcc()
+    except Exception:
+        pytest.skip("needs nvcc and cuobjdump for the machine code")
+    from latch_codegen_h100 import build
+
+    doc = build(planned, tmp_path / "b", jobs=2)
+    text = _run([find_cuobjdump(), "-sass", str(tmp_path / "b" / "program.so")])
+    # the producer's ticket: one atomic add on the counter, its result used (ATOMG, not RED)
+    assert re.search(r"\bATOMG\.E\.ADD", text), "no ticket atomic in the kernel"
+    print("ticketed TinyMoE small build:", {k: dict(doc.build.stats).get(k) for k in ("registers", "spill_stores", "spill_loads")})
 
 
 def _emulate(instrs, begins, expected, epochs, rng):

@@ -94,6 +94,9 @@
 #ifndef LATCH_SCRATCH_BYTES
 #define LATCH_SCRATCH_BYTES 0
 #endif
+#ifndef LATCH_TICKETS
+#define LATCH_TICKETS 0  // the tables hold no ticketed phase (latch_codegen_h100.tickets)
+#endif
 
 #define LATCH_BLOCK (LATCH_THREADS + 128)
 #define LATCH_QUEUE 4
@@ -269,6 +272,11 @@ __device__ __forceinline__ Operand task_operand(const Args& a, const Instr& ins,
   return o;
 }
 
+#if LATCH_TICKETS
+// The producer of a kernel whose tables hold ticketed phases (codegen defines LATCH_TICKETS 1 then):
+// Task::dep counts from the list's last grid barrier, and the release count is its own register.
+// A kernel without queues compiles the producer below it, unchanged by tickets (its 56 registers
+// are exactly full: the ticket path spills ~50-70 bytes of it in builds with TMA producer halves).
 // Wait until the consumers released item ``released`` (the producer's count of items whose release
 // it has waited for; items are released in order, item i through EMPTY(i % LATCH_QUEUE)).
 __device__ __forceinline__ void await_release(uint32_t& released) {
@@ -300,66 +308,33 @@ __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* r
   Pipe p = make_pipe(S, ring, a, 0);  // (its abort flag and timeout also serve the dependency wait)
   int q = 0;
   uint32_t handed = 0;  // items handed over so far (item i goes into slot i % LATCH_QUEUE)
-  // The list is read ahead: each link of the chain instruction -> task record -> operand records
-  // is loaded one iteration (one task's TMA issue) before it is needed, so the dependent global
-  // loads do not stand between one task's last TMA load and the next task's first.
-  // i0, w0, o0: item pc; i1, w1: pc + 1; i2: pc + 2.
-  Instr i0 = instr_at(a, begin, end), i1 = instr_at(a, begin + 1, end), i2 = instr_at(a, begin + 2, end);
-  int32_t w0 = task_word(a, i0, lane), w1 = task_word(a, i1, lane);
-  Operand o0 = task_operand(a, i0, w0, lane);
+  // No read-ahead here (it would not fit the producer's 56 registers beside the ticket's): each
+  // instruction's records are loaded when it comes; the queue of LATCH_QUEUE items hides that
+  // latency whenever the consumers are busy.
   uint32_t released = 0;  // items whose release by the consumers the producer has waited for
-  uint32_t tasks = 0;     // tasks handed over so far
-  uint32_t phase0 = 0;    // tasks handed over before the last grid barrier (Task::dep counts from there)
+  uint32_t phase0 = 0;    // this list's tasks finished before its last grid barrier (Task::dep counts from there)
   for (int pc = begin; pc <= end;) {
-    Instr ins;
-    int32_t word;
-    Operand opnd;
-    int item_pc;  // the instruction's index in Args::instrs (a queue task's, for a ticket)
-    if (i0.kind == I_TICKET) {
+    Instr ins = instr_at(a, pc, end);
+    int item_pc = pc;
+    if (ins.kind == I_TICKET) {
       // A ticketed phase (tickets.py): take the next task of queue (b, c) from counter a. At most
       // one task waits in the queue beside the one the consumers run: a ticket taken early is a
       // task another SM could have run.
       while (released + 1 < handed) await_release(released);
       uint32_t t = 0;
-      if (lane == 0) t = atomicAdd(a.counters + i0.a, 1u) - a.epoch * a.expected[i0.a];
+      if (lane == 0) t = atomicAdd(a.counters + ins.a, 1u) - a.epoch * a.expected[ins.a];
       t = __shfl_sync(0xffffffffu, t, 0);
-      if (t >= (uint32_t)i0.c) {  // drained: on to the barrier (the read-ahead moves on by one)
-        const Instr i3 = instr_at(a, pc + 3, end);
-        const int32_t w2 = task_word(a, i2, lane);
-        const Operand o1 = task_operand(a, i1, w1, lane);
-        i0 = i1;
-        i1 = i2;
-        i2 = i3;
-        w0 = w1;
-        w1 = w2;
-        o0 = o1;
+      if (t >= (uint32_t)ins.c) {  // drained: on to the barrier
         ++pc;
         continue;
       }
-      item_pc = i0.b + (int)t;
+      item_pc = ins.b + (int)t;
       ins = a.instrs[item_pc];
-      word = task_word(a, ins, lane);
-      opnd = task_operand(a, ins, word, lane);
     } else {
-      ins = i0;
-      word = w0;
-      opnd = o0;
-      item_pc = pc;
-      const Instr i3 = instr_at(a, pc + 3, end);
-      const int32_t w2 = task_word(a, i2, lane);
-      const Operand o1 = task_operand(a, i1, w1, lane);
-      if (i1.kind == I_TASK) {  // the next task's tensor maps into the descriptor cache
-        const int tm = __shfl_sync(0xffffffffu, w1, 6);
-        if (tm >= 0 && lane < 2) sm90::tma_prefetch_map(tmaps + 128ll * (tm + lane));
-      }
-      i0 = i1;
-      i1 = i2;
-      i2 = i3;
-      w0 = w1;
-      w1 = w2;
-      o0 = o1;
       ++pc;
     }
+    const int32_t word = task_word(a, ins, lane);
+    const Operand opnd = task_operand(a, ins, word, lane);
     int ok = 1;
     if (ins.kind == I_WAIT) {
       if (lane == 0) {
@@ -396,7 +371,6 @@ __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* r
     named_arrive(LATCH_BAR_FULL + q, LATCH_SLOT_THREADS);  // every lane: each releases its own stores
     ++handed;
     if (++q == LATCH_QUEUE) q = 0;
-    if (ins.kind == I_TASK) ++tasks;
     if (ins.kind == I_TASK && s.task.tmap >= 0) {
       if (lane == 0) {
         if (s.task.dep >= 0) {  // read-after-write on this SM, this phase: wait for the consumers to finish the writer
@@ -427,13 +401,143 @@ __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* r
         sm90::fence_proxy_async_global();
       }
       if (!__shfl_sync(0xffffffffu, ok, 0)) break;
-      phase0 = tasks;  // every task before the barrier is finished, its stores complete
+      // every task before the barrier is finished, its stores complete and counted: the consumers
+      // published their count (consumer_flush) before they arrived
+      if (lane == 0) phase0 = ld_acquire_cta(done_word());
     }
   }
   // The end of the list, or a failed wait (recorded; the launch is aborted): either way the
   // consumers get an end item, and the queue's barriers are left complete.
   producer_finish(S, q, handed, released);
 }
+
+#else
+// Hand the end of the list (kind 0) over in slot ``q`` (every producer lane calls it), then wait
+// until the consumers released every other item still outstanding: afterwards no queue barrier is
+// half-arrived (the consumers arrive at none for the end item).
+__device__ __forceinline__ void producer_finish(WorkerShared& S, int q, uint32_t handed) {
+  if (handed >= LATCH_QUEUE) sm90::named_sync(LATCH_BAR_EMPTY + q, LATCH_SLOT_THREADS);
+  if ((threadIdx.x & 31) == 0) {
+    Slot& s = S.slot[q];
+    s.kind = 0;
+    s.arg = 0;
+    s.pc = -1;
+    s.ring = 0;
+  }
+  named_arrive(LATCH_BAR_FULL + q, LATCH_SLOT_THREADS);
+  ++handed;
+  // Items handed - LATCH_QUEUE .. handed - 2 are released by the consumers later; earlier ones were
+  // waited for before their slot was written again.
+  for (uint32_t i = handed > LATCH_QUEUE ? handed - LATCH_QUEUE : 0; i + 1 < handed; ++i)
+    sm90::named_sync(LATCH_BAR_EMPTY + (int)(i % LATCH_QUEUE), LATCH_SLOT_THREADS);
+}
+
+__device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* ring) {
+  const int lane = threadIdx.x & 31;
+  const int begin = a.sm_begin[blockIdx.x], end = a.sm_begin[blockIdx.x + 1];
+  const char* tmaps = (const char*)a.tmaps;
+  Pipe p = make_pipe(S, ring, a, 0);  // (its abort flag and timeout also serve the dependency wait)
+  int q = 0;
+  uint32_t handed = 0;  // items handed over so far (item i goes into slot i % LATCH_QUEUE)
+  // The list is read ahead: each link of the chain instruction -> task record -> operand records
+  // is loaded one iteration (one task's TMA issue) before it is needed, so the dependent global
+  // loads do not stand between one task's last TMA load and the next task's first.
+  // i0, w0, o0: item pc; i1, w1: pc + 1; i2: pc + 2.
+  Instr i0 = instr_at(a, begin, end), i1 = instr_at(a, begin + 1, end), i2 = instr_at(a, begin + 2, end);
+  int32_t w0 = task_word(a, i0, lane), w1 = task_word(a, i1, lane);
+  Operand o0 = task_operand(a, i0, w0, lane);
+  for (int pc = begin; pc <= end; ++pc) {
+    const Instr ins = i0;
+    const int32_t word = w0;
+    const Operand opnd = o0;
+    {
+      const Instr i3 = instr_at(a, pc + 3, end);
+      const int32_t w2 = task_word(a, i2, lane);
+      const Operand o1 = task_operand(a, i1, w1, lane);
+      if (i1.kind == I_TASK) {  // the next task's tensor maps into the descriptor cache
+        const int tm = __shfl_sync(0xffffffffu, w1, 6);
+        if (tm >= 0 && lane < 2) sm90::tma_prefetch_map(tmaps + 128ll * (tm + lane));
+      }
+      i0 = i1;
+      i1 = i2;
+      i2 = i3;
+      w0 = w1;
+      w1 = w2;
+      o0 = o1;
+    }
+    int ok = 1;
+    if (ins.kind == I_WAIT) {
+      if (lane == 0) {
+        const uint32_t base = a.epoch * a.expected[ins.a];
+        ok = spin_until(a.counters + ins.a, base + (uint32_t)ins.b, base, a, ERR_WAIT_TIMEOUT, pc - begin, ins.a);
+        sm90::fence_proxy_async_global();
+      }
+      if (!__shfl_sync(0xffffffffu, ok, 0)) break;
+#ifndef LATCH_PROFILE
+      continue;  // the consumers' next item is handed over after the wait: they need not see it
+#endif
+    }
+    if (ins.kind == 0) break;  // the list's end: producer_finish hands it over
+    // Slot q is free once the consumers released the item it held (LATCH_QUEUE items ago).
+    if (handed >= LATCH_QUEUE) sm90::named_sync(LATCH_BAR_EMPTY + q, LATCH_SLOT_THREADS);
+    Slot& s = S.slot[q];
+    if (ins.kind == I_TASK) {
+      if (lane < TASK_WORDS) reinterpret_cast<int32_t*>(&s.task)[lane] = word;
+      __syncwarp();
+      const int ob = s.task.op_begin, oc = s.task.op_count;
+      if (lane < oc) s.ops[lane] = a.buffers[opnd.buffer] + opnd.offset;
+      for (int i = lane + 32; i < oc; i += 32) {
+        const Operand o = a.operands[ob + i];
+        s.ops[i] = a.buffers[o.buffer] + o.offset;
+      }
+    }
+    if (lane == 0) {
+      s.kind = ins.kind;
+      s.arg = ins.a;
+      s.pc = pc;
+      s.ring = p.stage | (p.phase << 31);
+    }
+    __syncwarp();  // (lane 0 reads the whole record below)
+    named_arrive(LATCH_BAR_FULL + q, LATCH_SLOT_THREADS);  // every lane: each releases its own stores
+    ++handed;
+    if (++q == LATCH_QUEUE) q = 0;
+    if (ins.kind == I_TASK && s.task.tmap >= 0) {
+      if (lane == 0) {
+        if (s.task.dep >= 0) {  // read-after-write on this SM: wait for the consumers to finish the writer
+          const unsigned long long t0 = globaltimer();
+          while ((int32_t)(ld_acquire_cta(done_word()) - (uint32_t)(s.task.dep + 1)) < 0) {
+            if (ld_volatile(&a.error->abort)) {
+              ok = 0;
+              break;
+            }
+            if (globaltimer() - t0 > a.timeout_ns) {
+              latch_report(ERR_PIPE_TIMEOUT, -1, s.task.dep);
+              ok = 0;
+              break;
+            }
+          }
+          sm90::fence_proxy_async_global();
+        }
+        if (ok) {
+          Ctx c{&s.task, s.ops, nullptr, tmaps + 128ll * s.task.tmap, p, latch_body_args + LATCH_MAX_ARGS * s.task.body};
+          ok = latch_produce(s.task.body, c, p);
+        }
+      }
+      if (!__shfl_sync(0xffffffffu, ok, 0)) break;
+    } else if (ins.kind == I_BARRIER) {
+      if (lane == 0) {
+        ok = barrier_complete(a, (uint32_t)ins.a, pc - begin);
+        sm90::fence_proxy_async_global();
+      }
+      if (!__shfl_sync(0xffffffffu, ok, 0)) break;
+    }
+  }
+  // The end of the list, or a failed wait (recorded; the launch is aborted): either way the
+  // consumers get an end item, and the queue's barriers are left complete.
+  producer_finish(S, q, handed);
+}
+
+#endif  // LATCH_TICKETS
 
 // ---- the consumers (threads 0..LATCH_THREADS-1) -------------------------------------------------------
 // Wait until the TMA stores the consumer warps' bulk groups hold are complete and visible to the
