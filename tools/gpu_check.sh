@@ -230,6 +230,10 @@ MOE_SMALL=(--set vocab=256 --set d_model=64 --set layers=2 --set heads=4 --set e
            --set seq=32 --set device=cpu)
 run_example 100 tinymoe barrier 10 --policy --routing "${MOE_SMALL[@]}"
 run_example 80 tinymoe dataflow 10 --policy --routing "${MOE_SMALL[@]}"
+# Ticketed phases (--scheduler tickets, latch_codegen_h100.tickets) on 8 SM lists, so that phases hold
+# several tasks per list and the queues are real (the grid's other blocks take part in the barriers only)
+run_example 100 transformer tickets 10 --policy --num-sms 8
+run_example 100 tinymoe tickets 10 --policy --routing "${MOE_SMALL[@]}" --num-sms 8
 
 # ---- issue 13: transformers' GPT-2, Llama and Mixtral, unchanged (examples/hf_*.py, tiny configs,
 # BF16 policy, 10 updates; Mixtral with --routing). Needs transformers on the machine (5.17.0 there);
@@ -430,7 +434,9 @@ TIMING_S=150  # what the full TinyMoE-200M timing step below takes (capture + bu
 want full || TIMING_S=0  # fullprof alone: no timing step after the profile
 LEFT=$(( ${LATCH_GPU_BUDGET_S:-570} - SECONDS - TIMING_S ))
 if { want full || want fullprof; } && [ "${LATCH_GPU_FULL:-1}" = 1 ] && [ "$LEFT" -gt 60 ]; then
-    run_profile "$LEFT" tinymoe-200M-barrier tinymoe --scheduler barrier --policy --updates 2 \
+    # LATCH_GPU_FULL_SCHEDULER=tickets: the same profile with ticketed phases (latch_codegen_h100.tickets)
+    FSCHED="${LATCH_GPU_FULL_SCHEDULER:-barrier}"
+    run_profile "$LEFT" "tinymoe-200M-$FSCHED" tinymoe --scheduler "$FSCHED" --policy --updates 2 \
         --trace-dir "$OUT/timeline-tinymoe"
     # ~100k tasks: the trace can pass the 16 MiB a returned file may have; Perfetto opens it gzipped
     [ -f "$OUT/timeline-tinymoe/trace.json" ] && gzip -f "$OUT/timeline-tinymoe/trace.json"

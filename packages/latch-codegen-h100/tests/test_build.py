@@ -19,6 +19,7 @@ from latch_core.ir import Value
 from latch_core.plugins import load_with, registries
 from latch_codegen_h100 import BuildError, Lowering, build, generate
 from latch_codegen_h100 import builder
+from latch_codegen_h100 import tables as T
 
 
 
@@ -45,7 +46,7 @@ def test_build_links_a_library_with_the_c_abi_and_rebuilds_from_cache(tmp_path, 
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["key"] == doc.build.key
     lib = ctypes.CDLL(str(out / "program.so"))
-    assert lib.latch_abi_version() == 2
+    assert lib.latch_abi_version() == T.ABI_VERSION == 3
     assert lib.latch_block_threads() == 384
     assert lib.latch_num_bodies() == len(manifest["bodies"])
     assert (out / "tables" / "update.tasks.bin").stat().st_size == 96 * manifest["programs"]["update"]["num_tasks"]

@@ -34,6 +34,7 @@ from latch_core.sections import BARRIER, SIGNAL, TASK, WAIT, ProgramMemory, Prog
 from . import tables as T
 from .bodies import BodySpec, CodegenError, GroupSite, Rendered, group_spec, node_index, render_body
 from .lowering import Lowering, LoweringError
+from .tickets import TICKET, table_lists, tickets_on
 
 CUDA_DIR = Path(__file__).parent / "cuda"
 THREADS = 256  # consumer threads: what every op body is written to (LATCH_THREADS)
@@ -312,11 +313,29 @@ def _plan_program(doc: Document, ps: ProgramSchedule, pm: ProgramMemory, ext: di
         if len(t.tile) > T.MAX_DIMS:
             raise CodegenError(f"program {ps.program!r} task {t.id}: rank {len(t.tile)} exceeds {T.MAX_DIMS}")
 
-    sms = [[(ins[0], counters[ins[1]], *ins[2:]) if ins[0] in (WAIT, SIGNAL) else ins for ins in sm] for sm in ps.sms]
-    instrs, sm_begin = T.pack_instrs(sms)
+    tp = table_lists(ps, pm, tickets_on(doc), g)
+    # Ticket k counts on dense counter len(ps.counters) + k: each launch adds its tasks plus one
+    # ticket past the end per list (tickets.py), its ``expected``.
+    expected = [c.expected for c in ps.counters] + [len(q.tasks) + len(ps.sms) for q in tp.queues]
+    queue_at, at = [], sum(len(sm) for sm in tp.sms)
+    for q in tp.queues:
+        queue_at.append(at)
+        at += len(q.tasks)
+    sms = []
+    for sm in tp.sms:
+        row = []
+        for ins in sm:
+            if ins[0] in (WAIT, SIGNAL):
+                row.append((ins[0], counters[ins[1]], *ins[2:]))
+            elif ins[0] == TICKET:
+                row.append((TICKET, len(ps.counters) + ins[1], queue_at[ins[1]], len(tp.queues[ins[1]].tasks)))
+            else:
+                row.append(ins)
+        sms.append(row)
+    instrs, sm_begin = T.pack_instrs(sms, [[(TASK, t) for t in q.tasks] for q in tp.queues])
     tabs = T.ProgramTables(
         instrs=instrs, sm_begin=sm_begin, tasks=b"", operands=T.pack_operands(operands),
-        expected=T.pack_u32(c.expected for c in ps.counters),
+        expected=T.pack_u32(expected),
     )
 
     outputs = []
@@ -349,8 +368,11 @@ def _plan_program(doc: Document, ps: ProgramSchedule, pm: ProgramMemory, ext: di
         "num_lists": len(ps.sms),
         "num_tasks": len(ps.tasks),
         "num_barriers": ps.num_barriers,
-        "num_counters": len(ps.counters),
+        "num_counters": len(expected),  # the schedule's counters, then one per ticketed phase
         "counter_ids": [c.id for c in ps.counters],  # dense index (tables) -> schedule's counter id
+        "tickets": [{"phase": q.phase, "tasks": len(q.tasks), "counter": len(ps.counters) + k, "begin": queue_at[k]}
+                    for k, q in enumerate(tp.queues)],
+        "queued_tasks": sum(len(q.tasks) for q in tp.queues),
         "arena_bytes": pm.arena_bytes,
         "inputs": inputs,
         "outputs": outputs,
@@ -361,16 +383,23 @@ def _plan_program(doc: Document, ps: ProgramSchedule, pm: ProgramMemory, ext: di
     return _ProgramPlan(ps.program, tabs, info, group_rec, group_locs, group_keys, groups_by_id)
 
 
-def local_deps(ps: ProgramSchedule) -> dict[int, int]:
-    """Task id -> the position, among its SM list's tasks, of the latest earlier task of the same list
-    that writes a value the task reads (-1 if none). The worker's producer may issue a task's TMA loads
-    while earlier tasks of its SM still run; it waits for this one first (Task::dep). Dependencies on
-    other SMs are ordered by the schedule's own waits and barriers, which the producer keeps."""
+def local_deps(ps: ProgramSchedule, sms=None, since_barrier: bool = False) -> dict[int, int]:
+    """Task id -> Task::dep: the position, among its SM list's tasks (``since_barrier``: since the
+    list's last grid barrier, as the ticketed kernel's producer counts), of the latest earlier task of
+    the same list (and phase) that writes a value the task reads (-1 if none). The worker's producer may issue a task's TMA loads while earlier tasks of its
+    SM still run; it waits for this one first, counting from the tasks it handed over before that
+    barrier. Across a barrier nothing is waited for: the consumers complete every store before they
+    arrive, and the producer passes only a completed barrier. Dependencies on other SMs are ordered
+    by the schedule's own waits and barriers. ``sms``: the lists as the tables hold them (a ticketed
+    phase's queue tasks are absent from them: they get -1; no two of them conflict, tickets.py)."""
     out: dict[int, int] = {}
-    for sm in ps.sms:
+    for sm in (ps.sms if sms is None else sms):
         last_writer: dict[str, int] = {}
         pos = 0
         for ins in sm:
+            if ins[0] == BARRIER and since_barrier:
+                last_writer, pos = {}, 0
+                continue
             if ins[0] != TASK:
                 continue
             t = ps.tasks[ins[1]]
@@ -405,7 +434,9 @@ def _finish_tables(doc: Document, plan: _ProgramPlan, rendered: dict) -> _Progra
                                    f"({v.dtype}{list(v.shape)}) as dims {list(m.dims)}; the element counts differ")
             maps.append(T.TmapRecord.of(buf, off, v.dtype, m.dims, m.box, m.swizzle))
             descr.append({"group": gid, "value": value, "dims": list(m.dims), "box": list(m.box)})
-    deps = local_deps(ps) if first_map else {}
+    tp = table_lists(ps, doc.memory.program(ps.program), tickets_on(doc), g)
+    # a ticketed kernel's producer counts Task::dep from the last barrier, in every program
+    deps = local_deps(ps, tp.sms, since_barrier=tickets_on(doc)) if first_map else {}
     records = []
     for t in ps.tasks:
         body, ob, oc = plan.group_rec[t.group]
@@ -536,7 +567,7 @@ def ring_geometry(stage_bytes: int, scratch: int) -> tuple[int, int]:
 
 
 def _kernel_source(body_keys: list[str], specs: dict[str, BodySpec], rendered: dict, units: list[str], max_ops: int,
-                   stages: int, stage_bytes: int, scratch: int) -> str:
+                   stages: int, stage_bytes: int, scratch: int, tickets: bool = False) -> str:
     max_args = max([1] + [len(rendered[k].args) for k in body_keys])
     lines = [
         "// kernel.cu: generated by latch-codegen-h100; do not edit",
@@ -548,6 +579,7 @@ def _kernel_source(body_keys: list[str], specs: dict[str, BodySpec], rendered: d
         f"#define LATCH_STAGES {stages}",
         f"#define LATCH_STAGE_BYTES {stage_bytes}",
         f"#define LATCH_SCRATCH_BYTES {scratch}",
+        f"#define LATCH_TICKETS {int(tickets)}",  # tables with ticketed phases: their producer (tickets.py)
         '#include "latch_kernel.cuh"',
         "",
     ]
@@ -662,7 +694,7 @@ def generate(doc: Document, *, bodies_per_unit: int | None = None, jobs: int | N
     scratch = (scratch + 127) // 128 * 128
     stages, stage_bytes = ring_geometry(max([0] + [r.stage_bytes for r in rendered.values()]), scratch)
     kernel = Unit("kernel.cu", _kernel_source(body_keys, specs, rendered, [u.name for u in units], max_ops,
-                                              stages, stage_bytes, scratch))
+                                              stages, stage_bytes, scratch, tickets_on(doc)))
     kernel_smem = stages * stage_bytes + scratch + 1024
 
     include_dirs = include_dirs_of(lowerings)

@@ -59,6 +59,8 @@ class LaunchRecords:
     instrs: Sequence[tuple[int, int]]
     blocks: Sequence[tuple[int, int]]
     event_ms: float | None = None
+    # A ticketed phase's queue tasks (tickets.py), in queue order: (begin, duration | block << 40).
+    queue: Sequence[tuple[int, int]] = ()
 
 
 @attrs.frozen
@@ -81,10 +83,36 @@ class ProgramLayout:
     # The scheduler's cost-model estimate of every task, in seconds (the schedule's ``cost``; empty
     # where unknown): the report sets each op's measured time beside what the model expected.
     task_cost: tuple[float, ...] = ()
+    # Ticketed phases (tickets.py): the task ids of each queue, in the order the tables hold them;
+    # ``sms`` then holds ("ticket", k) where a phase's tasks were.
+    queues: tuple[tuple[int, ...], ...] = ()
 
     @property
     def num_instrs(self) -> int:
         return sum(len(s) for s in self.sms)
+
+    @property
+    def queued(self) -> tuple[int, ...]:
+        return tuple(t for q in self.queues for t in q)
+
+
+QUEUE_BLOCK_SHIFT = 40  # a queue task's record: (begin, duration | block << 40), cuda/latch_kernel_main.cuh
+
+
+def queue_events(layout: "ProgramLayout", rec: "LaunchRecords") -> list[tuple[int, int, int, int]]:
+    """(sm, task, begin, end) of every queue task of one launch."""
+    queued = layout.queued
+    if len(rec.queue) != len(queued):
+        raise ProfileError(f"program {layout.program!r}: {len(rec.queue)} queue-task records, the tables queue "
+                           f"{len(queued)} tasks: the build and the document disagree")
+    out = []
+    mask = (1 << QUEUE_BLOCK_SHIFT) - 1
+    for t, (b, d) in zip(queued, rec.queue):
+        if not b:
+            raise ProfileError(f"program {layout.program!r}: queue task {t} has no record: it did not run "
+                               "(aborted launch?) or the records belong to another build")
+        out.append((int(d) >> QUEUE_BLOCK_SHIFT, t, int(b), int(b) + (int(d) & mask)))
+    return out
 
 
 def layout_from_document(doc: Document, program: str) -> ProgramLayout:
@@ -106,9 +134,19 @@ def layout_from_document(doc: Document, program: str) -> ProgramLayout:
                 ops.append(op)
         src = next((nodes[n].source for n in grp.nodes if n in nodes and nodes[n].source), None)
         groups[grp.id] = GroupInfo("+".join(ops), grp.body, tuple(grp.nodes), src)
-    sms = tuple(tuple((str(ins[0]), int(ins[1])) for ins in sm) for sm in ps.sms)
+    from .tickets import table_lists, tickets_on
+
+    queues: tuple = ()
+    lists = ps.sms
+    if tickets_on(doc):
+        if doc.memory is None:
+            raise ProfileError("the document's schedule takes ticketed phases, whose lists depend on the memory plan; "
+                               "give the build's program.latch.json (it has the memory section)")
+        tp = table_lists(ps, doc.memory.program(program), True, g)
+        lists, queues = tp.sms, tuple(q.tasks for q in tp.queues)
+    sms = tuple(tuple((str(ins[0]), int(ins[1])) for ins in sm) for sm in lists)
     return ProgramLayout(program, sms, tuple(t.group for t in ps.tasks), groups,
-                         tuple(float(t.cost) for t in ps.tasks))
+                         tuple(float(t.cost) for t in ps.tasks), queues)
 
 
 @attrs.frozen
@@ -216,14 +254,27 @@ def aggregate(layout: ProgramLayout, launches: Sequence[LaunchRecords]) -> Progr
         kernel_ns += win
         pc = 0
         stamps = [k0, k1]
+        queued: dict[int, list] = defaultdict(list)  # sm -> (begin, end, "task", task, -1) of its queue tasks
+        for qsm, t, b, e in queue_events(layout, rec) if layout.queues else ():
+            if qsm >= len(layout.sms):
+                raise ProfileError(f"program {layout.program!r}: queue task {t} ran on block {qsm}, which has no list")
+            queued[qsm].append((b, e, "task", t, -1))
         for sm, instrs in enumerate(layout.sms):
             acc = per_sm[sm]
             prev_end, first, busy, prev_task = None, None, 0, False
+            events = []
             for kind, arg in instrs:
-                b, e = rec.instrs[pc]
+                if kind != "ticket":  # (a ticket hands its queue's tasks over; it has no record of its own)
+                    b, e = rec.instrs[pc]
+                    events.append((b, e, kind, arg, pc))
+                pc += 1
+            if queued.get(sm):
+                events = sorted(events + queued[sm], key=lambda x: x[0])
+            for b, e, kind, arg, at in events:
                 if not b or not e or e < b or b < k0 or e > k1 or (prev_end is not None and b < prev_end):
+                    where = f"instruction {at}" if at >= 0 else "queue task"
                     raise ProfileError(
-                        f"program {layout.program!r}: SM {sm} instruction {pc} ({kind} {arg}) has record ({b}, {e}), "
+                        f"program {layout.program!r}: SM {sm} {where} ({kind} {arg}) has record ({b}, {e}), "
                         f"not an interval inside the launch [{k0}, {k1}] after the previous one: the instruction "
                         "did not run (aborted launch?) or the records belong to another build")
                 d = e - b
@@ -243,11 +294,10 @@ def aggregate(layout: ProgramLayout, launches: Sequence[LaunchRecords]) -> Progr
                 elif kind in ("barrier", "wait", "signal"):
                     acc["counter" if kind == "wait" else kind] += d
                 else:
-                    raise ProfileError(f"program {layout.program!r}: SM {sm} instruction {pc} has unknown kind {kind!r}")
+                    raise ProfileError(f"program {layout.program!r}: SM {sm} instruction {at} has unknown kind {kind!r}")
                 first = b if first is None else first
                 prev_end = e
                 prev_task = kind == "task"
-                pc += 1
             if first is None:  # an empty list: the block only passed the barriers
                 acc["spare"] += win
                 continue

@@ -424,7 +424,8 @@ class Program:
         and CUDA events around exactly the kernel launch. On an idle GPU the start event would fire
         before the host has even submitted the kernel, so a short GPU sleep is queued first: the
         events then time the kernel, not the host's launch call."""
-        n = self.programs[prog].num_instrs + self.num_sms
+        p = self.programs[prog]
+        n = p.num_instrs + self.num_sms + int(p.info.get("queued_tasks", 0))  # lists, blocks, queue tasks
         buf = torch.zeros((n, 2), dtype=torch.int64, device=self.device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda._sleep(PROFILE_SLEEP_CYCLES)
@@ -449,7 +450,8 @@ class Program:
             host = buf.cpu()
             n = self.programs[prog].num_instrs
             pairs = [tuple(x) for x in host.tolist()]
-            out.append(LaunchRecords(prog, pairs[:n], pairs[n:], float(start.elapsed_time(end))))
+            m = n + self.num_sms
+            out.append(LaunchRecords(prog, pairs[:n], pairs[n:m], float(start.elapsed_time(end)), pairs[m:]))
         if clear:
             self._profiled.clear()
         return out

@@ -4,11 +4,12 @@ These bytes are the program; the compiled kernel only interprets them. They are 
 sources (``tables/<program>.*.bin``) and uploaded by the runtime, never baked into the source, so a
 changed schedule or memory plan over the same op signatures reuses the compiled library.
 
-Layouts (little-endian) mirror ``cuda/latch_kernel.cuh`` (``LATCH_ABI_VERSION`` 2):
+Layouts (little-endian) mirror ``cuda/latch_kernel.cuh`` (``LATCH_ABI_VERSION`` 3):
 - Instr:   4 x int32 (kind, a, b, c)
 - Task:    24 x int32 (body, task, group, ndim, op_begin, op_count, tmap, dep, lo[8], hi[8])
 - Operand: int32 buffer, int32 pad, int64 byte offset
-- sm_begin: int32[num_lists + 1]; expected: uint32[num_counters]
+- instrs: the SM lists back to back, then the ticketed phases' queue tasks (tickets.py);
+  sm_begin: int32[num_lists + 1] (the lists only); expected: uint32[num_counters]
 - Tmap:    the tensor maps to encode at load time (``latch::TmapSpec`` in cuda/latch_kernel_main.cuh):
            int32 buffer, dtype code; int64 offset; int32 rank, swizzle code; int64 dims[3];
            int64 strides[2] (bytes); int32 box[3]; int32 pad (80 bytes)
@@ -22,10 +23,10 @@ import attrs
 
 from latch_core.ir import DTYPES
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 MAX_DIMS = 8
-I_TASK, I_BARRIER, I_WAIT, I_SIGNAL = 1, 2, 3, 4
-KIND_CODES = {"task": I_TASK, "barrier": I_BARRIER, "wait": I_WAIT, "signal": I_SIGNAL}
+I_TASK, I_BARRIER, I_WAIT, I_SIGNAL, I_TICKET = 1, 2, 3, 4, 5
+KIND_CODES = {"task": I_TASK, "barrier": I_BARRIER, "wait": I_WAIT, "signal": I_SIGNAL, "ticket": I_TICKET}
 
 INSTR = struct.Struct("<4i")
 TASK = struct.Struct(f"<8i{MAX_DIMS}i{MAX_DIMS}i")
@@ -109,14 +110,23 @@ class ProgramTables:
                 "operands": self.operands, "expected": self.expected, "tmaps": self.tmaps}
 
 
-def pack_instrs(sms) -> tuple[bytes, bytes]:
+def pack_instrs(sms, queues=()) -> tuple[bytes, bytes]:
+    """The SM lists back to back, then each queue's task instructions (a ticket's ``b`` indexes
+    them); ``sm_begin`` covers the lists."""
     out, begins = bytearray(), [0]
+
+    def put(ins):
+        kind = KIND_CODES[ins[0]]
+        args = list(ins[1:]) + [0] * (3 - (len(ins) - 1))
+        out.extend(INSTR.pack(kind, *args))
+
     for sm in sms:
         for ins in sm:
-            kind = KIND_CODES[ins[0]]
-            args = list(ins[1:]) + [0] * (3 - (len(ins) - 1))
-            out += INSTR.pack(kind, *args)
+            put(ins)
         begins.append(begins[-1] + len(sm))
+    for q in queues:
+        for ins in q:
+            put(ins)
     return bytes(out), struct.pack(f"<{len(begins)}i", *begins)
 
 

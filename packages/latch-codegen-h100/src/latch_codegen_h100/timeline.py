@@ -30,7 +30,7 @@ import zlib
 from collections import defaultdict
 from typing import Mapping, Sequence
 
-from .profile import LaunchRecords, ProfileError, ProgramLayout, ProgramReport
+from .profile import LaunchRecords, ProfileError, ProgramLayout, ProgramReport, queue_events
 
 CLASS_ORDER = ("attention", "matmul", "routing", "moe", "norm", "reduction", "indexing", "elementwise", "view")
 COLOURS: dict[str, tuple[int, int, int]] = {
@@ -81,8 +81,11 @@ def _instructions(layout: ProgramLayout, rec: LaunchRecords):
         for kind, arg in instrs:
             b, e = rec.instrs[pc]
             pc += 1
-            if b and e and e >= b:
+            if kind != "ticket" and b and e and e >= b:  # (a ticket has no record: its queue's tasks do)
                 yield sm, kind, arg, b, e
+    if layout.queues:
+        for sm, t, b, e in queue_events(layout, rec):
+            yield sm, "task", t, b, e
 
 
 def _origin(launches: Sequence[LaunchRecords]) -> int:

@@ -101,6 +101,10 @@ def _run(name: str, doc: Document, options: dict[str, Any],
     stats["alias_views"] = _bool(options.get("alias_views", True))
     stats["row_groups"] = _bool(options.get("row_groups", True))
     stats["fuse_concat"] = _bool(options.get("fuse_concat", True))
+    # Ticketed phases (latch_codegen_h100.tickets): the code generator takes a barrier phase's tasks
+    # from one shared queue where no two tasks of one SM list depend on each other. Recorded here so
+    # that every reader of the document (the build, the profile's decoder) sees the same choice.
+    stats["tickets"] = _bool(options.get("tickets", False))
     row = [p.nodes[-1].name for tg in tgs for p in tg.plans if p.row]
     stats["row_group_count"] = len(row)
     if any(aliases.values()):
@@ -110,6 +114,15 @@ def _run(name: str, doc: Document, options: dict[str, Any],
 
 def barrier_scheduler(doc: Document, options: dict[str, Any]) -> ScheduleSection:
     return _run("barrier", doc, options, _barrier.schedule_program)
+
+
+def tickets_scheduler(doc: Document, options: dict[str, Any]) -> ScheduleSection:
+    """The barrier schedule, its phases' tasks taken from shared queues by tickets where no two tasks
+    of one SM list in a phase depend on each other (latch_codegen_h100.tickets: the lists as the
+    barrier scheduler balanced them by the cost model become a queue, longest first, that every SM
+    takes from as it frees up; what the model gets wrong, or the routing decides at run time, no
+    longer leaves SMs waiting at the barrier)."""
+    return _run("tickets", doc, {**options, "tickets": True}, _barrier.schedule_program)
 
 
 def dataflow_scheduler(doc: Document, options: dict[str, Any]) -> ScheduleSection:

@@ -11,12 +11,14 @@
 #include "latch_common.cuh"
 #include "latch_pipe.cuh"
 
-#define LATCH_ABI_VERSION 2
+#define LATCH_ABI_VERSION 3
 #define LATCH_MAX_DIMS 8
 
 namespace latch {
 
-enum InstrKind : int { I_TASK = 1, I_BARRIER = 2, I_WAIT = 3, I_SIGNAL = 4 };
+// I_TICKET (a, b, c): take tasks from queue instructions [b, b + c) of Args::instrs by tickets of
+// counter a until it is drained (latch_codegen_h100.tickets).
+enum InstrKind : int { I_TASK = 1, I_BARRIER = 2, I_WAIT = 3, I_SIGNAL = 4, I_TICKET = 5 };
 
 enum KernelError : int {
   ERR_WAIT_TIMEOUT = 1,     // a counter wait did not see enough signals in time
@@ -35,8 +37,9 @@ struct Task {
   int32_t op_begin;  // first operand record of the task's group
   int32_t op_count;
   int32_t tmap;      // first tensor map (Args::tmaps) of the task's group; -1: its body loads none
-  int32_t dep;       // the latest earlier task of this SM list whose outputs this task's TMA loads
-                     // read, as its position among the list's tasks; -1: none (loads may start early)
+  int32_t dep;       // the latest earlier task of this SM list and phase (since its last grid barrier)
+                     // whose outputs this task's TMA loads read, as its position among the phase's
+                     // tasks of the list; -1: none (loads may start early)
   int32_t lo[LATCH_MAX_DIMS];
   int32_t hi[LATCH_MAX_DIMS];
 };
@@ -70,7 +73,7 @@ struct Error {
 
 struct Args {
   const Instr* instrs;      // every SM list, back to back
-  const int32_t* sm_begin;  // [num_lists + 1] start of each list in instrs
+  const int32_t* sm_begin;  // [num_lists + 1] start of each list in instrs; queue tasks follow the lists
   const Task* tasks;
   const Operand* operands;
   char* const* buffers;     // [0] arena, then external buffers in manifest order

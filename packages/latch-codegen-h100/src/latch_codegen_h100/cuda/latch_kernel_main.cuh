@@ -16,6 +16,13 @@
 //   issues that task's TMA loads into the kernel's ring of LATCH_STAGES stages right after handing
 //   the task over. So the next task's first loads overlap the current task's math and epilogue:
 //   the producer runs ahead by up to LATCH_QUEUE items and LATCH_STAGES stages.
+// Ticketed phases (latch_codegen_h100.tickets, schedule option ``tickets``): where a barrier
+// phase's tasks were, every list holds one I_TICKET (a = counter, b = the queue's first task
+// instruction, after the lists in Args::instrs, c = its length). The producer takes ticket
+// t = atomicAdd(counter) - epoch * expected and hands queue task t over, until t >= c; it takes a
+// ticket only while at most one item waits in the queue beside the consumers' (a task held early is
+// one another SM could have run). No two tasks of a ticketed phase conflict (tickets.py), so any SM
+// may run any of them; the counter, like the others, is never reset (each launch adds c + lists).
 // The queue hand-off (results/rq.md): slot q has two hardware named barriers over both roles'
 // LATCH_SLOT_THREADS threads, FULL(q) and EMPTY(q). The producer, for item i in slot q = i mod
 // LATCH_QUEUE: bar.sync EMPTY(q) if i >= LATCH_QUEUE (the consumers released item i - LATCH_QUEUE),
@@ -37,9 +44,11 @@
 // - a counter wait is the producer's: it hands the next item over only after the wait, so the
 //   consumers' reads are ordered after the producers they wait for (acquire, then the slot's
 //   mbarrier), and TMA loads are issued after a proxy fence;
-// - a task on the same SM list whose TMA loads read what an earlier task of the list writes waits,
-//   before its loads, until the consumers have finished that task (Task::dep, ``done`` below: a
-//   per-block global word, latch_done_words, release/acquire at CTA scope);
+// - a task on the same SM list whose TMA loads read what an earlier task of the list and phase
+//   writes waits, before its loads, until the consumers have finished that task (Task::dep counts
+//   from the tasks handed over before the list's last grid barrier; ``done`` below: a per-block
+//   global word, latch_done_words, release/acquire at CTA scope). Across a barrier nothing is
+//   waited for: the consumers complete their stores before they arrive;
 //   consumers end every task with a proxy fence so TMA sees what they stored;
 // - signals and barrier arrivals are the consumers': after the task(s) before them, after a named
 //   barrier of all consumers. The producer passes a grid barrier only once it completed (it spins
@@ -64,7 +73,9 @@
 // the consumers asking for the next item to receiving it (the producer forwards waits to the queue
 // only in this build); a barrier from arrival to release; a signal around its fence and release
 // add. Record ``n_instrs + blockIdx.x`` holds the block's entry and exit (written only when the
-// block finishes its list without an abort). ``prof`` may be null.
+// block finishes its list without an abort); ``n_instrs`` counts the lists' instructions
+// (sm_begin[num_lists]). Queue task i (a ticketed phase's) has record ``n_instrs + grid + i``:
+// (begin, duration | block << 40). ``prof`` may be null.
 #pragma once
 
 #include <cuda.h>
@@ -82,6 +93,9 @@
 #endif
 #ifndef LATCH_SCRATCH_BYTES
 #define LATCH_SCRATCH_BYTES 0
+#endif
+#ifndef LATCH_TICKETS
+#define LATCH_TICKETS 0  // the tables hold no ticketed phase (latch_codegen_h100.tickets)
 #endif
 
 #define LATCH_BLOCK (LATCH_THREADS + 128)
@@ -258,6 +272,146 @@ __device__ __forceinline__ Operand task_operand(const Args& a, const Instr& ins,
   return o;
 }
 
+#if LATCH_TICKETS
+// The producer of a kernel whose tables hold ticketed phases (codegen defines LATCH_TICKETS 1 then):
+// Task::dep counts from the list's last grid barrier, and the release count is its own register.
+// A kernel without queues compiles the producer below it, unchanged by tickets (its 56 registers
+// are exactly full: the ticket path spills ~50-70 bytes of it in builds with TMA producer halves).
+// Wait until the consumers released item ``released`` (the producer's count of items whose release
+// it has waited for; items are released in order, item i through EMPTY(i % LATCH_QUEUE)).
+__device__ __forceinline__ void await_release(uint32_t& released) {
+  sm90::named_sync(LATCH_BAR_EMPTY + (int)(released % LATCH_QUEUE), LATCH_SLOT_THREADS);
+  ++released;
+}
+
+// Hand the end of the list (kind 0) over in slot ``q`` (every producer lane calls it), then wait
+// until the consumers released every other item still outstanding: afterwards no queue barrier is
+// half-arrived (the consumers arrive at none for the end item).
+__device__ __forceinline__ void producer_finish(WorkerShared& S, int q, uint32_t handed, uint32_t released) {
+  while (released + LATCH_QUEUE <= handed) await_release(released);
+  if ((threadIdx.x & 31) == 0) {
+    Slot& s = S.slot[q];
+    s.kind = 0;
+    s.arg = 0;
+    s.pc = -1;
+    s.ring = 0;
+  }
+  named_arrive(LATCH_BAR_FULL + q, LATCH_SLOT_THREADS);
+  // Items released .. handed - 1 (before the end item) are released by the consumers later.
+  while (released < handed) await_release(released);
+}
+
+__device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* ring) {
+  const int lane = threadIdx.x & 31;
+  const int begin = a.sm_begin[blockIdx.x], end = a.sm_begin[blockIdx.x + 1];
+  const char* tmaps = (const char*)a.tmaps;
+  Pipe p = make_pipe(S, ring, a, 0);  // (its abort flag and timeout also serve the dependency wait)
+  int q = 0;
+  uint32_t handed = 0;  // items handed over so far (item i goes into slot i % LATCH_QUEUE)
+  // No read-ahead here (it would not fit the producer's 56 registers beside the ticket's): each
+  // instruction's records are loaded when it comes; the queue of LATCH_QUEUE items hides that
+  // latency whenever the consumers are busy.
+  uint32_t released = 0;  // items whose release by the consumers the producer has waited for
+  uint32_t phase0 = 0;    // this list's tasks finished before its last grid barrier (Task::dep counts from there)
+  for (int pc = begin; pc <= end;) {
+    Instr ins = instr_at(a, pc, end);
+    int item_pc = pc;
+    if (ins.kind == I_TICKET) {
+      // A ticketed phase (tickets.py): take the next task of queue (b, c) from counter a. At most
+      // one task waits in the queue beside the one the consumers run: a ticket taken early is a
+      // task another SM could have run.
+      while (released + 1 < handed) await_release(released);
+      uint32_t t = 0;
+      if (lane == 0) t = atomicAdd(a.counters + ins.a, 1u) - a.epoch * a.expected[ins.a];
+      t = __shfl_sync(0xffffffffu, t, 0);
+      if (t >= (uint32_t)ins.c) {  // drained: on to the barrier
+        ++pc;
+        continue;
+      }
+      item_pc = ins.b + (int)t;
+      ins = a.instrs[item_pc];
+    } else {
+      ++pc;
+    }
+    const int32_t word = task_word(a, ins, lane);
+    const Operand opnd = task_operand(a, ins, word, lane);
+    int ok = 1;
+    if (ins.kind == I_WAIT) {
+      if (lane == 0) {
+        const uint32_t base = a.epoch * a.expected[ins.a];
+        ok = spin_until(a.counters + ins.a, base + (uint32_t)ins.b, base, a, ERR_WAIT_TIMEOUT, item_pc - begin, ins.a);
+        sm90::fence_proxy_async_global();
+      }
+      if (!__shfl_sync(0xffffffffu, ok, 0)) break;
+#ifndef LATCH_PROFILE
+      continue;  // the consumers' next item is handed over after the wait: they need not see it
+#endif
+    }
+    if (ins.kind == 0) break;  // the list's end: producer_finish hands it over
+    // Slot q is free once the consumers released the item it held (LATCH_QUEUE items ago).
+    while (released + LATCH_QUEUE <= handed) await_release(released);
+    Slot& s = S.slot[q];
+    if (ins.kind == I_TASK) {
+      if (lane < TASK_WORDS) reinterpret_cast<int32_t*>(&s.task)[lane] = word;
+      __syncwarp();
+      const int ob = s.task.op_begin, oc = s.task.op_count;
+      if (lane < oc) s.ops[lane] = a.buffers[opnd.buffer] + opnd.offset;
+      for (int i = lane + 32; i < oc; i += 32) {
+        const Operand o = a.operands[ob + i];
+        s.ops[i] = a.buffers[o.buffer] + o.offset;
+      }
+    }
+    if (lane == 0) {
+      s.kind = ins.kind;
+      s.arg = ins.a;
+      s.pc = item_pc;
+      s.ring = p.stage | (p.phase << 31);
+    }
+    __syncwarp();  // (lane 0 reads the whole record below)
+    named_arrive(LATCH_BAR_FULL + q, LATCH_SLOT_THREADS);  // every lane: each releases its own stores
+    ++handed;
+    if (++q == LATCH_QUEUE) q = 0;
+    if (ins.kind == I_TASK && s.task.tmap >= 0) {
+      if (lane == 0) {
+        if (s.task.dep >= 0) {  // read-after-write on this SM, this phase: wait for the consumers to finish the writer
+          const uint32_t target = phase0 + (uint32_t)s.task.dep + 1u;
+          const unsigned long long t0 = globaltimer();
+          while ((int32_t)(ld_acquire_cta(done_word()) - target) < 0) {
+            if (ld_volatile(&a.error->abort)) {
+              ok = 0;
+              break;
+            }
+            if (globaltimer() - t0 > a.timeout_ns) {
+              latch_report(ERR_PIPE_TIMEOUT, -1, s.task.dep);
+              ok = 0;
+              break;
+            }
+          }
+          sm90::fence_proxy_async_global();
+        }
+        if (ok) {
+          Ctx c{&s.task, s.ops, nullptr, tmaps + 128ll * s.task.tmap, p, latch_body_args + LATCH_MAX_ARGS * s.task.body};
+          ok = latch_produce(s.task.body, c, p);
+        }
+      }
+      if (!__shfl_sync(0xffffffffu, ok, 0)) break;
+    } else if (ins.kind == I_BARRIER) {
+      if (lane == 0) {
+        ok = barrier_complete(a, (uint32_t)ins.a, item_pc - begin);
+        sm90::fence_proxy_async_global();
+      }
+      if (!__shfl_sync(0xffffffffu, ok, 0)) break;
+      // every task before the barrier is finished, its stores complete and counted: the consumers
+      // published their count (consumer_flush) before they arrived
+      if (lane == 0) phase0 = ld_acquire_cta(done_word());
+    }
+  }
+  // The end of the list, or a failed wait (recorded; the launch is aborted): either way the
+  // consumers get an end item, and the queue's barriers are left complete.
+  producer_finish(S, q, handed, released);
+}
+
+#else
 // Hand the end of the list (kind 0) over in slot ``q`` (every producer lane calls it), then wait
 // until the consumers released every other item still outstanding: afterwards no queue barrier is
 // half-arrived (the consumers arrive at none for the end item).
@@ -383,6 +537,8 @@ __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* r
   producer_finish(S, q, handed);
 }
 
+#endif  // LATCH_TICKETS
+
 // ---- the consumers (threads 0..LATCH_THREADS-1) -------------------------------------------------------
 // Wait until the TMA stores the consumer warps' bulk groups hold are complete and visible to the
 // generic proxy, then count every finished task as done (``pending``: the last finished task may
@@ -454,7 +610,14 @@ __device__ __forceinline__ void consumers(const Args& a, WorkerShared& S, char* 
         st_release_cta(done_word(), published);
         latch_current_task[blockIdx.x % 1024] = -1;
 #ifdef LATCH_PROFILE
-        prof_store(prof, pc, t_got, globaltimer());
+        const unsigned long long t_end = globaltimer();
+        const int lists_end = a.sm_begin[a.num_lists];
+        if (pc < lists_end) {
+          prof_store(prof, pc, t_got, t_end);
+        } else {  // a queue task (a ticketed phase): after the block records, with the block that ran it
+          prof_store(prof, (long long)lists_end + gridDim.x + (pc - lists_end), t_got,
+                     (t_end - t_got) | ((unsigned long long)blockIdx.x << 40));
+        }
 #endif
       }
     } else if (kind == I_SIGNAL) {
@@ -650,7 +813,7 @@ int latch_launch(const latch::Args* args, int device, int grid, long long smem, 
 
 #ifdef LATCH_PROFILE
 // Profiling builds only (the runtime finds this symbol to know it has one): like latch_launch, with
-// ``prof`` pointing at (sm_begin[num_lists] + grid) zeroed 16-byte records (see the top of this file).
+// ``prof`` pointing at (sm_begin[num_lists] + grid + queued tasks) zeroed 16-byte records (see the top of this file).
 int latch_launch_profile(const latch::Args* args, unsigned long long* prof, int device, int grid, long long smem,
                          void* stream) {
   if (grid > LATCH_MAX_BLOCKS) return (int)cudaErrorInvalidConfiguration;
