@@ -67,15 +67,27 @@ FIRST_BUILDS = {"tinymoe_bf16": ("tinymoe", True, SMALL_MOE), "transformer_bf16"
 _RUNNING: list[Ahead] = []
 
 
+# test -> the first build it reads
+READS = {"test_two_weight_compiles": "two_weight", "test_mlp_compiles": "mlp",
+         "test_transformer_with_bf16_policy_compiles": "transformer_bf16",
+         "test_mlp_with_bf16_policy_runs_its_products_on_tensor_cores": "mlp_bf16",
+         "test_tinymoe_small_with_bf16_policy_compiles": "tinymoe_bf16"}
+
+
 @pytest.fixture(scope="module")
-def builds(cache_dir, tmp_path_factory):
-    """``builds.get(name)`` -> (the built document, its build directory) of FIRST_BUILDS[name]. The
-    documents are planned here, in this thread (capture runs torch); only ``build`` runs ahead."""
+def builds(request, cache_dir, tmp_path_factory):
+    """``builds.get(name)`` -> (the built document, its build directory) of FIRST_BUILDS[name], for
+    the tests selected in this session. The documents are planned here, in this thread (capture runs
+    torch); only ``build`` runs ahead."""
     ahead = Ahead(workers=2)
     _RUNNING.append(ahead)
     root = tmp_path_factory.mktemp("first-builds")
+    wanted = {READS[it.originalname] for it in request.session.items
+              if it.module is request.module and it.originalname in READS}
     try:
         for name, (example, policy, overrides) in FIRST_BUILDS.items():
+            if name not in wanted:
+                continue
             doc = _planned(example, "barrier", policy, overrides)
             out = root / name
             ahead.submit(name, lambda doc=doc, out=out: (build(doc, out, jobs=2), out))
