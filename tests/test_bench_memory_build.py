@@ -7,23 +7,13 @@ import re
 
 import pytest
 
+from cross_helpers import needs_nvcc
 from latch_check import bench_memory as bm
 
 SMALL = [("embed.weight", (64, 32)), ("n.weight", (32,)), ("w1", (4, 32, 16)), ("router", (3, 32))]
 
 
-def _have_nvcc() -> bool:
-    from latch_codegen_h100 import BuildError
-    from latch_codegen_h100.builder import find_nvcc
-
-    try:
-        find_nvcc()
-        return True
-    except BuildError:
-        return False
-
-
-@pytest.mark.skipif(not _have_nvcc(), reason="nvcc not installed")
+@needs_nvcc
 def test_the_document_compiles_for_sm90a_with_128_bit_accesses(tmp_path, monkeypatch):
     """nvcc builds every program; the machine code holds 128-bit global loads and stores (the
     vector path of the fused bodies: LD.E.128 / ST.E.128, generic addressing since the operand
@@ -39,7 +29,7 @@ def test_the_document_compiles_for_sm90a_with_128_bit_accesses(tmp_path, monkeyp
     assert doc.build is not None
 
 
-@pytest.mark.skipif(not _have_nvcc(), reason="nvcc not installed")
+@needs_nvcc
 def test_reduction_prologues_with_scalars_broadcasts_and_views_compile(tmp_path, monkeypatch):
     """The three forms of a reduction's prologue (flat with a scalar operand; a broadcast operand;
     a permute view: all three the four-wide row path, the last two through fuse.py's ILP operand
@@ -71,7 +61,7 @@ def test_reduction_prologues_with_scalars_broadcasts_and_views_compile(tmp_path,
     build(doc, tmp_path / "b")
 
 
-@pytest.mark.skipif(not _have_nvcc(), reason="nvcc not installed")
+@needs_nvcc
 def test_the_optimizer_pass_has_no_ieee_slow_paths_and_weak_16_byte_accesses(tmp_path, monkeypatch):
     """clip + AdamW alone for sm_90a: the per-element square root and divisions are the branch-free
     MUFU forms (no FCHK, the IEEE division's range check that guards an out-of-line slow path; run
@@ -91,7 +81,7 @@ def test_the_optimizer_pass_has_no_ieee_slow_paths_and_weak_16_byte_accesses(tmp
     assert dict(doc.build.stats).get("spill_stores", 0) == 0
 
 
-@pytest.mark.skipif(not _have_nvcc(), reason="nvcc not installed")
+@needs_nvcc
 def test_the_rmsnorm_bodies_are_row_groups_and_compile_without_spills(tmp_path, monkeypatch):
     """bench-memory's RMSNorm forward is ONE row group (the mean, rsqrt and the scaled row in one
     pass: x read once) and its backward one row group for dx (both statistics, r and dx) beside

@@ -6,6 +6,11 @@ with the register split.
 
 Both strategies lower to the same op-body signatures, so the second build must reuse the first
 library (same content key): the schedule lives in the binary tables, not in the sources.
+
+The examples' first builds (barrier) start together when the first test needs one (``builds``,
+cross_helpers.Ahead: two at a time in threads, the same ``build`` calls as before, only earlier):
+nvcc's front end runs on one core, and this file built one kernel after another (~110 s on CI's 2
+cores). Each test waits for its own build and asserts on it as before.
 """
 
 from __future__ import annotations
@@ -15,28 +20,25 @@ from pathlib import Path
 import attrs
 import pytest
 
-from latch_codegen_h100 import BuildError, build
-from latch_codegen_h100.builder import find_nvcc
+from cross_helpers import Ahead, needs_nvcc
+from latch_codegen_h100 import build
 from latch_core.passes import run_pipeline
 from latch_core.plugins import registries
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def _have_nvcc() -> bool:
-    try:
-        find_nvcc()
-        return True
-    except BuildError:
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _have_nvcc(), reason="nvcc not installed")
+pytestmark = needs_nvcc
 
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("latch-cache")
+    """One build cache for the whole file, set for the whole file: the builds running ahead read
+    LATCH_CACHE_DIR while the tests run, so no test may point it elsewhere meanwhile."""
+    d = tmp_path_factory.mktemp("latch-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LATCH_CACHE_DIR", str(d))
+        yield d
 
 
 # TinyMoE at a small size (the op-body signatures change with shapes, the code paths do not).
@@ -57,24 +59,63 @@ def _planned(name: str, scheduler: str, policy: bool, overrides=None):
                                    "schedule": {"scheduler": scheduler, "num_sms": 132}})
 
 
-def _compile_both(name: str, policy: bool, tmp_path: Path, cache_dir: Path, monkeypatch, overrides=None):
-    monkeypatch.setenv("LATCH_CACHE_DIR", str(cache_dir))
-    first = build(_planned(name, "barrier", policy, overrides), tmp_path / "barrier", jobs=2)
-    assert (tmp_path / "barrier" / "program.so").exists()
-    second = build(_planned(name, "dataflow", policy, overrides), tmp_path / "dataflow", jobs=2)
+# name -> (example, policy, overrides): the first (barrier) builds, longest first
+FIRST_BUILDS = {"tinymoe_bf16": ("tinymoe", True, SMALL_MOE), "transformer_bf16": ("transformer", True, None),
+                "mlp_bf16": ("mlp", True, None), "mlp": ("mlp", False, None), "two_weight": ("two_weight", False, None)}
+
+
+_RUNNING: list[Ahead] = []
+
+
+# test -> the first build it reads
+READS = {"test_two_weight_compiles": "two_weight", "test_mlp_compiles": "mlp",
+         "test_transformer_with_bf16_policy_compiles": "transformer_bf16",
+         "test_mlp_with_bf16_policy_runs_its_products_on_tensor_cores": "mlp_bf16",
+         "test_tinymoe_small_with_bf16_policy_compiles": "tinymoe_bf16"}
+
+
+@pytest.fixture(scope="module")
+def builds(request, cache_dir, tmp_path_factory):
+    """``builds.get(name)`` -> (the built document, its build directory) of FIRST_BUILDS[name], for
+    the tests selected in this session. The documents are planned here, in this thread (capture runs
+    torch); only ``build`` runs ahead."""
+    ahead = Ahead(workers=2)
+    _RUNNING.append(ahead)
+    root = tmp_path_factory.mktemp("first-builds")
+    wanted = {READS[it.originalname] for it in request.session.items
+              if it.module is request.module and it.originalname in READS}
+    try:
+        for name, (example, policy, overrides) in FIRST_BUILDS.items():
+            if name not in wanted:
+                continue
+            doc = _planned(example, "barrier", policy, overrides)
+            out = root / name
+            ahead.submit(name, lambda doc=doc, out=out: (build(doc, out, jobs=2), out))
+        yield ahead
+    finally:
+        ahead.close()
+        _RUNNING.remove(ahead)
+
+
+def _compile_both(name: str, builds: Ahead, tmp_path: Path):
+    example, policy, overrides = FIRST_BUILDS[name]
+    first, first_dir = builds.get(name)
+    assert (first_dir / "program.so").exists()
+    second = build(_planned(example, "dataflow", policy, overrides), tmp_path / "dataflow", jobs=2)
     assert second.build.key == first.build.key
     assert dict(second.build.stats)["cached"] in ("cache", "dir")
     assert (tmp_path / "dataflow" / "tables" / "update.instrs.bin").read_bytes() != \
-        (tmp_path / "barrier" / "tables" / "update.instrs.bin").read_bytes()
+        (first_dir / "tables" / "update.instrs.bin").read_bytes()
+    return first_dir
 
 
-def test_two_weight_compiles(tmp_path, cache_dir, monkeypatch):
-    _compile_both("two_weight", False, tmp_path, cache_dir, monkeypatch)
+def test_two_weight_compiles(tmp_path, builds):
+    _compile_both("two_weight", builds, tmp_path)
 
 
 @pytest.mark.slow
-def test_mlp_compiles(tmp_path, cache_dir, monkeypatch):
-    _compile_both("mlp", False, tmp_path, cache_dir, monkeypatch)
+def test_mlp_compiles(tmp_path, builds):
+    _compile_both("mlp", builds, tmp_path)
 
 
 def _assert_tensor_cores(build_dir: Path):
@@ -90,24 +131,21 @@ def _assert_tensor_cores(build_dir: Path):
 
 
 @pytest.mark.slow
-def test_transformer_with_bf16_policy_compiles(tmp_path, cache_dir, monkeypatch):
-    _compile_both("transformer", True, tmp_path, cache_dir, monkeypatch)
-    _assert_tensor_cores(tmp_path / "barrier")
+def test_transformer_with_bf16_policy_compiles(tmp_path, builds):
+    _assert_tensor_cores(_compile_both("transformer_bf16", builds, tmp_path))
 
 
 @pytest.mark.slow
-def test_mlp_with_bf16_policy_runs_its_products_on_tensor_cores(tmp_path, cache_dir, monkeypatch):
-    monkeypatch.setenv("LATCH_CACHE_DIR", str(cache_dir))
-    build(_planned("mlp", "barrier", True), tmp_path / "b", jobs=2)
-    _assert_tensor_cores(tmp_path / "b")
+def test_mlp_with_bf16_policy_runs_its_products_on_tensor_cores(builds):
+    _assert_tensor_cores(builds.get("mlp_bf16")[1])
 
 
 @pytest.mark.slow
-def test_tinymoe_small_with_bf16_policy_compiles(tmp_path, cache_dir, monkeypatch):
-    _compile_both("tinymoe", True, tmp_path, cache_dir, monkeypatch, SMALL_MOE)
+def test_tinymoe_small_with_bf16_policy_compiles(tmp_path, builds):
+    _compile_both("tinymoe_bf16", builds, tmp_path)
 
 
-def test_matmul_layouts_out_dtypes_and_split_k_compile(tmp_path, cache_dir, monkeypatch):
+def test_matmul_layouts_out_dtypes_and_split_k_compile(tmp_path, cache_dir):
     """Every new form of latch::matmul reaches nvcc through the SIMT body: split-K partials (plain and
     with a transposed a), a product writing bf16 for the next one, a batched product reading b
     transposed; the schedule records a configuration on each."""
@@ -136,7 +174,6 @@ def test_matmul_layouts_out_dtypes_and_split_k_compile(tmp_path, cache_dir, monk
     mms = [n for n in prog.nodes if n.op == "latch::matmul"]
     assert all(n.attr("config") for n in mms)
     assert {n.name for n in mms if n.attr("split_k")} == {"mm.partial", "dw.partial"}
-    monkeypatch.setenv("LATCH_CACHE_DIR", str(cache_dir))
     built = build(doc, tmp_path / "mm", jobs=2)
     assert (tmp_path / "mm" / "program.so").exists()
     src = "\n".join(p.read_text() for p in (tmp_path / "mm" / "src").rglob("*.cu*"))
@@ -169,6 +206,9 @@ def test_check_compiles_names_the_unit_and_op_of_invalid_cuda(tmp_path, monkeypa
     """The front-end check fails where nvcc would: a generated name colliding with another (the
     Mixtral bug's kind) is a BuildError naming the unit, not a pass."""
     from latch_codegen_h100 import BuildError, builder, check_compiles
+
+    for ahead in _RUNNING:  # no build may run ahead while generate is patched below
+        ahead.finish()
 
     doc = _planned("mlp", "barrier", True)
     real = builder.generate

@@ -9,7 +9,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from latch_core.pipeline import Request, compile, run  # noqa: E402
+from cross_helpers import needs_nvcc, planned  # noqa: E402
+from latch_core.pipeline import Request, run  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = str(ROOT / "examples" / "transformer.py")
@@ -59,7 +60,7 @@ def test_request_switch_leaves_the_pass_out():
 
 @pytest.mark.slow
 def test_full_size_dense_transformer_plan_holds_no_f32_logits(capsys):
-    doc = compile(Request(example=EXAMPLE, overrides=FULL, build=False))
+    doc = planned(Request(example=EXAMPLE, overrides=FULL, build=False))  # test_weight_copies plans it too
     g = doc.graph.program("update")
     n_logits = FULL["batch"] * FULL["seq"] * FULL["vocab"]
     big = [v for v in g.values if math.prod(v.shape) >= n_logits]
@@ -77,14 +78,8 @@ def test_full_size_dense_transformer_plan_holds_no_f32_logits(capsys):
     assert phases > 0 and s.num_barriers > 0
 
 
-def _have_nvcc() -> bool:
-    import shutil
-
-    return shutil.which("nvcc") is not None
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(not _have_nvcc(), reason="nvcc not installed")
+@needs_nvcc
 @pytest.mark.parametrize("policy", [True, False])
 def test_bodies_compile_for_sm90a_and_use_no_atomics(tmp_path, policy):
     """The two cross-entropy bodies (BF16 vector path with the policy, scalar f32 path without) and

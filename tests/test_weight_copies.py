@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from latch_core.ir import DTYPES
+from cross_helpers import needs_nvcc, planned
 from latch_core.pipeline import Request, compile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +50,9 @@ def _plan(example: str, overrides: dict, copies: bool):
 
 
 def _check_full_size(example: str, overrides: dict, capsys) -> dict:
-    before, after = _plan(example, overrides, False), _plan(example, overrides, True)
+    # once per session (cross_helpers.planned): test_lmhead.py plans the dense transformer's request too
+    before, after = (planned(Request(example=str(EXAMPLES / example), overrides=overrides, build=False,
+                                     weight_copies=copies)) for copies in (False, True))
     g0, g = before.graph.program("update"), after.graph.program("update")
     cast_before = param_casts(g0)
     copied = sum(g0.value(n.inputs[0]).numel for n in cast_before)
@@ -296,18 +299,7 @@ def test_the_weight_copies_gate_measures_the_bf16_rounding():
 # nvcc: the transformer builds with its copies
 
 
-def _have_nvcc() -> bool:
-    from latch_codegen_h100 import BuildError
-    from latch_codegen_h100.builder import find_nvcc
-
-    try:
-        find_nvcc()
-        return True
-    except BuildError:
-        return False
-
-
-@pytest.mark.skipif(not _have_nvcc(), reason="nvcc not installed")
+@needs_nvcc
 def test_transformer_compiles_with_its_copies(tmp_path):
     """The generated CUDA with the copies as state is valid (nvcc's front end: check_compiles; the
     products' SASS does not depend on where their BF16 operand comes from and is read in

@@ -1,8 +1,17 @@
 """bench-attention's document on the CPU: it schedules into (batch, head, block) tasks, validates,
-runs on the arena simulator at odd lengths against the FP64 reference, and compiles for sm_90a."""
+runs on the arena simulator at odd lengths against the FP64 reference, and compiles for sm_90a.
+
+The file's nvcc builds (6) start when the first test needs one (``builds``: two at a time in
+threads, in the order the tests read them; the documents are planned in the test thread): nvcc's
+front end runs on one core, and one build after another kept one of CI's 2 cores idle. Each is the
+``build`` call its test made before, with ``use_cache=False`` (the tests check the builds, not the
+cache; builds running ahead must not read LATCH_CACHE_DIR, which tests set per test). A test waits
+for its own builds and asserts on them as before; a failed build raises its error in that test.
+"""
 
 from __future__ import annotations
 
+import concurrent.futures
 import shutil
 
 import pytest
@@ -11,6 +20,84 @@ from latch_check import bench_attention as BA
 from latch_ops import attention as A
 
 torch = pytest.importorskip("torch")
+
+
+HEAD_DIMS = [64, 128]
+
+
+def _ring_docs():
+    """bench-attention --forward mma,wgmma's document (both forwards of two cases, the backward
+    pinned to mma.sync) and the plain document of the same cases, planned."""
+    from latch_core.document import Document
+    from latch_core.ir import GraphSection
+
+    cases = [BA.Case("a", 1, 4, 2, 77, 64), BA.Case("b", 1, 2, 2, 300, 128, causal=False)]
+    progs = [g for b in BA.FORWARD_BODIES for g in BA.attention_document(cases, fwd_body=b, bwd_body="mma").graph.programs]
+    return (BA.plan_document(Document(graph=GraphSection(progs, (), {"example": "t"})), 132),
+            BA.plan_document(BA.attention_document(cases), 132))
+
+
+def _head_dim_doc(pairs, d):
+    """(the cases of head dim ``d``, their document, unplanned) of bench-attention's build per head dim."""
+    docs = {dd: (group, doc) for dd, group, doc in BA.head_dim_documents(BA.CASES, pairs)}
+    assert sorted(docs) == HEAD_DIMS
+    return docs[d]
+
+
+def _both_backwards(d):
+    return (("wgmma", "mma"), ("wgmma", "wgmma")) if d == 64 else (("wgmma", "wgmma"), ("wgmma", "wgmma2"))
+
+
+def _documents(item) -> list:
+    """(key, planned-document factory) of each build the selected test ``item`` of this file reads."""
+    p = item.callspec.params if hasattr(item, "callspec") else {}
+    name = item.originalname
+    if name == "test_wgmma_forward_document_compiles_with_the_ring":
+        return [(("ring", k), lambda k=k: _ring_docs()[k]) for k in (0, 1)]
+    if name == "test_bench_builds_per_head_dim_keep_the_wgmma_pipelined":
+        return [(("per_head_dim", p["d"]), lambda: BA.plan_document(_head_dim_doc(("mma", "wgmma"), p["d"])[1], 132))]
+    if name == "test_bench_builds_with_both_backwards_keep_the_wgmma_pipelined":
+        return [(("both_backwards", p["d"]),
+                 lambda: BA.plan_document(_head_dim_doc(_both_backwards(p["d"]), p["d"])[1], 132))]
+    return []
+
+
+class _Builds:
+    def __init__(self, root):
+        self.root, self.futures = root, {}
+        self.pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="bench-attention-build")
+
+    def submit(self, key, doc):
+        if key not in self.futures:
+            from latch_codegen_h100 import build
+
+            out = self.root / "-".join(map(str, key))
+            self.futures[key] = self.pool.submit(lambda: (build(doc, out, use_cache=False), out))
+
+    def get(self, key, make_doc):
+        """(built document, build directory) of ``key``; ``make_doc()`` is planned and built now if no
+        selected test asked for it before."""
+        if key not in self.futures:
+            self.submit(key, make_doc())
+        return self.futures[key].result()
+
+
+@pytest.fixture(scope="module")
+def builds(request, tmp_path_factory):
+    b = _Builds(tmp_path_factory.mktemp("bench-attention"))
+    if shutil.which("nvcc") is not None:
+        ring = None
+        for item in request.session.items:
+            if item.module is request.module:
+                for key, make in _documents(item):
+                    if key[0] == "ring":  # one planning of both ring documents
+                        ring = ring or _ring_docs()
+                        b.submit(key, ring[key[1]])
+                    else:
+                        b.submit(key, make())
+    yield b
+    concurrent.futures.wait(list(b.futures.values()))
+    b.pool.shutdown()
 
 
 def _tasks(doc, program, op):
@@ -58,36 +145,28 @@ def test_simulator_matches_the_reference_at_odd_lengths(causal, heads, kv_heads,
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-def test_wgmma_forward_document_compiles_with_the_ring(tmp_path, monkeypatch):
+def test_wgmma_forward_document_compiles_with_the_ring(builds):
     """bench-attention --forward mma,wgmma: both forwards of a case in one build; the wgmma one streams
     Q, K and V through the worker's ring (three tensor maps, a 32 KiB stage), the backward pinned to
     mma.sync. The plain document (no body named) takes the wgmma forward and the wgmma backward (six
     tensor maps, a 33 KiB stage): BF16 storage's defaults."""
-    from latch_codegen_h100 import build
-
-    monkeypatch.setenv("LATCH_CACHE_DIR", str(tmp_path / "cache"))
-    cases = [BA.Case("a", 1, 4, 2, 77, 64), BA.Case("b", 1, 2, 2, 300, 128, causal=False)]
-    progs = [g for b in BA.FORWARD_BODIES for g in BA.attention_document(cases, fwd_body=b, bwd_body="mma").graph.programs]
-    from latch_core.document import Document
-    from latch_core.ir import GraphSection
-
-    doc = BA.plan_document(Document(graph=GraphSection(progs, (), {"example": "t"})), 132)
+    doc, out = builds.get(("ring", 0), lambda: _ring_docs()[0])  # the built document: the planned one + its build
     wg = doc.graph.program("a-wgmma.fwdbwd")
     assert [dict(n.attrs).get("attention_body") for n in wg.nodes] == ["wgmma", "mma"]
     mma = doc.graph.program("a.fwdbwd")
     assert [dict(n.attrs).get("attention_body") for n in mma.nodes] == ["mma", "mma"]
     fwd = _tasks(doc, "b-wgmma.fwd", "latch::sdpa")
     assert len(fwd) == 1 * 2 * -(-300 // A.QUERY_TILE)
-    build(doc, tmp_path / "b")
     import json
 
-    man = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    man = json.loads((out / "manifest.json").read_text())
     assert man["ring"]["stage_bytes"] == 32768 and man["ring"]["stages"] >= 3, man["ring"]
     streamed = [b for b in man["bodies"] if b["tensor_maps"]]
     assert len(streamed) == 2 and all(b["tensor_maps"] == 3 and b["stage_bytes"] == 32768 for b in streamed), streamed
-    plain = build(BA.plan_document(BA.attention_document(cases), 132), tmp_path / "plain")
-    assert dict(plain.build.stats)["cached"] == "no"  # a real compile of the plain document, not a cache hit
-    man = json.loads((tmp_path / "plain" / "manifest.json").read_text())
+    plain, plain_out = builds.get(("ring", 1), lambda: _ring_docs()[1])
+    # a real compile of the plain document: its own sources (another key), not the first library again
+    assert dict(plain.build.stats)["cached"] == "no" and plain.build.key != doc.build.key
+    man = json.loads((plain_out / "manifest.json").read_text())
     # defaults: the backwards stream on the ring (6 maps); beside them the forwards left at the
     # default take mma.sync (lower_attention.kernel_defaults: ptxas C7511 in a model's kernel)
     assert sum(1 for b in man["bodies"] if b["tensor_maps"] == 3) == 0, man["bodies"]
@@ -102,18 +181,13 @@ def test_bench_refuses_an_unknown_forward_body():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("d", [64, 128])
-def test_bench_builds_per_head_dim_keep_the_wgmma_pipelined(tmp_path, monkeypatch, d):
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_bench_builds_per_head_dim_keep_the_wgmma_pipelined(builds, d):
     """What bench-attention --forward mma,wgmma measures: one build per head dim of the issue's cases,
     in which ptxas keeps the wgmma forward's products pipelined (no C7511/C7518 serialisation)."""
-    from latch_codegen_h100 import build
-
-    monkeypatch.setenv("LATCH_CACHE_DIR", str(tmp_path / "cache"))
-    docs = {dd: (group, doc) for dd, group, doc in BA.head_dim_documents(BA.CASES, ("mma", "wgmma"))}
-    assert sorted(docs) == [64, 128]
-    group, doc = docs[d]
+    group, doc = _head_dim_doc(("mma", "wgmma"), d)
     assert {c.head_dim for c in group} == {d} and len(group) == 2
-    built = build(BA.plan_document(doc, 132), tmp_path / "b")
+    built, _ = builds.get(("per_head_dim", d), lambda: BA.plan_document(doc, 132))
     assert "wgmma_warnings" not in dict(built.build.stats), dict(built.build.stats)
 
 
@@ -134,23 +208,19 @@ def test_backward_variants_name_their_cases_and_set_the_backward_body():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("d", [64, 128])
-def test_bench_builds_with_both_backwards_keep_the_wgmma_pipelined(tmp_path, monkeypatch, d):
+@pytest.mark.parametrize("d", HEAD_DIMS)
+def test_bench_builds_with_both_backwards_keep_the_wgmma_pipelined(builds, d):
     """What bench-attention --backward mma,wgmma (head dim 64) and --backward wgmma,wgmma2 (128)
     measure: per head dim, the wgmma forward with both backwards in one build; ptxas keeps every wgmma pipelined and
     the wgmma backward of each case streams through the ring (its 6 tensor maps: grad_lse absent)."""
     import json
 
-    from latch_codegen_h100 import build
-
-    monkeypatch.setenv("LATCH_CACHE_DIR", str(tmp_path / "cache"))
-    pairs = (("wgmma", "mma"), ("wgmma", "wgmma")) if d == 64 else (("wgmma", "wgmma"), ("wgmma", "wgmma2"))
-    docs = {dd: (group, doc) for dd, group, doc in BA.head_dim_documents(BA.CASES, pairs)}
-    group, doc = docs[d]
-    built = build(BA.plan_document(doc, 132), tmp_path / "b")
+    pairs = _both_backwards(d)
+    group, doc = _head_dim_doc(pairs, d)
+    built, out = builds.get(("both_backwards", d), lambda: BA.plan_document(doc, 132))
     stats = dict(built.build.stats)
     assert "wgmma_warnings" not in stats, stats
-    man = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    man = json.loads((out / "manifest.json").read_text())
     wgmma_bwds = sum(1 for _, b in pairs if b != "mma")  # 128: wgmma and wgmma2 (the overlapped variant)
     assert len(group) == 2, group
     assert sum(1 for b in man["bodies"] if b["tensor_maps"] == 6) == wgmma_bwds * len(group), man["bodies"]

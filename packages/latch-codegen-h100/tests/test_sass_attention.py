@@ -1,10 +1,19 @@
 """The attention bodies' machine code: BF16 head dims 64 and 128 run on the tensor cores
 (HMMA.16816.F32.BF16, cp.async staging: LDGSTS), so do FP32 values under operand_dtype bf16 (the
 policy's attention in captured models), the f64 bodies are SIMT (no HMMA); the head-dim-64
-bodies and both forwards hold everything in registers (no spills)."""
+bodies and both forwards hold everything in registers (no spills).
+
+The file's nvcc builds (16, ~4 s each) start together when the first test needs one (``builds``:
+two at a time in threads, in the order the tests read them): nvcc's front end runs on one core, and
+one build after another kept one of CI's 2 cores idle. Each build is the ``build`` call the test
+made itself before, with ``use_cache=False`` (what they check is the machine code, not the cache;
+builds running ahead must not read LATCH_CACHE_DIR, which other tests set per test). A test waits
+for its own builds and asserts on them as before; a failed build raises its error in that test.
+"""
 
 from __future__ import annotations
 
+import concurrent.futures
 import re
 
 import pytest
@@ -16,6 +25,62 @@ from latch_codegen_h100.sass import _run
 
 
 needs_tools = pytest.mark.skipif(not H.have_sass_tools(), reason="nvcc or cuobjdump not installed")
+
+BF16_D = [64, 128]
+FWD_CASES = [(64, True, True), (128, True, False), (128, False, True), (64, False, False)]
+BESIDE_D = [64, 128]
+BWD_CASES = [(64, True, False, "wgmma"), (128, True, True, "wgmma"), (128, False, False, "wgmma"),
+             (64, False, True, "wgmma"), (64, True, True, "wgmma2"), (128, True, False, "wgmma2")]
+
+
+def _documents(item) -> list:
+    """(key, document factory) of each build the selected test ``item`` of this file reads."""
+    p = item.callspec.params if hasattr(item, "callspec") else {}
+    name = item.originalname
+    if name == "test_bf16_attention_runs_on_the_tensor_cores":
+        return [(("attention", dt, p["d"]), lambda dt=dt: _attention_doc(dt, p["d"])) for dt in ("bf16", "f64")]
+    if name == "test_fp32_values_under_the_bf16_policy_run_on_the_tensor_cores":
+        return [(("attention", "f32", 64, "bf16"), lambda: _attention_doc("f32", 64, operand="bf16")),
+                (("attention", "f32", 64, None), lambda: _attention_doc("f32", 64))]
+    if name == "test_wgmma_forward_is_hgmma_fed_by_tma_without_spills":
+        k = (p["d"], p["causal"], p["fwd_only"])
+        return [(("forward",) + k, lambda: _wgmma_forward_doc(*k))]
+    if name == "test_wgmma_forward_beside_a_product_keeps_both_pipelined":
+        return [(("beside", p["d"]), lambda: _beside_doc(p["d"]))]
+    if name == "test_wgmma_backward_is_hgmma_fed_by_tma_without_spills":
+        k = (p["d"], p["causal"], p["glse"], p["body"])
+        return [(("backward",) + k, lambda: _wgmma_backward_doc(k[0], k[1], k[2], bwd_body=k[3]))]
+    return []
+
+
+class _Builds:
+    def __init__(self, root):
+        self.root, self.futures = root, {}
+        self.pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="sass-attention-build")
+
+    def submit(self, key, make_doc):
+        if key not in self.futures:
+            out = self.root / "-".join(map(str, key))
+            doc = make_doc()  # planned here, in this thread; only build runs ahead
+            self.futures[key] = self.pool.submit(lambda: (build(doc, out, jobs=2, use_cache=False), out))
+
+    def get(self, key, make_doc):
+        """(built document, build directory) of ``key``, built now if no selected test asked for it."""
+        self.submit(key, make_doc)
+        return self.futures[key].result()
+
+
+@pytest.fixture(scope="module")
+def builds(request, tmp_path_factory):
+    b = _Builds(tmp_path_factory.mktemp("sass-attention"))
+    if H.have_sass_tools():
+        for item in request.session.items:
+            if item.module is request.module:
+                for key, make_doc in _documents(item):
+                    b.submit(key, make_doc)
+    yield b
+    concurrent.futures.wait(list(b.futures.values()))
+    b.pool.shutdown()
 
 
 def _attention_doc(dtype: str, d: int, operand: str | None = None):
@@ -38,12 +103,11 @@ def _attention_doc(dtype: str, d: int, operand: str | None = None):
 
 
 @needs_tools
-@pytest.mark.parametrize("d", [64, 128])
-def test_bf16_attention_runs_on_the_tensor_cores(tmp_path, cache, d):
+@pytest.mark.parametrize("d", BF16_D)
+def test_bf16_attention_runs_on_the_tensor_cores(builds, d):
     counts = {}
     for dtype in ("bf16", "f64"):
-        out = tmp_path / dtype
-        build(_attention_doc(dtype, d), out, jobs=2)
+        _, out = builds.get(("attention", dtype, d), lambda: _attention_doc(dtype, d))
         sass = _run([H.cuobjdump(), "-sass", str(out / "program.so")])
         counts[dtype] = (len(re.findall(r"\bHMMA\.16816\.F32\.BF16\b", sass)), len(re.findall(r"\bLDGSTS\b", sass)))
         if dtype == "bf16":
@@ -59,12 +123,13 @@ def test_bf16_attention_runs_on_the_tensor_cores(tmp_path, cache, d):
 
 
 @needs_tools
-def test_fp32_values_under_the_bf16_policy_run_on_the_tensor_cores(tmp_path, cache):
-    build(_attention_doc("f32", 64, operand="bf16"), tmp_path / "p", jobs=2)
-    sass = _run([H.cuobjdump(), "-sass", str(tmp_path / "p" / "program.so")])
+def test_fp32_values_under_the_bf16_policy_run_on_the_tensor_cores(builds):
+    _, out = builds.get(("attention", "f32", 64, "bf16"), lambda: _attention_doc("f32", 64, operand="bf16"))
+    sass = _run([H.cuobjdump(), "-sass", str(out / "program.so")])
     assert len(re.findall(r"\bHMMA\.16816\.F32\.BF16\b", sass)) >= 8
-    build(_attention_doc("f32", 64), tmp_path / "n", jobs=2)  # FP32 attention without the policy: SIMT
-    sass = _run([H.cuobjdump(), "-sass", str(tmp_path / "n" / "program.so")])
+    # FP32 attention without the policy: SIMT
+    _, out = builds.get(("attention", "f32", 64, None), lambda: _attention_doc("f32", 64))
+    sass = _run([H.cuobjdump(), "-sass", str(out / "program.so")])
     assert not re.findall(r"\bHMMA\b", sass)
 
 
@@ -90,13 +155,11 @@ def _wgmma_forward_doc(d: int, causal: bool, fwd_only: bool):
 
 
 @needs_tools
-@pytest.mark.parametrize("d, causal, fwd_only", [(64, True, True), (128, True, False), (128, False, True),
-                                                 (64, False, False)])
-def test_wgmma_forward_is_hgmma_fed_by_tma_without_spills(tmp_path, cache, d, causal, fwd_only):
+@pytest.mark.parametrize("d, causal, fwd_only", FWD_CASES)
+def test_wgmma_forward_is_hgmma_fed_by_tma_without_spills(builds, d, causal, fwd_only):
     from latch_codegen_h100.sass import sass_report
 
-    out = tmp_path / "b"
-    doc = build(_wgmma_forward_doc(d, causal, fwd_only), out, jobs=2)
+    doc, out = builds.get(("forward", d, causal, fwd_only), lambda: _wgmma_forward_doc(d, causal, fwd_only))
     stats = dict(doc.build.stats)
     assert "wgmma_warnings" not in stats, stats
     log = (out / "build.log").read_text()
@@ -149,13 +212,8 @@ def test_wgmma_forward_refuses_what_it_cannot_run():
         wgmma_forward(ctx(attention_body="wgmma9"))
 
 
-@needs_tools
-@pytest.mark.parametrize("d", [64, 128])
-def test_wgmma_forward_beside_a_product_keeps_both_pipelined(tmp_path, cache, d):
-    """A training kernel inlines the attention forward with the products' wgmma bodies: ptxas must
-    keep every wgmma of both pipelined (no C7511/C7518) and spill nothing."""
-    from latch_codegen_h100.sass import sass_report
-
+def _beside_doc(d: int):
+    """A product and the wgmma attention forward in one program."""
     bf, f = "bf16", "f32"
     q = (1, 4, 300, d)
     values = [Value("x", (256, 128), bf, "batch"), Value("w", (128, 128), bf, "batch"), Value("y", (256, 128), f),
@@ -165,8 +223,17 @@ def test_wgmma_forward_beside_a_product_keeps_both_pipelined(tmp_path, cache, d)
              ("att", "latch::sdpa", ("q", "k", "v"), ("o", "lse"),
               {"causal": True, "scale": d ** -0.5, "attention_body": "wgmma"})]
     g = H.graph("update", values, nodes, [("batch", ["x", "w", "q", "k", "v"])], [("metrics", ["y", "o"])])
-    out = tmp_path / "b"
-    doc = build(H.planned([g]), out, jobs=2)
+    return H.planned([g])
+
+
+@needs_tools
+@pytest.mark.parametrize("d", BESIDE_D)
+def test_wgmma_forward_beside_a_product_keeps_both_pipelined(builds, d):
+    """A training kernel inlines the attention forward with the products' wgmma bodies: ptxas must
+    keep every wgmma of both pipelined (no C7511/C7518) and spill nothing."""
+    from latch_codegen_h100.sass import sass_report
+
+    doc, out = builds.get(("beside", d), lambda: _beside_doc(d))
     stats = dict(doc.build.stats)
     assert "wgmma_warnings" not in stats and stats.get("spill_stores", 0) == 0, stats
     r = sass_report(out / "program.so")
@@ -215,10 +282,8 @@ def _wgmma_backward_doc(d: int, causal: bool, glse: bool = False, T: int = 300, 
 
 
 @needs_tools
-@pytest.mark.parametrize("d, causal, glse, body", [(64, True, False, "wgmma"), (128, True, True, "wgmma"),
-                                                   (128, False, False, "wgmma"), (64, False, True, "wgmma"),
-                                                   (64, True, True, "wgmma2"), (128, True, False, "wgmma2")])
-def test_wgmma_backward_is_hgmma_fed_by_tma_without_spills(tmp_path, cache, d, causal, glse, body):
+@pytest.mark.parametrize("d, causal, glse, body", BWD_CASES)
+def test_wgmma_backward_is_hgmma_fed_by_tma_without_spills(builds, d, causal, glse, body):
     """The wgmma backward beside the wgmma forward (one head dim, as a model's kernel): every wgmma
     pipelined (no C7510/C7511/C7512/C7515/C7518), S/dP as 64x64 products from shared memory, dQ/dK/dV
     as 64xD products with register A, TMA loads (3-D boxes and the 1-D lse/glse boxes). ptxas keeps a
@@ -226,8 +291,8 @@ def test_wgmma_backward_is_hgmma_fed_by_tma_without_spills(tmp_path, cache, d, c
     no local memory between the first and the last HGMMA."""
     from latch_codegen_h100.sass import sass_report
 
-    out = tmp_path / "b"
-    doc = build(_wgmma_backward_doc(d, causal, glse, bwd_body=body), out, jobs=2)
+    doc, out = builds.get(("backward", d, causal, glse, body),
+                          lambda: _wgmma_backward_doc(d, causal, glse, bwd_body=body))
     stats = dict(doc.build.stats)
     log = (out / "build.log").read_text()
     assert "wgmma_warnings" not in stats, (stats, log[-3000:])
