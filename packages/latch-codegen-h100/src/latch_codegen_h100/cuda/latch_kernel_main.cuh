@@ -272,11 +272,6 @@ __device__ __forceinline__ Operand task_operand(const Args& a, const Instr& ins,
   return o;
 }
 
-#if LATCH_TICKETS
-// The producer of a kernel whose tables hold ticketed phases (codegen defines LATCH_TICKETS 1 then):
-// Task::dep counts from the list's last grid barrier, and the release count is its own register.
-// A kernel without queues compiles the producer below it, unchanged by tickets (its 56 registers
-// are exactly full: the ticket path spills ~50-70 bytes of it in builds with TMA producer halves).
 // Wait until the consumers released item ``released`` (the producer's count of items whose release
 // it has waited for; items are released in order, item i through EMPTY(i % LATCH_QUEUE)).
 __device__ __forceinline__ void await_release(uint32_t& released) {
@@ -301,10 +296,75 @@ __device__ __forceinline__ void producer_finish(WorkerShared& S, int q, uint32_t
   while (released < handed) await_release(released);
 }
 
+// Write item ``ins`` into slot ``q`` (its task record and operand pointers for a task) and hand it
+// to the consumers; every producer lane calls it, once slot q is free.
+__device__ __forceinline__ Slot& hand_over(const Args& a, WorkerShared& S, const Pipe& p, const Instr& ins,
+                                           int32_t word, const Operand& opnd, int item_pc, int& q, uint32_t& handed) {
+  const int lane = threadIdx.x & 31;
+  Slot& s = S.slot[q];
+  if (ins.kind == I_TASK) {
+    if (lane < TASK_WORDS) reinterpret_cast<int32_t*>(&s.task)[lane] = word;
+    __syncwarp();
+    const int ob = s.task.op_begin, oc = s.task.op_count;
+    if (lane < oc) s.ops[lane] = a.buffers[opnd.buffer] + opnd.offset;
+    for (int i = lane + 32; i < oc; i += 32) {
+      const Operand o = a.operands[ob + i];
+      s.ops[i] = a.buffers[o.buffer] + o.offset;
+    }
+  }
+  if (lane == 0) {
+    s.kind = ins.kind;
+    s.arg = ins.a;
+    s.pc = item_pc;
+    s.ring = p.stage | (p.phase << 31);
+  }
+  __syncwarp();  // (lane 0 reads the whole record below)
+  named_arrive(LATCH_BAR_FULL + q, LATCH_SLOT_THREADS);  // every lane: each releases its own stores
+  ++handed;
+  if (++q == LATCH_QUEUE) q = 0;
+  return s;
+}
+
+// Lane 0: a task's producer half (its TMA loads into the ring), after waiting until this block's
+// consumers have finished ``done_target`` tasks where the task reads what one of them writes
+// (Task::dep >= 0). False when that wait timed out (recorded) or the launch was aborted.
+__device__ __forceinline__ int produce_task(const Args& a, Slot& s, Pipe& p, uint32_t done_target) {
+  if (s.task.dep >= 0) {  // read-after-write on this SM: wait for the consumers to finish the writer
+    const unsigned long long t0 = globaltimer();
+    while ((int32_t)(ld_acquire_cta(done_word()) - done_target) < 0) {
+      if (ld_volatile(&a.error->abort)) return 0;
+      if (globaltimer() - t0 > a.timeout_ns) {
+        latch_report(ERR_PIPE_TIMEOUT, -1, s.task.dep);
+        return 0;
+      }
+    }
+    sm90::fence_proxy_async_global();
+  }
+  Ctx c{&s.task, s.ops, nullptr, (const char*)a.tmaps + 128ll * s.task.tmap, p,
+        latch_body_args + LATCH_MAX_ARGS * s.task.body};
+  return latch_produce(s.task.body, c, p);
+}
+
+// A dataflow wait (lane 0 spins, every lane learns the result): false when it timed out (recorded).
+__device__ __forceinline__ bool counter_wait(const Args& a, const Instr& ins, int pc) {
+  int ok = 1;
+  if ((threadIdx.x & 31) == 0) {
+    const uint32_t base = a.epoch * a.expected[ins.a];
+    ok = spin_until(a.counters + ins.a, base + (uint32_t)ins.b, base, a, ERR_WAIT_TIMEOUT, pc, ins.a);
+    sm90::fence_proxy_async_global();
+  }
+  return __shfl_sync(0xffffffffu, ok, 0) != 0;
+}
+
+#if LATCH_TICKETS
+// Two producers over the helpers above; a kernel compiles one. With ticketed phases (codegen defines
+// LATCH_TICKETS 1): Task::dep counts from the list's last grid barrier, the release count is its own
+// register, and the list is not read ahead. Without (the #else): the read-ahead producer, Task::dep
+// counted from the list's start. One producer with both paths spilled 52-92 bytes of its 56
+// registers in builds with TMA producer halves (results/lead8.md).
 __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* ring) {
   const int lane = threadIdx.x & 31;
   const int begin = a.sm_begin[blockIdx.x], end = a.sm_begin[blockIdx.x + 1];
-  const char* tmaps = (const char*)a.tmaps;
   Pipe p = make_pipe(S, ring, a, 0);  // (its abort flag and timeout also serve the dependency wait)
   int q = 0;
   uint32_t handed = 0;  // items handed over so far (item i goes into slot i % LATCH_QUEUE)
@@ -337,12 +397,7 @@ __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* r
     const Operand opnd = task_operand(a, ins, word, lane);
     int ok = 1;
     if (ins.kind == I_WAIT) {
-      if (lane == 0) {
-        const uint32_t base = a.epoch * a.expected[ins.a];
-        ok = spin_until(a.counters + ins.a, base + (uint32_t)ins.b, base, a, ERR_WAIT_TIMEOUT, item_pc - begin, ins.a);
-        sm90::fence_proxy_async_global();
-      }
-      if (!__shfl_sync(0xffffffffu, ok, 0)) break;
+      if (!counter_wait(a, ins, item_pc - begin)) break;
 #ifndef LATCH_PROFILE
       continue;  // the consumers' next item is handed over after the wait: they need not see it
 #endif
@@ -350,50 +405,10 @@ __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* r
     if (ins.kind == 0) break;  // the list's end: producer_finish hands it over
     // Slot q is free once the consumers released the item it held (LATCH_QUEUE items ago).
     while (released + LATCH_QUEUE <= handed) await_release(released);
-    Slot& s = S.slot[q];
-    if (ins.kind == I_TASK) {
-      if (lane < TASK_WORDS) reinterpret_cast<int32_t*>(&s.task)[lane] = word;
-      __syncwarp();
-      const int ob = s.task.op_begin, oc = s.task.op_count;
-      if (lane < oc) s.ops[lane] = a.buffers[opnd.buffer] + opnd.offset;
-      for (int i = lane + 32; i < oc; i += 32) {
-        const Operand o = a.operands[ob + i];
-        s.ops[i] = a.buffers[o.buffer] + o.offset;
-      }
-    }
-    if (lane == 0) {
-      s.kind = ins.kind;
-      s.arg = ins.a;
-      s.pc = item_pc;
-      s.ring = p.stage | (p.phase << 31);
-    }
-    __syncwarp();  // (lane 0 reads the whole record below)
-    named_arrive(LATCH_BAR_FULL + q, LATCH_SLOT_THREADS);  // every lane: each releases its own stores
-    ++handed;
-    if (++q == LATCH_QUEUE) q = 0;
+    Slot& s = hand_over(a, S, p, ins, word, opnd, item_pc, q, handed);
     if (ins.kind == I_TASK && s.task.tmap >= 0) {
-      if (lane == 0) {
-        if (s.task.dep >= 0) {  // read-after-write on this SM, this phase: wait for the consumers to finish the writer
-          const uint32_t target = phase0 + (uint32_t)s.task.dep + 1u;
-          const unsigned long long t0 = globaltimer();
-          while ((int32_t)(ld_acquire_cta(done_word()) - target) < 0) {
-            if (ld_volatile(&a.error->abort)) {
-              ok = 0;
-              break;
-            }
-            if (globaltimer() - t0 > a.timeout_ns) {
-              latch_report(ERR_PIPE_TIMEOUT, -1, s.task.dep);
-              ok = 0;
-              break;
-            }
-          }
-          sm90::fence_proxy_async_global();
-        }
-        if (ok) {
-          Ctx c{&s.task, s.ops, nullptr, tmaps + 128ll * s.task.tmap, p, latch_body_args + LATCH_MAX_ARGS * s.task.body};
-          ok = latch_produce(s.task.body, c, p);
-        }
-      }
+      // Task::dep counts from the last barrier here
+      if (lane == 0) ok = produce_task(a, s, p, phase0 + (uint32_t)s.task.dep + 1u);
       if (!__shfl_sync(0xffffffffu, ok, 0)) break;
     } else if (ins.kind == I_BARRIER) {
       if (lane == 0) {
@@ -412,26 +427,6 @@ __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* r
 }
 
 #else
-// Hand the end of the list (kind 0) over in slot ``q`` (every producer lane calls it), then wait
-// until the consumers released every other item still outstanding: afterwards no queue barrier is
-// half-arrived (the consumers arrive at none for the end item).
-__device__ __forceinline__ void producer_finish(WorkerShared& S, int q, uint32_t handed) {
-  if (handed >= LATCH_QUEUE) sm90::named_sync(LATCH_BAR_EMPTY + q, LATCH_SLOT_THREADS);
-  if ((threadIdx.x & 31) == 0) {
-    Slot& s = S.slot[q];
-    s.kind = 0;
-    s.arg = 0;
-    s.pc = -1;
-    s.ring = 0;
-  }
-  named_arrive(LATCH_BAR_FULL + q, LATCH_SLOT_THREADS);
-  ++handed;
-  // Items handed - LATCH_QUEUE .. handed - 2 are released by the consumers later; earlier ones were
-  // waited for before their slot was written again.
-  for (uint32_t i = handed > LATCH_QUEUE ? handed - LATCH_QUEUE : 0; i + 1 < handed; ++i)
-    sm90::named_sync(LATCH_BAR_EMPTY + (int)(i % LATCH_QUEUE), LATCH_SLOT_THREADS);
-}
-
 __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* ring) {
   const int lane = threadIdx.x & 31;
   const int begin = a.sm_begin[blockIdx.x], end = a.sm_begin[blockIdx.x + 1];
@@ -467,12 +462,7 @@ __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* r
     }
     int ok = 1;
     if (ins.kind == I_WAIT) {
-      if (lane == 0) {
-        const uint32_t base = a.epoch * a.expected[ins.a];
-        ok = spin_until(a.counters + ins.a, base + (uint32_t)ins.b, base, a, ERR_WAIT_TIMEOUT, pc - begin, ins.a);
-        sm90::fence_proxy_async_global();
-      }
-      if (!__shfl_sync(0xffffffffu, ok, 0)) break;
+      if (!counter_wait(a, ins, pc - begin)) break;
 #ifndef LATCH_PROFILE
       continue;  // the consumers' next item is handed over after the wait: they need not see it
 #endif
@@ -480,49 +470,9 @@ __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* r
     if (ins.kind == 0) break;  // the list's end: producer_finish hands it over
     // Slot q is free once the consumers released the item it held (LATCH_QUEUE items ago).
     if (handed >= LATCH_QUEUE) sm90::named_sync(LATCH_BAR_EMPTY + q, LATCH_SLOT_THREADS);
-    Slot& s = S.slot[q];
-    if (ins.kind == I_TASK) {
-      if (lane < TASK_WORDS) reinterpret_cast<int32_t*>(&s.task)[lane] = word;
-      __syncwarp();
-      const int ob = s.task.op_begin, oc = s.task.op_count;
-      if (lane < oc) s.ops[lane] = a.buffers[opnd.buffer] + opnd.offset;
-      for (int i = lane + 32; i < oc; i += 32) {
-        const Operand o = a.operands[ob + i];
-        s.ops[i] = a.buffers[o.buffer] + o.offset;
-      }
-    }
-    if (lane == 0) {
-      s.kind = ins.kind;
-      s.arg = ins.a;
-      s.pc = pc;
-      s.ring = p.stage | (p.phase << 31);
-    }
-    __syncwarp();  // (lane 0 reads the whole record below)
-    named_arrive(LATCH_BAR_FULL + q, LATCH_SLOT_THREADS);  // every lane: each releases its own stores
-    ++handed;
-    if (++q == LATCH_QUEUE) q = 0;
+    Slot& s = hand_over(a, S, p, ins, word, opnd, pc, q, handed);
     if (ins.kind == I_TASK && s.task.tmap >= 0) {
-      if (lane == 0) {
-        if (s.task.dep >= 0) {  // read-after-write on this SM: wait for the consumers to finish the writer
-          const unsigned long long t0 = globaltimer();
-          while ((int32_t)(ld_acquire_cta(done_word()) - (uint32_t)(s.task.dep + 1)) < 0) {
-            if (ld_volatile(&a.error->abort)) {
-              ok = 0;
-              break;
-            }
-            if (globaltimer() - t0 > a.timeout_ns) {
-              latch_report(ERR_PIPE_TIMEOUT, -1, s.task.dep);
-              ok = 0;
-              break;
-            }
-          }
-          sm90::fence_proxy_async_global();
-        }
-        if (ok) {
-          Ctx c{&s.task, s.ops, nullptr, tmaps + 128ll * s.task.tmap, p, latch_body_args + LATCH_MAX_ARGS * s.task.body};
-          ok = latch_produce(s.task.body, c, p);
-        }
-      }
+      if (lane == 0) ok = produce_task(a, s, p, (uint32_t)(s.task.dep + 1));
       if (!__shfl_sync(0xffffffffu, ok, 0)) break;
     } else if (ins.kind == I_BARRIER) {
       if (lane == 0) {
@@ -534,7 +484,8 @@ __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* r
   }
   // The end of the list, or a failed wait (recorded; the launch is aborted): either way the
   // consumers get an end item, and the queue's barriers are left complete.
-  producer_finish(S, q, handed);
+  // (item i waited for item i - LATCH_QUEUE's release: items before handed - LATCH_QUEUE are released)
+  producer_finish(S, q, handed, handed > LATCH_QUEUE ? handed - LATCH_QUEUE : 0);
 }
 
 #endif  // LATCH_TICKETS
