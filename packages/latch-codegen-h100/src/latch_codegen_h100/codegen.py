@@ -167,6 +167,7 @@ class _ProgramPlan:
     locs: dict  # group id -> [(buffer, offset)] of its operands (inputs, then outputs)
     body_keys: dict  # group id -> body key
     groups: dict = attrs.field(factory=dict)  # group id -> the group as lowered (alias prefix stripped)
+    lists: tuple = ()  # the SM lists as the tables hold them (tickets.table_lists)
 
 
 def _check_sync(ps: ProgramSchedule) -> dict[int, int]:
@@ -372,7 +373,6 @@ def _plan_program(doc: Document, ps: ProgramSchedule, pm: ProgramMemory, ext: di
         "counter_ids": [c.id for c in ps.counters],  # dense index (tables) -> schedule's counter id
         "tickets": [{"phase": q.phase, "tasks": len(q.tasks), "counter": len(ps.counters) + k, "begin": queue_at[k]}
                     for k, q in enumerate(tp.queues)],
-        "queued_tasks": sum(len(q.tasks) for q in tp.queues),
         "arena_bytes": pm.arena_bytes,
         "inputs": inputs,
         "outputs": outputs,
@@ -380,18 +380,19 @@ def _plan_program(doc: Document, ps: ProgramSchedule, pm: ProgramMemory, ext: di
         "groups": groups_info,
         "tables": {k: f"tables/{ps.program}.{k}.bin" for k in tabs.files()},
     }
-    return _ProgramPlan(ps.program, tabs, info, group_rec, group_locs, group_keys, groups_by_id)
+    return _ProgramPlan(ps.program, tabs, info, group_rec, group_locs, group_keys, groups_by_id, tp.sms)
 
 
 def local_deps(ps: ProgramSchedule, sms=None, since_barrier: bool = False) -> dict[int, int]:
-    """Task id -> Task::dep: the position, among its SM list's tasks (``since_barrier``: since the
-    list's last grid barrier, as the ticketed kernel's producer counts), of the latest earlier task of
-    the same list (and phase) that writes a value the task reads (-1 if none). The worker's producer may issue a task's TMA loads while earlier tasks of its
-    SM still run; it waits for this one first, counting from the tasks it handed over before that
-    barrier. Across a barrier nothing is waited for: the consumers complete every store before they
-    arrive, and the producer passes only a completed barrier. Dependencies on other SMs are ordered
-    by the schedule's own waits and barriers. ``sms``: the lists as the tables hold them (a ticketed
-    phase's queue tasks are absent from them: they get -1; no two of them conflict, tickets.py)."""
+    """Task id -> Task::dep: the position, among the tasks of its SM list, of the latest earlier task
+    of the same list that writes a value the task reads (-1 if none). The worker's producer may issue
+    a task's TMA loads while earlier tasks of its SM still run; it waits for this one first.
+    Dependencies on other SMs are ordered by the schedule's own waits and barriers.
+    ``since_barrier`` (a ticketed kernel, whose producer counts so): positions count from the list's
+    last grid barrier, and a writer before it needs no wait (the consumers complete every store
+    before they arrive; the producer passes only a completed barrier). ``sms``: the lists as the
+    tables hold them (default the schedule's; a ticketed phase's queue tasks are not in them and get
+    -1: no two tasks of a queue conflict, tickets.py)."""
     out: dict[int, int] = {}
     for sm in (ps.sms if sms is None else sms):
         last_writer: dict[str, int] = {}
@@ -434,9 +435,8 @@ def _finish_tables(doc: Document, plan: _ProgramPlan, rendered: dict) -> _Progra
                                    f"({v.dtype}{list(v.shape)}) as dims {list(m.dims)}; the element counts differ")
             maps.append(T.TmapRecord.of(buf, off, v.dtype, m.dims, m.box, m.swizzle))
             descr.append({"group": gid, "value": value, "dims": list(m.dims), "box": list(m.box)})
-    tp = table_lists(ps, doc.memory.program(ps.program), tickets_on(doc), g)
     # a ticketed kernel's producer counts Task::dep from the last barrier, in every program
-    deps = local_deps(ps, tp.sms, since_barrier=tickets_on(doc)) if first_map else {}
+    deps = local_deps(ps, plan.lists, since_barrier=tickets_on(doc)) if first_map else {}
     records = []
     for t in ps.tasks:
         body, ob, oc = plan.group_rec[t.group]

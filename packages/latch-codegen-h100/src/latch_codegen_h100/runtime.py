@@ -425,7 +425,8 @@ class Program:
         before the host has even submitted the kernel, so a short GPU sleep is queued first: the
         events then time the kernel, not the host's launch call."""
         p = self.programs[prog]
-        n = p.num_instrs + self.num_sms + int(p.info.get("queued_tasks", 0))  # lists, blocks, queue tasks
+        queued = sum(t["tasks"] for t in p.info.get("tickets", ()))
+        n = p.num_instrs + self.num_sms + queued  # lists, blocks, queue tasks
         buf = torch.zeros((n, 2), dtype=torch.int64, device=self.device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda._sleep(PROFILE_SLEEP_CYCLES)

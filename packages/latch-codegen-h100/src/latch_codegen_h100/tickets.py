@@ -91,15 +91,16 @@ def _sm_conflicts(tasks, ps: ProgramSchedule, overlaps: dict[str, dict[str, bool
     bad: set[int] = set()
     first = None
 
-    def pair(accs, others, what):
+    def pair(accs, others, what, boxes=True):
+        """Mark every two tasks of ``accs`` x ``others`` where one writes (and, ``boxes``, the boxes meet)."""
         nonlocal first
         for x in accs:
             for y in others:
-                if x[0] != y[0] and (x[2] or y[2]) and (what is None or _intersects(x[1], y[1])):
+                if x[0] != y[0] and (x[2] or y[2]) and (not boxes or _intersects(x[1], y[1])):
                     if x[0] not in bad or y[0] not in bad:
                         bad.update((x[0], y[0]))
                         if first is None:
-                            first = f"tasks {min(x[0], y[0])} and {max(x[0], y[0])} of one SM {what or 'share bytes'}"
+                            first = f"tasks {min(x[0], y[0])} and {max(x[0], y[0])} of one SM {what}"
 
     for value, accs in by_value.items():
         if any(a[2] for a in accs):
@@ -107,11 +108,10 @@ def _sm_conflicts(tasks, ps: ProgramSchedule, overlaps: dict[str, dict[str, bool
     for value, accs in by_value.items():
         for other, same_layout in overlaps.get(value, {}).items():
             if other in by_value and value < other:
-                # one placement and one layout (an in-place update): box by box, as the validator does
-                pair(accs, by_value[other], f"touch {value!r} and {other!r}, one placement (a write)"
-                     if same_layout else None)
-                if not same_layout and first and first.endswith("share bytes"):
-                    first += f" ({value!r}, {other!r}, a write)"
+                if same_layout:  # one placement and one layout (an in-place update): box by box, as the validator does
+                    pair(accs, by_value[other], f"touch {value!r} and {other!r}, one placement (a write)")
+                else:
+                    pair(accs, by_value[other], f"share bytes ({value!r}, {other!r}, a write)", boxes=False)
     return bad, first
 
 
@@ -196,21 +196,10 @@ def tickets_on(doc) -> bool:
     return doc.schedule is not None and bool(dict(doc.schedule.stats).get("tickets", False))
 
 
-_PLANS: dict = {}  # (id of the schedule, id of the memory plan) -> (both, the plan): one build asks twice
-
-
 def table_lists(ps: ProgramSchedule, mem: ProgramMemory, on: bool, graph=None) -> TicketPlan:
     """The SM lists the tables hold: ``ps.sms`` as they are (``on`` False) or :func:`ticket_plan`'s
     (``graph``: the program's graph, for the values' layouts)."""
     if not on:
         return TicketPlan(tuple(tuple(sm) for sm in ps.sms), ())
-    key = (id(ps), id(mem), id(graph))
-    hit = _PLANS.get(key)
-    if hit is not None and hit[0] is ps and hit[1] is mem and hit[2] is graph:
-        return hit[3]
     layouts = {} if graph is None else {v.name: (tuple(v.shape), v.dtype) for v in graph.values}
-    plan = ticket_plan(ps, mem, layouts)
-    if len(_PLANS) > 8:
-        _PLANS.clear()
-    _PLANS[key] = (ps, mem, graph, plan)
-    return plan
+    return ticket_plan(ps, mem, layouts)
