@@ -8,7 +8,7 @@ Both strategies lower to the same op-body signatures, so the second build must r
 library (same content key): the schedule lives in the binary tables, not in the sources.
 
 The examples' first builds (barrier) start together when the first test needs one (``builds``,
-cross_helpers.Ahead: two at a time in threads, the same ``build`` calls as before, only earlier):
+latch_codegen_h100.testing.BuildsAhead: two at a time in threads, the same ``build`` calls as before, only earlier):
 nvcc's front end runs on one core, and this file built one kernel after another (~110 s on CI's 2
 cores). Each test waits for its own build and asserts on it as before.
 """
@@ -20,7 +20,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-from cross_helpers import Ahead, needs_nvcc
+from cross_helpers import needs_nvcc
+from latch_codegen_h100 import BuildsAhead
 from latch_codegen_h100 import build
 from latch_core.passes import run_pipeline
 from latch_core.plugins import registries
@@ -64,7 +65,7 @@ FIRST_BUILDS = {"tinymoe_bf16": ("tinymoe", True, SMALL_MOE), "transformer_bf16"
                 "mlp_bf16": ("mlp", True, None), "mlp": ("mlp", False, None), "two_weight": ("two_weight", False, None)}
 
 
-_RUNNING: list[Ahead] = []
+_RUNNING: list[BuildsAhead] = []
 
 
 # test -> the first build it reads
@@ -79,25 +80,22 @@ def builds(request, cache_dir, tmp_path_factory):
     """``builds.get(name)`` -> (the built document, its build directory) of FIRST_BUILDS[name], for
     the tests selected in this session. The documents are planned here, in this thread (capture runs
     torch); only ``build`` runs ahead."""
-    ahead = Ahead(workers=2)
+    ahead = BuildsAhead(tmp_path_factory.mktemp("first-builds"), jobs=2)
     _RUNNING.append(ahead)
-    root = tmp_path_factory.mktemp("first-builds")
     wanted = {READS[it.originalname] for it in request.session.items
               if it.module is request.module and it.originalname in READS}
     try:
         for name, (example, policy, overrides) in FIRST_BUILDS.items():
             if name not in wanted:
                 continue
-            doc = _planned(example, "barrier", policy, overrides)
-            out = root / name
-            ahead.submit(name, lambda doc=doc, out=out: (build(doc, out, jobs=2), out))
+            ahead.submit(name, _planned(example, "barrier", policy, overrides))
         yield ahead
     finally:
         ahead.close()
         _RUNNING.remove(ahead)
 
 
-def _compile_both(name: str, builds: Ahead, tmp_path: Path):
+def _compile_both(name: str, builds: BuildsAhead, tmp_path: Path):
     example, policy, overrides = FIRST_BUILDS[name]
     first, first_dir = builds.get(name)
     assert (first_dir / "program.so").exists()

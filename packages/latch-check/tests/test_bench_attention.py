@@ -11,12 +11,12 @@ for its own builds and asserts on them as before; a failed build raises its erro
 
 from __future__ import annotations
 
-import concurrent.futures
 import shutil
 
 import pytest
 
 from latch_check import bench_attention as BA
+from latch_codegen_h100 import BuildsAhead, have_nvcc
 from latch_ops import attention as A
 
 torch = pytest.importorskip("torch")
@@ -62,42 +62,25 @@ def _documents(item) -> list:
     return []
 
 
-class _Builds:
-    def __init__(self, root):
-        self.root, self.futures = root, {}
-        self.pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="bench-attention-build")
-
-    def submit(self, key, doc):
-        if key not in self.futures:
-            from latch_codegen_h100 import build
-
-            out = self.root / "-".join(map(str, key))
-            self.futures[key] = self.pool.submit(lambda: (build(doc, out, use_cache=False), out))
-
-    def get(self, key, make_doc):
-        """(built document, build directory) of ``key``; ``make_doc()`` is planned and built now if no
-        selected test asked for it before."""
-        if key not in self.futures:
-            self.submit(key, make_doc())
-        return self.futures[key].result()
-
-
 @pytest.fixture(scope="module")
 def builds(request, tmp_path_factory):
-    b = _Builds(tmp_path_factory.mktemp("bench-attention"))
-    if shutil.which("nvcc") is not None:
+    """``builds.get(key, make_doc)`` -> (built document, build directory); the selected tests'
+    builds start at the module's first test, two at a time (latch_codegen_h100.testing)."""
+    b = BuildsAhead(tmp_path_factory.mktemp("bench-attention"), use_cache=False)
+    if have_nvcc():
         ring = None
         for item in request.session.items:
             if item.module is request.module:
                 for key, make in _documents(item):
+                    if key in b:
+                        continue
                     if key[0] == "ring":  # one planning of both ring documents
                         ring = ring or _ring_docs()
                         b.submit(key, ring[key[1]])
                     else:
                         b.submit(key, make())
     yield b
-    concurrent.futures.wait(list(b.futures.values()))
-    b.pool.shutdown()
+    b.close()
 
 
 def _tasks(doc, program, op):

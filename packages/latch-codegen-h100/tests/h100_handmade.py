@@ -187,14 +187,9 @@ def planned(graphs, layout=(), *, strategy="barrier", num_sms=4, tiles=2, metada
 
 def have_nvcc() -> bool:
     """nvcc is installed (the build tests skip without it)."""
-    from latch_codegen_h100 import BuildError
-    from latch_codegen_h100.builder import find_nvcc
+    from latch_codegen_h100.builder import have_nvcc as found
 
-    try:
-        find_nvcc()
-        return True
-    except BuildError:
-        return False
+    return found()
 
 
 def cuobjdump() -> str | None:

@@ -173,6 +173,17 @@ def _host_lib(tmp_path, code: str):
 VEC_COLUMNS = {"sum_rows_of_product_vec", "amax_rows_vec", "mean_lead_two"}  # kept dim a multiple of four
 
 
+def random_inputs(g, seed: int):
+    """(ctypes float buffers in ``g.ins`` order, their values by name): standard normal, FP32-exact."""
+    rng = random.Random(seed)
+    bufs, flat = [], {}
+    for vname in g.ins:
+        n = math.prod(next(x for x in g.vals if x.name == vname).shape)
+        flat[vname] = [float(ctypes.c_float(rng.gauss(0, 1)).value) for _ in range(n)]
+        bufs.append((ctypes.c_float * n)(*flat[vname]))
+    return bufs, flat
+
+
 @pytest.mark.parametrize("name", ["sum_rows_of_product", "sum_rows_of_product_vec", "amax_rows_vec",
                                   "mean_lead_two", "amax_rows", "row_sum_of_squares",
                                   "row_mean_short", "row_amax", "row_mean_broadcast_prologue",
@@ -187,12 +198,7 @@ def test_column_and_row_reductions_reduce_in_a_fixed_order(tmp_path, name):
     if name in VEC_COLUMNS:  # four consecutive columns per thread, 16-byte loads, and the scalar path beside it
         assert "load4(b_ + off(r_ + k_ * RW_), v_[k_])" in src
     lib = _host_lib(tmp_path, HARNESS + src + RUN)
-    rng = random.Random(3)
-    bufs, flat = [], {}
-    for vname in g.ins:
-        n = math.prod(next(x for x in g.vals if x.name == vname).shape)
-        flat[vname] = [float(ctypes.c_float(rng.gauss(0, 1)).value) for _ in range(n)]
-        bufs.append((ctypes.c_float * n)(*flat[vname]))
+    bufs, flat = random_inputs(g, 3)
     n_out = math.prod(oshape)
     # a tile of the outputs: [3, n - 2) along the one dim longer than 1 (off a multiple of four: the
     # vector column path does not apply), and for the vector cases [4, n - 4) (it does)

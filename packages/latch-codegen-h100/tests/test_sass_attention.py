@@ -13,14 +13,13 @@ for its own builds and asserts on them as before; a failed build raises its erro
 
 from __future__ import annotations
 
-import concurrent.futures
 import re
 
 import pytest
 
 import h100_handmade as H
 from latch_core.ir import Value
-from latch_codegen_h100 import build
+from latch_codegen_h100.testing import BuildsAhead
 from latch_codegen_h100.sass import _run
 
 
@@ -53,34 +52,19 @@ def _documents(item) -> list:
     return []
 
 
-class _Builds:
-    def __init__(self, root):
-        self.root, self.futures = root, {}
-        self.pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="sass-attention-build")
-
-    def submit(self, key, make_doc):
-        if key not in self.futures:
-            out = self.root / "-".join(map(str, key))
-            doc = make_doc()  # planned here, in this thread; only build runs ahead
-            self.futures[key] = self.pool.submit(lambda: (build(doc, out, jobs=2, use_cache=False), out))
-
-    def get(self, key, make_doc):
-        """(built document, build directory) of ``key``, built now if no selected test asked for it."""
-        self.submit(key, make_doc)
-        return self.futures[key].result()
-
-
 @pytest.fixture(scope="module")
 def builds(request, tmp_path_factory):
-    b = _Builds(tmp_path_factory.mktemp("sass-attention"))
+    """``builds.get(key, make_doc)`` -> (built document, build directory); the selected tests'
+    builds start at the module's first test, two at a time (latch_codegen_h100.testing)."""
+    b = BuildsAhead(tmp_path_factory.mktemp("sass-attention"), jobs=2, use_cache=False)
     if H.have_sass_tools():
         for item in request.session.items:
             if item.module is request.module:
                 for key, make_doc in _documents(item):
-                    b.submit(key, make_doc)
+                    if key not in b:  # planned here, in this thread; only build runs ahead
+                        b.submit(key, make_doc())
     yield b
-    concurrent.futures.wait(list(b.futures.values()))
-    b.pool.shutdown()
+    b.close()
 
 
 def _attention_doc(dtype: str, d: int, operand: str | None = None):

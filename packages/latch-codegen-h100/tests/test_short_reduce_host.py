@@ -27,7 +27,7 @@ import pytest
 from latch_codegen_h100.bodies import FUNC, render_body
 from latch_codegen_h100.codegen import _lowerings
 
-from test_column_host import HARNESS, RUN, _host_lib
+from test_column_host import HARNESS, RUN, _host_lib, random_inputs
 from test_ilp_host import G
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
@@ -119,12 +119,7 @@ def built(tmp_path_factory):
 
 
 def _run(g, lib, oshape, lo, hi):
-    rng = random.Random(11)
-    bufs, flat = [], {}
-    for vname in g.ins:
-        n = math.prod(next(x for x in g.vals if x.name == vname).shape)
-        flat[vname] = [float(ctypes.c_float(rng.gauss(0, 1)).value) for _ in range(n)]
-        bufs.append((ctypes.c_float * n)(*flat[vname]))
+    bufs, flat = random_inputs(g, 11)
     n_out = math.prod(oshape)
     out = (ctypes.c_float * n_out)(*([float("nan")] * n_out))
     ptrs = (ctypes.c_void_p * (len(bufs) + 1))(*[ctypes.addressof(b) for b in bufs + [out]])

@@ -26,15 +26,19 @@ GATE = 1e-2  # BF16 outputs and P: ~2e-3 measured here; a wrong index or mask gi
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
 
-def build_emulator(d: Path, header: Path, source: str, *flags: str) -> ctypes.CDLL:
-    """The emulator ``source`` (a file of attention_emulator/) with the body ``header`` beside the
-    models it includes, compiled with g++ in directory ``d`` and loaded."""
-    for f in (HERE / "attention_emulator").iterdir():
-        shutil.copy(f, d / f.name)
-    shutil.copy(header, d / header.name)
+def build_emulator(d: Path, headers, source: str, *flags: str, models=("attention_emulator",),
+                   timeout: int = 300) -> ctypes.CDLL:
+    """The emulator ``source`` (a file of one of the ``models`` directories next to the tests) with the
+    body header(s) ``headers`` beside every file of those directories, compiled with g++ in
+    directory ``d`` and loaded. The attention, gemm and route emulators all build through it."""
+    for m in models:
+        for f in (HERE / m).iterdir():
+            shutil.copy(f, d / f.name)
+    for h in ([headers] if isinstance(headers, Path) else headers):
+        shutil.copy(h, d / h.name)
     so = d / (Path(source).stem + ".so")
     r = subprocess.run(["g++", "-std=c++20", "-O2", "-fno-strict-aliasing", *flags, "-shared", "-fPIC", "-o", str(so),
-                        str(d / source)], capture_output=True, text=True, timeout=300)
+                        str(d / source)], capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stderr[-3000:]
     return ctypes.CDLL(str(so))
 

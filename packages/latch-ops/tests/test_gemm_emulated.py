@@ -20,6 +20,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from test_attention_emulated import build_emulator  # noqa: E402
+
 HERE = Path(__file__).parent
 CUDA = HERE.parent / "src" / "latch_ops" / "cuda"
 
@@ -28,20 +30,9 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    import subprocess
-
-    d = tmp_path_factory.mktemp("emu_gemm")
-    for f in ("fibers.h", "latch_common.cuh"):
-        shutil.copy(HERE / "attention_emulator" / f, d / f)
-    for f in (HERE / "gemm_emulator").iterdir():
-        shutil.copy(f, d / f.name)
-    for f in ("latch_gemm.cuh", "latch_gemm_pingpong.cuh"):
-        shutil.copy(CUDA / f, d / f)
-    so = d / "emulator_gemm.so"
-    r = subprocess.run(["g++", "-std=c++20", "-O2", "-fno-strict-aliasing", "-Wno-unknown-pragmas", "-shared", "-fPIC",
-                        "-o", str(so), str(d / "emulator_gemm.cpp")], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return ctypes.CDLL(str(so))
+    return build_emulator(tmp_path_factory.mktemp("emu_gemm"), [CUDA / "latch_gemm.cuh", CUDA / "latch_gemm_pingpong.cuh"],
+                          "emulator_gemm.cpp", "-Wno-unknown-pragmas", models=("attention_emulator", "gemm_emulator"),
+                          timeout=600)
 
 
 def _boxes(M, N, bm, bw):

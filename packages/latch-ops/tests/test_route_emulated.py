@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from latch_ops.moe.reference import route_order_math  # noqa: E402
+from test_attention_emulated import build_emulator  # noqa: E402
 
 HERE = Path(__file__).parent
 CUDA = HERE.parent / "src" / "latch_ops" / "cuda"
@@ -28,16 +28,8 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    d = tmp_path_factory.mktemp("emu_route")
-    shutil.copy(HERE / "attention_emulator" / "fibers.h", d / "fibers.h")
-    for f in (HERE / "route_emulator").iterdir():
-        shutil.copy(f, d / f.name)
-    shutil.copy(CUDA / "latch_route.cuh", d / "latch_route.cuh")
-    so = d / "route_emulator.so"
-    r = subprocess.run(["g++", "-std=c++20", "-O2", "-shared", "-fPIC", "-o", str(so), str(d / "route_emulator.cpp")],
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return ctypes.CDLL(str(so))
+    return build_emulator(tmp_path_factory.mktemp("emu_route"), CUDA / "latch_route.cuh", "route_emulator.cpp",
+                          models=("attention_emulator", "route_emulator"), timeout=600)
 
 
 def _run(lib, which, idx, E):

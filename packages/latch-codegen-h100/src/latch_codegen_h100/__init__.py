@@ -15,11 +15,12 @@ _LAZY = {
     "BodyContext": "lowering", "Lowering": "lowering", "LoweringError": "lowering", "NodeInfo": "lowering",
     "Operand": "lowering", "Program": "runtime", "ProgramError": "runtime", "LaunchError": "runtime",
     "TensorMap": "lowering", "sass_report": "sass", "SassError": "sass", "check_compiles": "builder",
+    "have_nvcc": "builder", "BuildsAhead": "testing",
 }
 
 __all__ = ["build", "generate", "BuildError", "CodegenError", "Lowering", "LoweringError", "BodyContext",
            "NodeInfo", "Operand", "Program", "ProgramError", "LaunchError", "TensorMap", "sass_report", "SassError",
-           "check_compiles"]
+           "check_compiles", "have_nvcc", "BuildsAhead"]
 
 
 def __getattr__(name):
