@@ -46,9 +46,10 @@ def _index_bound(node, pos, g):
 def make_inputs(g, seed=0) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     out = {}
+    produced = {o for n in g.nodes for o in n.outputs}  # a multi-node graph's intermediates are no inputs
     for n in g.nodes:
         for pos, name in enumerate(n.inputs):
-            if name is None or name in out:
+            if name is None or name in out or name in produced:
                 continue
             v = g.value(name)
             dt = DTYPES[v.dtype]

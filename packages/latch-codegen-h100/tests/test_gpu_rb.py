@@ -72,6 +72,18 @@ def test_the_cols_program_cuts_every_group_along_its_last_dim():
         assert t.tile[-1][1] - t.tile[-1][0] < full
 
 
+def test_the_gpu_tests_inputs_are_the_programs_inputs():
+    """CPU: make_inputs gives a multi-node graph's inputs only, never its intermediates (run 30: the
+    GPU test passed 'v1', ... and the program refused them before any kernel ran)."""
+    pytest.importorskip("torch")
+    from test_gpu_ops import make_inputs
+
+    doc, _ = _doc()
+    for name in ("rows", "cols"):
+        g = doc.graph.program(name)
+        assert sorted(make_inputs(g)) == sorted(g.input_names())
+
+
 @pytest.mark.gpu
 def test_rope_backward_and_topk_sums_keep_their_bits(tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
