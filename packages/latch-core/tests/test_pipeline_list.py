@@ -41,7 +41,12 @@ def test_the_list_reads_top_to_bottom():
 def test_sub_lists():
     assert pipeline.sub_list("schedule..build") == ["schedule", "memory.plan", "schedule.validate", "build"]
     assert pipeline.sub_list("..memory.policy,core.lint") == ["capture", "memory.policy", "core.lint"]
-    assert pipeline.sub_list("pipeline") == list(pipeline.NAMES)
+    # the whole list and a range hold what a default compile runs: memory.remat (off unless given a
+    # byte budget) only when named, or as a range's end
+    assert pipeline.sub_list("pipeline") == [n for n in pipeline.NAMES if n != "memory.remat"]
+    assert "memory.remat" not in pipeline.sub_list("..schedule.validate")
+    assert pipeline.sub_list("memory.weight_copies..memory.remat") == ["memory.weight_copies", "memory.remat"]
+    assert pipeline.sub_list("memory.remat") == ["memory.remat"]
     with pytest.raises(PassError, match="runs backwards"):
         pipeline.sub_list("build..capture")
     with pytest.raises(PassError, match="not a stage of the pipeline"):

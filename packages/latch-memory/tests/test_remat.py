@@ -69,3 +69,14 @@ def test_pass_reports_in_metadata_and_strict_fails():
         run_pass(REMAT, doc, budget_bytes=10, strict=True, registry=REG)
     with pytest.raises(RematError, match="budget_bytes must be"):
         run_pass(REMAT, doc, budget_bytes=-1, registry=REG)
+
+
+def test_the_pass_without_a_budget_names_the_option():
+    """`passes memory.remat` without -O memory.remat.budget_bytes=N: a user's error naming the option
+    (it was a TypeError traceback)."""
+    from latch_core.document import Document
+
+    from latch_memory.remat import remat_pass
+
+    with pytest.raises(RematError, match="budget_bytes=N"):
+        remat_pass(Document())

@@ -148,8 +148,11 @@ def sub_list(spec: str, registered: Sequence[str] = ()) -> list[str]:
     for item in (x.strip() for x in spec.split(",")):
         if not item:
             continue
+        # `pipeline` and a range hold the stages a default compile runs: an optional stage that is
+        # off by default and needs an option to run (memory.remat: a byte budget) is named alone
+        default = Request("").passes()
         if item == "pipeline":
-            out += NAMES
+            out += default
         elif ".." in item:
             a, b = (x.strip() for x in item.split("..", 1))
             i = NAMES.index(stage(a).name) if a else 0
@@ -157,7 +160,7 @@ def sub_list(spec: str, registered: Sequence[str] = ()) -> list[str]:
             if j < i:
                 raise PassError(f"range {item!r} runs backwards: {b} comes before {a} in the pipeline "
                                 f"({', '.join(NAMES)})")
-            out += NAMES[i:j + 1]
+            out += [n for n in NAMES[i:j + 1] if n in default or n in (NAMES[i], NAMES[j])]
         else:
             out.append(item)
     return out

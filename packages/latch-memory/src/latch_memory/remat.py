@@ -299,11 +299,12 @@ def remat_section(section: GraphSection, ops: Registry, budget_bytes: int, **kw)
     return attrs.evolve(section, programs=programs, metadata=meta), report
 
 
-def remat_pass(doc: Document, *, budget_bytes: int, tags=DEFAULT_TAGS, max_steps: int = 10000,
+def remat_pass(doc: Document, *, budget_bytes: int | None = None, tags=DEFAULT_TAGS, max_steps: int = 10000,
                strict: bool = False, registry: Registry | None = None) -> Document:
     """Pass ``memory.remat``. ``strict``: fail when the budget cannot be met (default: report it)."""
     if budget_bytes is None or int(budget_bytes) < 0:
-        raise RematError(f"memory.remat: option budget_bytes must be a byte count >= 0, got {budget_bytes!r}")
+        raise RematError(f"memory.remat: option budget_bytes must be a byte count >= 0, got {budget_bytes!r} "
+                         f"(compile --remat-budget N, or passes -O memory.remat.budget_bytes=N)")
     if registry is None:
         from latch_core.plugins import registries
 
