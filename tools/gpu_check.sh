@@ -24,6 +24,8 @@
 #      torch.compile and one-CUDA-graph controls, with the gates' torch column (fresh and trained);
 #      the profile step also writes the per-SM timeline of the small transformer;
 #   6. a short summary table, LAST.
+# LATCH_GPU_SEED_CACHE=DIR: start the fresh build cache from the libraries tools/seed_cache.py built on
+# the CPU machine (the device call carries DIR); see that tool.
 # Logs go to $OUT (default ./gpu-check-out), in few files (the device tool returns at most 8):
 # gpu.txt, install.log, examples.log, pytest_gpu.log, sanitizer.log, summary.txt.
 set -uo pipefail
@@ -57,6 +59,16 @@ if ! "$PY" -m pip install -q --no-deps --no-build-isolation "${EDITABLE[@]}" > "
 fi
 "$PY" -c 'import latch_core, latch_codegen_h100, latch_check.gpu; print("install ok")'
 export LATCH_CAPTURE_CACHE="$WORK/capture-cache"   # fresh too: the first capture of each example is real
+# LATCH_GPU_SEED_CACHE=.seed-cache (a folder the device call carries): libraries built on the CPU machine
+# by tools/seed_cache.py, copied into the fresh cache, so the full-size builds are fetched (their sha256
+# checked) instead of compiled (~3 min each). A seed whose key matches nothing here is not used.
+if [ -n "${LATCH_GPU_SEED_CACHE:-}" ]; then
+    mkdir -p "$LATCH_CACHE_DIR"
+    n=$(find "$LATCH_GPU_SEED_CACHE" -maxdepth 1 -name '*.so' | wc -l)
+    find "$LATCH_GPU_SEED_CACHE" -maxdepth 1 \( -name '*.so' -o -name '*.json' \) -exec cp {} "$LATCH_CACHE_DIR/" \;
+    say "seeded the build cache with $n librar(ies) from $LATCH_GPU_SEED_CACHE"
+    row "  seeded build cache: $n librar(ies) from $LATCH_GPU_SEED_CACHE"
+fi
 
 run_example() {  # limit name scheduler steps extra-args...
     local limit="$1" name="$2" sched="$3" steps="$4"; shift 4

@@ -123,19 +123,18 @@ def test_the_environment_digest_covers_flags_split_headers_and_lowering_code(tmp
         regs = _regs(mod, inc)
 
         def key(**kw):
-            opts = dict(jobs=2, bodies_per_unit=None, profile=False, regs=regs) | kw
+            opts = dict(bodies_per_unit=None, profile=False, regs=regs) | kw
             return builder.environment_digest(**opts)
 
         base = key()
         assert key() == base
-        seen = {"base": base, "profile": key(profile=True), "jobs": key(jobs=3),
-                "bodies_per_unit": key(bodies_per_unit=1)}
+        seen = {"base": base, "profile": key(profile=True), "bodies_per_unit": key(bodies_per_unit=1)}
         (inc / "acme_detail.h").write_text("// changed transitive include\n")
         seen["header"] = key()
         f.write_text("def body(ctx):\n    return '/* v2 */'\n")  # the plugin's code changed on disk
         seen["lowering code"] = key()
         seen["no acme"] = builder.environment_digest(
-            jobs=2, bodies_per_unit=None, profile=False,
+            bodies_per_unit=None, profile=False,
             regs=load_with(("codegen", __import__("latch_codegen_h100.plugin").plugin), entry_points=False))
         monkeypatch.setattr(builder, "_VERSION_CACHE", {builder.find_nvcc(): "99.9"})
         seen["toolkit"] = key()

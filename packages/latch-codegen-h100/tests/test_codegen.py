@@ -79,6 +79,21 @@ def test_parallel_lowering_gives_the_same_sources():
     assert [u.source for u in serial.units] == [u.source for u in parallel.units]
 
 
+def test_the_unit_split_does_not_follow_the_cores():
+    """The same document gives the same sources (hence the same cache key) on 2 cores and on 16:
+    a library built on one machine serves another's build (tools/gpu_check.sh's seeded cache)."""
+    values, nodes = [], []
+    for k in range(1, 14):  # 13 bodies: a split that followed the cores gave 2 units on 1 core, 3 on 16
+        values += [Value(f"x{k}", (64, 4 * k), F, "batch"), Value(f"y{k}", (64, 4 * k), F)]
+        nodes.append((f"e{k}", "latch::exp", (f"x{k}",), (f"y{k}",)))
+    g = H.graph("update", values, nodes, [("batch", [f"x{k}" for k in range(1, 14)])],
+                [("metrics", [f"y{k}" for k in range(1, 14)])])
+    doc = H.planned([g])
+    one, many = generate(doc, jobs=1), generate(doc, jobs=16)
+    assert len(one.manifest["bodies"]) == 13 and len(one.units) == 1 + 3  # kernel.cu and three units
+    assert [(u.name, u.source) for u in one.units] == [(u.name, u.source) for u in many.units]
+
+
 def test_missing_lowering_names_node_op_and_source():
     values = [Value("x", (4,), F, "batch"), Value("y", (4,), F)]
     g = H.graph("update", values, [H.Node("mystery", "acme::frob", ("x",), ("y",), source="model.py:12 in forward")],

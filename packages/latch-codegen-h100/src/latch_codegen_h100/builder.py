@@ -161,7 +161,7 @@ def build_key(gen: Generated, flags: list[str], toolkit: str) -> str:
 # hashes the inputs of ``generate`` + ``compile_generated`` instead: the document's graph, schedule
 # and memory sections, the Python sources of codegen and of every package that registers a lowering,
 # the lowerings and op tags registered, every header of the include dirs, the flags, the unit split
-# (``jobs``, ``bodies_per_unit``) and the toolkit. A build directory records the request key it was
+# (``bodies_per_unit``; not the cores, codegen.units_for) and the toolkit. A build directory records the request key it was
 # built from (``build.request``) with the size and mtime of every file it wrote; a build whose key
 # matches, with those files untouched, is reused without lowering anything. Any doubt is a miss:
 # the full path then runs and the content key (``build_key``) decides about compiling.
@@ -244,7 +244,7 @@ def document_digest(doc: Document) -> str:
     return h.hexdigest()
 
 
-def environment_digest(*, jobs: int | None, bodies_per_unit: int | None, profile: bool, regs=None) -> str:
+def environment_digest(*, bodies_per_unit: int | None, profile: bool, regs=None) -> str:
     """sha256 over everything outside the document that determines a build (see the section comment)."""
     from latch_core.plugins import registries
 
@@ -253,8 +253,7 @@ def environment_digest(*, jobs: int | None, bodies_per_unit: int | None, profile
     regs = regs if regs is not None else registries()
     nvcc = find_nvcc()
     h = hashlib.sha256()
-    eff_jobs = jobs if jobs is not None else (os.cpu_count() or 1)
-    h.update(f"request {REQUEST_VERSION}\nnvcc {nvcc}\ntoolkit {toolkit_version(nvcc)}\njobs {eff_jobs}\n"
+    h.update(f"request {REQUEST_VERSION}\nnvcc {nvcc}\ntoolkit {toolkit_version(nvcc)}\n"
              f"bodies_per_unit {bodies_per_unit}\nflags {COMPILE_FLAGS!r} {PROFILE_FLAG if profile else ''}\n".encode())
     modules = {__name__, "latch_core", "latch_ops"}
     lowerings = dict(regs.lowerings.items())
@@ -281,10 +280,10 @@ def environment_digest(*, jobs: int | None, bodies_per_unit: int | None, profile
     return h.hexdigest()
 
 
-def request_key(doc: Document, *, jobs: int | None = None, bodies_per_unit: int | None = None,
+def request_key(doc: Document, *, bodies_per_unit: int | None = None,
                 profile: bool = False, regs=None) -> str:
     """The key of a build request, computable without lowering (see the section comment)."""
-    env = environment_digest(jobs=jobs, bodies_per_unit=bodies_per_unit, profile=profile, regs=regs)
+    env = environment_digest(bodies_per_unit=bodies_per_unit, profile=profile, regs=regs)
     return hashlib.sha256(f"{env}\n{document_digest(doc)}\n".encode()).hexdigest()
 
 
@@ -600,7 +599,7 @@ def _build_locked(doc, out_dir: Path, t0: float, *, jobs, use_cache, bodies_per_
     if use_cache:
         # Checked before lowering: an unchanged request reuses the directory as it is, including its
         # program.latch.json (whose build section is the build that wrote the directory).
-        request = request_key(doc, jobs=jobs, bodies_per_unit=bodies_per_unit, profile=profile)
+        request = request_key(doc, bodies_per_unit=bodies_per_unit, profile=profile)
         rec = _reuse(out_dir, request)
         if rec is not None:
             st = dict(rec["stats"])

@@ -633,17 +633,22 @@ def headers_of(include_dirs) -> list[str]:
     return [str(p) for d in include_dirs for p in sorted(Path(d).glob("*")) if p.suffix in (".cuh", ".h")]
 
 
-def units_for(num_bodies: int, jobs: int) -> int:
-    """How many units: enough to keep ``jobs`` compilers busy, but each nvcc run costs seconds of
-    fixed overhead, so never fewer than ~6 bodies a unit."""
-    return max(1, min(2 * jobs, -(-num_bodies // 6)))
+UNITS_MAX = 16  # units render in parallel worker processes; nvcc compiles them as one translation unit
+
+
+def units_for(num_bodies: int) -> int:
+    """How many units: ~6 bodies a unit, at most UNITS_MAX. Not the machine's cores: kernel.cu
+    includes every unit (one nvcc run), so the split only shares out the rendering, and a split that
+    followed the cores would give the same program other sources, hence another cache key, on every
+    machine (a library built here could not serve the H200's build; tools/gpu_check.sh's seeded cache)."""
+    return max(1, min(UNITS_MAX, -(-num_bodies // 6)))
 
 
 def generate(doc: Document, *, bodies_per_unit: int | None = None, jobs: int | None = None, regs=None,
              parallel_min_bodies: int = PARALLEL_MIN_BODIES) -> Generated:
     """Lower a planned document. Raises CodegenError naming the program/group/node/op at fault.
 
-    ``bodies_per_unit``: default from :func:`units_for` and the number of cores. Units render in
+    ``bodies_per_unit``: default from :func:`units_for`. Units render in
     parallel worker processes when there are at least ``parallel_min_bodies`` bodies and the
     lowerings come from the installed plugins (``regs`` None)."""
     missing = {"graph", "schedule", "memory"} - doc.sections()
@@ -671,7 +676,7 @@ def generate(doc: Document, *, bodies_per_unit: int | None = None, jobs: int | N
     body_keys = sorted(body_ids, key=body_ids.get)
     jobs = jobs if jobs is not None else (os.cpu_count() or 1)
     if bodies_per_unit is None:
-        bodies_per_unit = -(-len(specs) // units_for(len(specs), jobs)) if specs else 1
+        bodies_per_unit = -(-len(specs) // units_for(len(specs))) if specs else 1
     chunks = _assign_units(specs, max(1, bodies_per_unit))
     results = _render_all(chunks, lowerings, jobs, parallel=regs is None and len(specs) >= parallel_min_bodies)
     units, rendered, emitted, headers = [], {}, set(), []
