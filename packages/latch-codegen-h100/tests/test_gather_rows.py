@@ -153,13 +153,17 @@ def test_the_row_path_moves_16_bytes_per_access_without_spills(tmp_path, cache):
     assert r.ldg128 >= 6 * 6 and r.stg128 >= 6 * 6, r
 
 
-def emb_backward_doc(tokens=(2, 700), D=64, V=40, pad=3, tiles=3, split="rows", seed_dup=True):
+def emb_backward_doc(tokens=(2, 700), D=64, V=40, pad=3, tiles=3, split="rows", seed_dup=True, base=False):
     """embedding_backward over 1400 indices (two chunks of EMB_CHUNK) into a 40-row table: many
-    repeats per row, the padding row skipped."""
+    repeats per row, the padding row skipped. ``base``: the third input (a tied embedding's other
+    gradient, ops.embedding_grad_sum), the sum's start instead of zeros."""
     v = [Value("g", (*tokens, D), F, "batch"), Value("tok", tokens, I, "batch"), Value("dw", (V, D), F)]
-    g = H.graph("update", v, [("eb", "latch::embedding_backward", ("g", "tok"), ("dw",),
+    ins = ("g", "tok") + (("G",) if base else ())
+    if base:
+        v.append(Value("G", (V, D), F, "batch"))
+    g = H.graph("update", v, [("eb", "latch::embedding_backward", ins, ("dw",),
                                 {"num_weights": V, "padding_idx": pad})],
-                [("batch", ["g", "tok"])], [("metrics", ["dw"])])
+                [("batch", list(ins[:1]) + ["tok"] + list(ins[2:]))], [("metrics", ["dw"])])
     return H.planned([g], tiles=tiles, split=split)
 
 
@@ -170,10 +174,24 @@ def test_the_embedding_backward_walks_only_its_hits():
     assert "atomic" not in src  # deterministic: no float atomics
 
 
+def test_the_embedding_backward_onto_a_base_copies_its_rows_first():
+    """With base (a tied embedding's other gradient) the tile starts as base's rows (16-byte loads,
+    four in flight) instead of zeros, and the hits are added onto them in the same order."""
+    src = body_sources(generate(emb_backward_doc(base=True), jobs=1))["eb"]
+    plain = body_sources(generate(emb_backward_doc(), jobs=1))["eb"]
+    assert "latch::ld4(in2, i + u * 4 * LATCH_THREADS, q_[u]);" in src and "latch::ld4(" not in plain
+    assert "static_cast<const void*>(in2) != static_cast<const void*>(out0)" in src  # none where dW is base
+    assert "latch::st<float>(out0, i, (float)latch::ld<float>(in2, i));" in src  # the scalar path too
+    walk = plain[plain.index("for (long long k0 = 0;"):]
+    assert walk in src  # the walk over the hits is the plain body's
+    assert "atomic" not in src
+
+
 @needs_tools
 def test_the_embedding_backward_compiles_without_spills(tmp_path, cache):
     for split in ("rows", "cols"):
-        out = tmp_path / split
-        build(emb_backward_doc(split=split), out, jobs=2, use_cache=False)
-        assert _function_spills((out / "build.log").read_text()) == []
-        assert sass_report(out / "program.so").local_loads == 0
+        for base in (False, True):
+            out = tmp_path / f"{split}-{base}"
+            build(emb_backward_doc(split=split, base=base), out, jobs=2, use_cache=False)
+            assert _function_spills((out / "build.log").read_text()) == []
+            assert sass_report(out / "program.so").local_loads == 0

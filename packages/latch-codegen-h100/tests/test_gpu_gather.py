@@ -100,11 +100,11 @@ def test_the_row_path_reports_an_index_out_of_range_with_its_task(op, tmp_path):
         prog.run({"x": x}, {}, {"idx": torch.tensor([0, 99, 1, 2, 3], device="cuda")})
 
 
-def _in_order_fp32(g, tok, V, pad):
-    """dW as the body must compute it: zeros, then grad row k added into row tok[k] in index order, each
-    add rounded to FP32 (the FP64 sum is the gate; this is the exact-bits check)."""
+def _in_order_fp32(g, tok, V, pad, base=None):
+    """dW as the body must compute it: zeros (or base's rows), then grad row k added into row tok[k] in
+    index order, each add rounded to FP32 (the FP64 sum is the gate; this is the exact-bits check)."""
     gf, tf = g.reshape(-1, g.shape[-1]).float(), tok.reshape(-1)
-    out = torch.zeros(V, g.shape[-1], dtype=torch.float32)
+    out = torch.zeros(V, g.shape[-1], dtype=torch.float32) if base is None else base.float().clone()
     for k in range(tf.numel()):
         t = int(tf[k])
         if t != pad:
@@ -127,6 +127,22 @@ def test_the_embedding_backward_sums_in_index_order_with_the_same_bits_every_run
     ref = torch.zeros(40, 64, dtype=torch.float64).index_add_(0, tok.reshape(-1)[keep],
                                                                g.double().reshape(-1, 64)[keep])
     assert ((runs[0].double() - ref).norm() / ref.norm()).item() < 1e-6
+
+
+@pytest.mark.parametrize("split", ["rows", "cols"])
+def test_the_embedding_backward_onto_a_base_sums_in_index_order_with_the_same_bits_every_run(split, tmp_path):
+    """ops.embedding_grad_sum's form: dW = base + the hits, in index order (the padding row keeps base's)."""
+    build(R.emb_backward_doc(split=split, base=True), tmp_path)
+    prog = Program.load(tmp_path)
+    gen = torch.Generator().manual_seed(2)
+    g = torch.randn(2, 700, 64, generator=gen, dtype=torch.float64).float()
+    tok = torch.randint(0, 40, (2, 700), generator=gen)
+    G = torch.randn(40, 64, generator=gen, dtype=torch.float64).float()
+    batch = {"g": g.cuda(), "tok": tok.cuda(), "G": G.cuda()}
+    runs = [prog.run_program("update", batch=batch)["dw"].cpu() for _ in range(2)]
+    assert torch.equal(runs[0], runs[1])
+    assert torch.equal(runs[0], _in_order_fp32(g, tok, 40, 3, base=G))
+    assert torch.equal(runs[0][3], G[3])
 
 
 def test_the_embedding_backward_reports_an_index_out_of_range(tmp_path):

@@ -216,7 +216,9 @@ def emb_backward_smem(ctx) -> int:
 
 def _embedding_backward(ctx: BodyContext) -> str:
     """Deterministic, no atomics: consumer thread ``x`` owns the columns ``lo1 + x, lo1 + x + THREADS,
-    ...`` of the tile. The tile is zeroed first (whole rows: one contiguous range, 16-byte stores);
+    ...`` of the tile. The tile is zeroed first (whole rows: one contiguous range, 16-byte stores),
+    or, with a third input ``base`` (pass ops.embedding_grad_sum: a tied embedding's other gradient),
+    starts as base's rows (a copy, four 16-byte loads in flight per thread; none where dW is base);
     then the indices are examined in order in chunks of ``EMB_CHUNK`` (each thread loads 4 of them at
     once): the ones naming a row of the tile (the hits) are compacted into shared memory in index
     order (warp ballots, then a prefix over the 32 warp counts), and every thread walks only the hits,
@@ -229,7 +231,8 @@ def _embedding_backward(ctx: BodyContext) -> str:
     hit a 373-row tile), staged 256 indices per step (8 dependent global round trips, 16 block syncs),
     and added each hit with a load of g, a load of dW and a store in sequence, one hit at a time.
     (Run 14: one global index load per k and scalar zeroing took ~424 us per task.)"""
-    g, idx = ctx.inputs
+    g, idx = ctx.inputs[0], ctx.inputs[1]
+    base = ctx.inputs[2] if len(ctx.inputs) > 2 else None  # ops.embedding_grad_sum: start from base's rows
     dw = ctx.outputs[0]
     n, D = dw.shape
     N = idx.numel
@@ -247,21 +250,47 @@ def _embedding_backward(ctx: BodyContext) -> str:
         f"int2* hit_ = reinterpret_cast<int2*>({ctx.smem} + 128);  // (k - k0, row) of the chunk's hits, in k order",
         "const int lane_ = threadIdx.x & 31, warp_ = threadIdx.x >> 5;",
     ]
+    # the tile's start: zeros, or base's rows (a copy; nothing to do where dW is written over base)
+    first = "0" if base is None else f"latch::ld<{base.ctype}>({base.ptr}, i)"
+    if base is not None:
+        lines.append(f"if (static_cast<const void*>({base.ptr}) != static_cast<const void*>({dw.ptr})) {{")
     if zero_vec:
+        aligned = f"(reinterpret_cast<unsigned long long>({dw.ptr}) % (4 * sizeof(*{dw.ptr}))) == 0"
+        if base is not None:
+            aligned += f" && (reinterpret_cast<unsigned long long>({base.ptr}) % (4 * sizeof(*{base.ptr}))) == 0"
         lines += [
-            f"if (c0_ == 0 && c1_ == {D}LL && ((r0_ * {D}LL) % 4) == 0 && "
-            f"(reinterpret_cast<unsigned long long>({dw.ptr}) % (4 * sizeof(*{dw.ptr}))) == 0) {{",
+            f"if (c0_ == 0 && c1_ == {D}LL && ((r0_ * {D}LL) % 4) == 0 && {aligned}) {{",
             f"  const long long b_ = r0_ * {D}LL, e_ = r1_ * {D}LL, v_ = b_ + ((e_ - b_) / 4) * 4;",
-            f"  const {acc} z_[4] = {{({acc})0, ({acc})0, ({acc})0, ({acc})0}};",
-            "  for (long long i = b_ + 4 * threadIdx.x; i < v_; i += 4 * LATCH_THREADS) latch::st4(" + dw.ptr + ", i, z_);",
-            f"  for (long long i = v_ + threadIdx.x; i < e_; i += LATCH_THREADS) latch::st<{dw.ctype}>({dw.ptr}, i, ({acc})0);",
+        ]
+        if base is None:
+            lines += [f"  const {acc} z_[4] = {{({acc})0, ({acc})0, ({acc})0, ({acc})0}};",
+                      "  for (long long i = b_ + 4 * threadIdx.x; i < v_; i += 4 * LATCH_THREADS) latch::st4(" + dw.ptr + ", i, z_);"]
+        else:  # four 16-byte loads in flight per thread, then their stores
+            lines += ["  long long i = b_ + 4 * threadIdx.x;",
+                      "  for (; i + 12 * LATCH_THREADS < v_; i += 16 * LATCH_THREADS) {",
+                      f"    {acc} q_[4][4];",
+                      "#pragma unroll",
+                      f"    for (int u = 0; u < 4; ++u) latch::ld4({base.ptr}, i + u * 4 * LATCH_THREADS, q_[u]);",
+                      "#pragma unroll",
+                      f"    for (int u = 0; u < 4; ++u) latch::st4({dw.ptr}, i + u * 4 * LATCH_THREADS, q_[u]);",
+                      "  }",
+                      "  for (; i < v_; i += 4 * LATCH_THREADS) {",
+                      f"    {acc} q_[4];",
+                      f"    latch::ld4({base.ptr}, i, q_);",
+                      f"    latch::st4({dw.ptr}, i, q_);",
+                      "  }"]
+        lines += [
+            f"  for (long long i = v_ + threadIdx.x; i < e_; i += LATCH_THREADS) latch::st<{dw.ctype}>({dw.ptr}, i, ({acc}){first});",
             "} else {",
         ]
     lines += [
         "for (long long d = c0_ + threadIdx.x; d < c1_; d += LATCH_THREADS)",
-        f"  for (long long r = r0_; r < r1_; ++r) latch::st<{dw.ctype}>({dw.ptr}, r * {D}LL + d, ({acc})0);",
+        f"  for (long long r = r0_; r < r1_; ++r) {{ const long long i = r * {D}LL + d; "
+        f"latch::st<{dw.ctype}>({dw.ptr}, i, ({acc}){first}); }}",
     ]
     if zero_vec:
+        lines.append("}")
+    if base is not None:
         lines.append("}")
     lines += [
         f"for (long long k0 = 0; k0 < {N}LL; k0 += {EMB_CHUNK}) {{",
@@ -415,7 +444,8 @@ def lowerings() -> list[Lowering]:
         Lowering("latch::embedding", body=_embedding, headers=h,
                  doc="row gather: a warp per row, the index once, 16-byte vectors (runs of ROW_MIN elements and more)"),
         Lowering("latch::embedding_backward", body=_embedding_backward, headers=h, smem=emb_backward_smem,
-                 doc="each thread owns tile columns: zero the tile (16-byte stores), compact the indices hitting "
+                 doc="each thread owns tile columns: zero the tile (16-byte stores; with base, copy base's rows), "
+                     "compact the indices hitting "
                      "the tile in order (ballots), add the hits' grad rows in order (no atomics)"),
         Lowering("latch::gather", body=_gather, headers=h),
         Lowering("latch::index_select", body=_index_select, headers=h,

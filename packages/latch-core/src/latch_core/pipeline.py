@@ -7,6 +7,7 @@ to a built program.
     memory.fuse_cross_entropy   latch-memory         graph rewrite: the LM head's cross-entropy, logits stored BF16
     moe.store_operands          latch-ops            graph rewrite: BF16 operands of the ragged expert products
     moe.fixed_order_scatters    latch-ops            graph rewrite: MoE scatters to tokens as fixed-order gathers
+    ops.embedding_grad_sum      latch-ops            graph rewrite: a tied embedding's two gradients summed by its backward
     memory.weight_copies        latch-memory         graph rewrite: each weight's BF16 copy is optimizer state
     memory.remat                latch-memory         recompute cheap forward values under a byte budget
     schedule.matmul_layouts     latch-schedule       graph rewrite: transposes feeding matmuls become trans flags
@@ -57,6 +58,8 @@ PIPELINE: tuple[Stage, ...] = (
           "policy"),
     Stage("moe.fixed_order_scatters", "latch-ops",
           "graph rewrite: MoE scatters back to tokens as gathers summed in a fixed order (no atomics)"),
+    Stage("ops.embedding_grad_sum", "latch-ops",
+          "graph rewrite: a tied embedding's two gradients summed by the embedding backward itself"),
     Stage("memory.weight_copies", "latch-memory",
           "graph rewrite: each weight's BF16 copy is optimizer state, written by the update", "weight_copies"),
     Stage("memory.remat", "latch-memory", "recompute cheap forward values under a byte budget", "remat_budget"),

@@ -1,8 +1,10 @@
 """Indexing ops (tag ``indexing``): embedding and its backward, gather/scatter, index_select/index_add.
 
     embedding(weight[V, D], idx[*I]) -> out[*I, D]                      out[i] = weight[idx[i]]
-    embedding_backward(grad[*I, D], idx[*I]) {num_weights, padding_idx} -> dW[num_weights, D]
-        dW[v] = sum of grad[i] over i with idx[i] == v; the row padding_idx (if >= 0) stays 0
+    embedding_backward(grad[*I, D], idx[*I], [base[num_weights, D]]) {num_weights, padding_idx} -> dW[num_weights, D]
+        dW[v] = base[v] (0 without base) + the grad[i] with idx[i] == v, in index order; the row
+        padding_idx (if >= 0) is base's (0); base: a tied embedding's other gradient, summed in by
+        the op itself (pass ops.embedding_grad_sum) instead of by an add over the whole table
     gather(x, idx) {dim} -> out[idx.shape]          out[..i..] = x[.. idx[..i..] at dim ..]
     scatter(x, idx, src) {dim} -> out[x.shape]      x with x[.. idx[i] at dim ..] = src[i] (i over idx)
     scatter_add(x, idx, src) {dim} -> out[x.shape]  x with src[i] added at x[.. idx[i] at dim ..]
@@ -55,18 +57,22 @@ def _embedding_backward_infer(inputs, attrs):
         raise ShapeError(f"{op}: grad must be float, got {g}")
     if tuple(g.shape[:-1]) != tuple(idx.shape) or not g.shape:
         raise ShapeError(f"{op}: grad {g} must be idx's shape {list(idx.shape)} plus one trailing dim")
-    return [TensorType((n, g.shape[-1]), g.dtype)]
+    out = TensorType((n, g.shape[-1]), g.dtype)
+    if len(inputs) > 2 and inputs[2] is not None and (tuple(inputs[2].shape) != out.shape or inputs[2].dtype != g.dtype):
+        raise ShapeError(f"{op}: base {inputs[2]} must be dW's type {out}")
+    return [out]
 
 
 def _embedding_backward_ref(inputs, attrs):
     torch = _t()
-    g, idx = inputs
+    g, idx = inputs[0], inputs[1]
+    base = inputs[2] if len(inputs) > 2 else None
     n, pad = attrs["num_weights"], attrs.get("padding_idx", -1)
     out = torch.zeros((n, g.shape[-1]), dtype=g.dtype)
     out = out.index_add(0, idx.reshape(-1), g.reshape(-1, g.shape[-1]))
     if pad is not None and pad >= 0:
         out[pad] = 0
-    return [out]
+    return [out if base is None else base + out]
 
 
 def _gather_infer(inputs, attrs):
@@ -128,7 +134,7 @@ def tiling_embedding_backward(in_types, out_types, attrs):
     idx = tuple((0, s) for s in in_types[1].shape)
 
     def footprint(box):
-        return [lead + (box[1],), idx], [box]
+        return [lead + (box[1],), idx] + [box] * (len(in_types) - 2), [box]  # (base: the tile's own box)
 
     return Tiling((0, 1), footprint, kind="embedding_backward")
 
@@ -137,9 +143,11 @@ SPECS: list[OpSpec] = [
     spec("embedding", "embedding(weight[V,D], idx[*I]) -> out[*I,D]", _embedding_infer,
          lambda i, a: [_t().nn.functional.embedding(i[1], i[0])], tags={INDEXING}, num_inputs=(2, 2), cost=_cost,
          doc="rows of weight picked by idx", torch_ops=("aten.embedding",)),
-    spec("embedding_backward", "embedding_backward(grad[*I,D], idx[*I]) {num_weights, padding_idx=-1} -> dW",
-         _embedding_backward_infer, _embedding_backward_ref, tags={INDEXING}, num_inputs=(2, 2), cost=_cost,
-         doc="grad rows summed into the rows idx names", torch_ops=("aten.embedding_dense_backward",)),
+    spec("embedding_backward",
+         "embedding_backward(grad[*I,D], idx[*I], [base[num_weights,D]]) {num_weights, padding_idx=-1} -> dW",
+         _embedding_backward_infer, _embedding_backward_ref, tags={INDEXING}, num_inputs=(2, 3), cost=_cost,
+         doc="grad rows summed into the rows idx names (onto base, when given)",
+         torch_ops=("aten.embedding_dense_backward",)),
     # (its extra["tiling"] is set below the list: dW's rows and columns split)
     spec("gather", "gather(x, idx) {dim} -> out", _gather_infer,
          lambda i, a: [_t().gather(i[0], a["dim"], i[1])], tags={INDEXING}, num_inputs=(2, 2), cost=_cost,

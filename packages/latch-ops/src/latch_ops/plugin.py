@@ -21,3 +21,17 @@ def latch_register_ops(register):
     else:
         for spec in attention.SPECS:
             register(spec)
+
+
+def _embedding_grad_sum(doc, **options):
+    from .embedding_grad import embedding_grad_sum_pass
+
+    return embedding_grad_sum_pass(doc, **options)
+
+
+@hookimpl
+def latch_register_passes(register):
+    from latch_core.passes import Pass
+
+    register(Pass("ops.embedding_grad_sum", _embedding_grad_sum, requires={"graph"}, ensures={"graph"},
+                  doc="graph rewrite: a tied embedding's two gradients summed by the embedding backward itself"))
