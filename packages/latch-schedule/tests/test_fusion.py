@@ -150,3 +150,32 @@ def test_in_place_safety_looks_only_at_what_is_computed_from_the_old_value():
     g = graph(True)
     (plan,) = fuse(g, ops)
     assert len(plan.nodes) == 2 and not plan.inplace_safe(g, "acc", "new")
+
+
+def test_an_op_accumulating_into_one_input_may_write_over_it():
+    """OpSpec.extra["accumulates_into"] = j: each output element starts from input j's element and
+    only adds to it (embedding_backward onto its base, ops.embedding_grad_sum): in-place safe
+    through input j, never through another input (the planner's latch_memory.liveness.self_update_ok
+    follows the same rule)."""
+    from latch_core.ir import Graph, Group, Node, TensorType, Value
+    from latch_core.plugins import load_with
+    from latch_core.registry import INDEXING, OpSpec
+
+    acc = OpSpec("v::onto", "onto", lambda i, a: [TensorType(i[2].shape, i[2].dtype)], tags={INDEXING})
+    acc.extra["accumulates_into"] = 2
+
+    class P:
+        from latch_core.hookspecs import hookimpl
+
+        @hookimpl
+        def latch_register_ops(self, register):
+            register(acc)
+
+    ops = load_with(("p", P()), entry_points=False).ops
+    vals = [Value("g", (4, 6), "f32", "batch"), Value("i", (4,), "i64", "batch"), Value("base", (4, 6), "f32", "batch"),
+            Value("new", (4, 6), "f32")]
+    g = Graph("p", vals, [Node("n", "v::onto", ["g", "i", "base"], ["new"])],
+              [Group("batch", ["g", "i", "base"])], [Group("out", ["new"])])
+    (plan,) = fuse(g, ops)
+    assert dict(plan.onto) == {"n": 2}
+    assert plan.inplace_safe(g, "base", "new") and not plan.inplace_safe(g, "g", "new")

@@ -218,7 +218,9 @@ def _embedding_backward(ctx: BodyContext) -> str:
     """Deterministic, no atomics: consumer thread ``x`` owns the columns ``lo1 + x, lo1 + x + THREADS,
     ...`` of the tile. The tile is zeroed first (whole rows: one contiguous range, 16-byte stores),
     or, with a third input ``base`` (pass ops.embedding_grad_sum: a tied embedding's other gradient),
-    starts as base's rows (a copy, four 16-byte loads in flight per thread; none where dW is base);
+    starts as base's rows (a copy, four 16-byte loads in flight per thread; none where dW is base:
+    the planner writes dW over base's bytes when nothing else reads base, OpSpec
+    extra["accumulates_into"], and then only the hits move);
     then the indices are examined in order in chunks of ``EMB_CHUNK`` (each thread loads 4 of them at
     once): the ones naming a row of the tile (the hits) are compacted into shared memory in index
     order (warp ballots, then a prefix over the 32 warp counts), and every thread walks only the hits,

@@ -171,7 +171,8 @@ POINTWISE_TAGS = frozenset({ELEMENTWISE, COPY})  # output element i needs operan
 def self_update_ok(grp, nodes: dict, graph: Graph, ops: Registry, old: str, new: str) -> bool:
     """May one task of fusion group ``grp`` read ``old`` and write ``new`` over the same bytes?
     Yes when everything the group computes from ``old`` is pointwise (elementwise/copy ops, per
-    the op tags) at ``new``'s shape: element i of ``new`` then needs element i of ``old`` only,
+    the op tags, or an op accumulating into ``old``'s elements: ``extra["accumulates_into"]``) at
+    ``new``'s shape: element i of ``new`` then needs element i of ``old`` only,
     which the body reads before it writes element i. A view, broadcast or reduction on the path
     from ``old`` disqualifies the group; nodes on other operands do not matter. (The schedulers
     apply the same rule, latch_schedule.fusion.GroupPlan.inplace_safe; this is the planner's own.)
@@ -187,8 +188,15 @@ def self_update_ok(grp, nodes: dict, graph: Graph, ops: Registry, old: str, new:
                                 "which the graph lacks; reschedule the current graph")
         if not any(v in tainted for v in n.inputs if v is not None):
             continue
-        pointwise = n.op in ops and bool(ops.get(n.op).tags & POINTWISE_TAGS)
-        if not pointwise or any(graph.value(o).shape != shape for o in n.outputs):
+        spec = ops.get(n.op) if n.op in ops else None
+        pointwise = spec is not None and bool(spec.tags & POINTWISE_TAGS)
+        # an op that starts each output element from the same element of one input and adds to it
+        # (OpSpec.extra["accumulates_into"]: that input's index; embedding_backward onto its base)
+        # takes that input's bytes too, when nothing else it reads comes from ``old``
+        into = spec.extra.get("accumulates_into") if spec is not None else None
+        onto = into is not None and into < len(n.inputs) and n.inputs[into] in tainted and \
+            not any(v in tainted for j, v in enumerate(n.inputs) if j != into and v is not None)
+        if not (pointwise or onto) or any(graph.value(o).shape != shape for o in n.outputs):
             return False
         tainted.update(n.outputs)
         reached = reached or new in n.outputs

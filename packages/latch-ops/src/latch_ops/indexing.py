@@ -169,3 +169,6 @@ SPECS: list[OpSpec] = [
 for _s in SPECS:
     if _s.name == "latch::embedding_backward":
         _s.extra["tiling"] = tiling_embedding_backward
+        # dW[v] starts as base[v] (input 2) and only adds to it: the planner may write dW over base's
+        # bytes (latch_memory.liveness.self_update_ok); the body then copies nothing
+        _s.extra["accumulates_into"] = 2

@@ -124,6 +124,9 @@ class GroupPlan:
     pointwise_nodes: frozenset[str] = attrs.field(default=frozenset(), converter=frozenset)  # by name
     # a row group's row length (latch_schedule.rowgroups): its tasks cover whole rows; 0 otherwise
     row: int = 0
+    # nodes whose op starts each output element from the same element of one input and adds to it
+    # (OpSpec.extra["accumulates_into"]: embedding_backward onto its base), with that input's index
+    onto: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=lambda x: tuple(sorted(dict(x).items())))
 
     def inplace_safe(self, graph: Graph, old: str, new: str) -> bool:
         """May one task of this group read ``old`` and write ``new`` over the same bytes?
@@ -137,10 +140,15 @@ class GroupPlan:
         shape = graph.value(new).shape
         tainted = {old}
         reached_new = False
+        onto = dict(self.onto)
         for n in self.nodes:  # graph order: producers before consumers
             if not any(v in tainted for v in n.inputs if v is not None):
                 continue
-            if n.name not in self.pointwise_nodes or any(graph.value(o).shape != shape for o in n.outputs):
+            j = onto.get(n.name)
+            accumulates = j is not None and j < len(n.inputs) and n.inputs[j] in tainted and \
+                not any(v in tainted for k, v in enumerate(n.inputs) if k != j and v is not None)
+            if (n.name not in self.pointwise_nodes and not accumulates) or \
+                    any(graph.value(o).shape != shape for o in n.outputs):
                 return False
             tainted.update(n.outputs)
             reached_new = reached_new or new in n.outputs
@@ -155,6 +163,11 @@ def _spec(ops: Registry | None, op: str) -> OpSpec | None:
 
 def is_pointwise(spec: OpSpec | None) -> bool:
     return spec is not None and bool(spec.tags & POINTWISE_TAGS)
+
+
+def accumulates_into(spec: OpSpec | None) -> int | None:
+    """The input an op starts each output element from (and only adds to), or None."""
+    return None if spec is None else spec.extra.get("accumulates_into")
 
 
 def body_key(graph: Graph, nodes: Sequence[Node], inputs: Sequence[str]) -> str:
@@ -422,5 +435,6 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True,
             pointwise=all(pointwise[i] for i in m),
             pointwise_nodes={nodes[i].name for i in m if pointwise[i]},
             row=row_roots.get(r, 0),
+            onto={n.name: j for n in gnodes if (j := accumulates_into(_spec(ops, n.op))) is not None},
         ))
     return plans

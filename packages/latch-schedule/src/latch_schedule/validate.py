@@ -44,7 +44,7 @@ from latch_core.gcpause import gc_paused
 from latch_core.sections import ProgramMemory, ProgramSchedule
 
 from .boxes import BoxIndex, contains, covered, full_box, is_empty, within
-from .fusion import GroupPlan, is_pointwise
+from .fusion import GroupPlan, accumulates_into, is_pointwise
 from .tasks import GroupTiler
 from .tiling import CostModel
 from .validate_memory import MemoryChecks, copy_back_pairs, cross_program, section_problems
@@ -289,10 +289,11 @@ class ProgramValidator(MemoryChecks):
             if set(grp.inputs) - needed:
                 p(f"{self.name} group {i}: lists inputs {sorted(set(grp.inputs) - needed)[:4]} that none of its nodes "
                   "reads from outside the group")
-            pw = {n.name for n in gnodes
-                  if is_pointwise(self.ops.get(n.op) if self.ops is not None and n.op in self.ops else None)}
+            specs = {n.name: self.ops.get(n.op) if self.ops is not None and n.op in self.ops else None for n in gnodes}
+            pw = {n for n, sp in specs.items() if is_pointwise(sp)}
+            onto = {n: j for n, sp in specs.items() if (j := accumulates_into(sp)) is not None}
             self.plans.append(GroupPlan(gnodes, grp.inputs, grp.outputs, internal, grp.primary,
-                                        grp.body, len(pw) == len(gnodes), pw))
+                                        grp.body, len(pw) == len(gnodes), pw, onto=onto))
         allowed_in = [set(grp.inputs) for grp in ps.groups]
         allowed_out = [set(grp.outputs) for grp in ps.groups]
         checked: set = set()  # (kind, group, access): tiles of a group repeat whole-value accesses
