@@ -544,12 +544,12 @@ __device__ __forceinline__ void consumers(const Args& a, WorkerShared& S, char* 
       if (tid == 0) latch_current_task[blockIdx.x % 1024] = s.task.task;
       const char* maps = s.task.tmap >= 0 ? tmaps + 128ll * s.task.tmap : nullptr;
       Ctx c{&s.task, s.ops, scratch, maps, make_pipe(S, ring, a, s.ring), latch_body_args + LATCH_MAX_ARGS * s.task.body};
-      // The abort flag is read as the task starts and acted on as it ends: its L2 round trip (~0.3 us)
-      // overlaps the body instead of ending every task; an abort raised meanwhile is seen one task later.
-      const bool abort_seen = ld_volatile(&a.error->abort) != 0;
       latch_dispatch(s.task.body, c);
       sm90::fence_proxy_async_global();  // a later TMA load may read what this task stored
-      if (sm90::named_sync_or(1, LATCH_THREADS, abort_seen)) {
+      // (The abort flag loaded before the body and used after it would overlap its L2 round trip with
+      // the body, but a value live across the body call costs the out-of-line bodies a callee-saved
+      // register: the head-dim-128 mma forward spilled 4 bytes, results/lead9.md.)
+      if (sm90::named_sync_or(1, LATCH_THREADS, ld_volatile(&a.error->abort) != 0)) {
         aborted = true;
         named_arrive(LATCH_BAR_EMPTY + q, LATCH_SLOT_THREADS);
         continue;
