@@ -18,7 +18,8 @@
 // (m64 nBN k16 x D/16, A = the Q copy and B = K, both K-major in shared memory), masked (keys >= Tk;
 // causal: keys above the diagonal) only on the blocks that need it, online softmax in the log2
 // domain (exp2 of scores prescaled by scale * log2 e), P rounded to BF16 in registers and O += P V
-// (m64 nD k16 x BN/16, register A = P, B = V N-major), then the stage goes back to the producer;
+// (m64 nD k16 x BN/16, register A = P, B = V N-major; head dim 64: into an accumulator of the
+// block's own, added into O after its wait, see FwdOwnPv), then the stage goes back to the producer;
 // consecutive blocks overlap (see fwd_consume). A causal block wholly above a warpgroup's rows is
 // skipped by that warpgroup (still waited for and released). Named barriers 2 + w (128 threads)
 // order a warpgroup's Q copy against its products.
@@ -255,12 +256,26 @@ __device__ __forceinline__ void issue_s(float (&s)[BN / 2], const char* sq, cons
 }
 
 // O += P V of the key block in stage ``st`` (issued, not committed).
+// O += P V of the key block in stage ``st`` (issued, not committed); ``add`` 0: O = P V (the first
+// k-step does not read O).
 template <int D, int BN>
-__device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&pf)[BN / 16][4], const char* st) {
+__device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&pf)[BN / 16][4], const char* st, int add) {
   const uint64_t vb = desc_base(st + BN * D * 2, BN * 128, 1024);
 #pragma unroll
-  for (int kk = 0; kk < BN / 16; ++kk) WgmmaRs<D>::template run<1>(o, pf[kk], desc_at(vb, 2048 * kk), 1);
+  for (int kk = 0; kk < BN / 16; ++kk) WgmmaRs<D>::template run<1>(o, pf[kk], desc_at(vb, 2048 * kk), kk == 0 ? add : 1);
 }
+
+// Where a key block's P V accumulates (fwd_consume): D = 64 gives every block's P V an accumulator
+// of its own (``pv``: written whole by the block's first k-step) that is added into O after its
+// wait, so no wgmma accumulates into registers that live across the key loop. With O itself the
+// accumulator, ptxas serialised every wgmma of a model's kernel (C7511, "insufficient register
+// resources for the wgmma pipeline in the function 'latch_kernel'") once this forward, the wgmma
+// backward and a 128 x 64 product were inlined together (results/sa.md: the bisection on the dense
+// transformer's kernel); with its own accumulator it pipelines there. D = 128 keeps O (64 more
+// registers beside O's 64 would not fit).
+template <int D> struct FwdOwnPv {
+  static constexpr bool value = D == 64;
+};
 
 // 16 bytes shared -> shared through registers (ld/st.shared: generic addresses would cost the
 // address translation on every access)
@@ -288,6 +303,7 @@ __device__ __forceinline__ bool fwd_consume(Pipe& p, const Task* t, __nv_bfloat1
                                             int Tk, float scale, char* smem) {
   typedef FwdShape<D> S;
   constexpr int BN = S::BN, KP = BN / 16;
+  constexpr bool OWN = FwdOwnPv<D>::value;
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const float c2 = scale * LOG2E;
   for (int b = t->lo[0]; b < t->hi[0]; ++b)
@@ -328,6 +344,8 @@ __device__ __forceinline__ bool fwd_consume(Pipe& p, const Task* t, __nv_bfloat1
         for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
         RowState rs{-inf(), -inf(), 0.f, 0.f};
         float s[BN / 2];
+        float pv[D / 2];  // (dead where !OWN)
+        float (&acc)[D / 2] = OWN ? pv : o;
         uint32_t pf[KP][4];
         uint32_t prev = 0;  // the stage of the block whose P V is pending
         if (nlive > 0) {
@@ -349,18 +367,23 @@ __device__ __forceinline__ bool fwd_consume(Pipe& p, const Task* t, __nv_bfloat1
             return false;
           }
           fence_regs(o);
+          if (OWN) fence_regs(pv);
           fence_regs(s);
           sm90::wgmma_fence();
           issue_s<D, BN>(s, sq, p.at(p.stage));
           sm90::wgmma_commit();
-          issue_pv<D, BN>(o, pf, p.at(prev));
+          issue_pv<D, BN>(acc, pf, p.at(prev), OWN ? 0 : 1);
           sm90::wgmma_commit();
           sm90::wgmma_wait<1>();  // S(n) landed; P V(n - 1) may still run
           fence_regs(s);
           const float2 al = online_softmax<BN, CAUSAL>(s, rs, n * BN, Tk, wrow0, row_a, row_b, t4, c2);
           sm90::wgmma_wait<0>();
-          fence_regs(o);
+          fence_regs(acc);
           fence_frags(pf);
+          if (OWN) {
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i) o[i] += pv[i];
+          }
           __syncwarp();
           if (lane == 0) sm90::mbar_arrive(&p.empty[prev]);
 #pragma unroll
@@ -376,12 +399,17 @@ __device__ __forceinline__ bool fwd_consume(Pipe& p, const Task* t, __nv_bfloat1
         }
         if (nlive > 0) {
           fence_regs(o);
+          if (OWN) fence_regs(pv);
           sm90::wgmma_fence();
-          issue_pv<D, BN>(o, pf, p.at(prev));
+          issue_pv<D, BN>(acc, pf, p.at(prev), OWN ? 0 : 1);
           sm90::wgmma_commit();
           sm90::wgmma_wait<0>();
-          fence_regs(o);
+          fence_regs(acc);
           fence_frags(pf);
+          if (OWN) {
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i) o[i] += pv[i];
+          }
           __syncwarp();
           if (lane == 0) sm90::mbar_arrive(&p.empty[prev]);
         }
