@@ -148,7 +148,8 @@ def kernel_defaults(doc):
     bodies compiles pipelined (results/lead7.md). Bisected on the dense transformer's kernel
     (results/sa.md): the two wgmma attention bodies and one 128 x 64 product suffice, and the
     forward's O += P V is what tips it; accumulating each block's P V apart and adding it into O
-    (latch::awg::FwdOwnPv, head dim 64) compiles both kernels pipelined, so head dim 64 keeps the
+    (latch::awg::FwdOwnPv, head dim 64) in blocks of 64 keys compiles both kernels pipelined (TinyMoE-200M:
+    0 of 164 HGMMA serialised, 126 / 100 bytes of spill stores / loads), so head dim 64 keeps the
     wgmma forward (run 32: the mma.sync forward took 39.3 us a task in TinyMoE-200M, where the
     microbenchmark's wgmma forward takes ~15). Head dim 128 (O's 64 registers, no room for a second
     accumulator) keeps the mma.sync default beside a wgmma backward. The backward is the larger
@@ -218,7 +219,7 @@ def _wgmma_producer(ctx: BodyContext) -> str:
 
 
 def _wgmma_keys(D: int) -> int:
-    return 128 if D == 64 else 64  # latch::awg::FwdShape::BN
+    return 64  # latch::awg::FwdShape::BN (both head dims)
 
 
 def _wgmma_tensor_maps(ctx: BodyContext) -> list[TensorMap]:

@@ -6,7 +6,7 @@
 // A task is a box of (batch, head, query rows); it is walked in tiles of BM = 128 query rows of one
 // (b, h). Per tile the producer fills, in order:
 //   1 stage:  Q, the tile's 128 rows, as D/64 blocks of [128 rows][64 columns] (16 KiB each);
-//   n stages: K and V of BN keys each (BN = 128 for D = 64, 64 for D = 128: 32 KiB a stage), K as
+//   n stages: K and V of BN = 64 keys each (16 KiB a stage for D = 64, 32 KiB for D = 128), K as
 //             D/64 blocks of [BN][64] at offset 0, V the same at offset BN * D * 2.
 // Every block is one 3-D TMA box (64 columns, rows, 1 head) of the tensor viewed as [B*H][T][D], so
 // rows past T read as zeros (odd lengths) without touching the next head. All boxes are 128-byte
@@ -47,7 +47,9 @@ constexpr float LN2 = 0.6931471805599453f;
 template <int D> struct FwdShape {
   static_assert(D == 64 || D == 128, "head dims 64 and 128");
   static constexpr int BM = 128;                // query rows per tile (two warpgroups of 64)
-  static constexpr int BN = D == 64 ? 128 : 64;  // keys per stage
+  // keys per stage: 64 for both head dims (D = 64 took 128 before: with the per-block P V
+  // accumulator, FwdOwnPv, that left ptxas short of registers in TinyMoE-200M's kernel, C7512)
+  static constexpr int BN = 64;
   static constexpr int DB = D / 64;              // 64-column (128-byte) blocks of a row
   static constexpr int Q_BYTES = BM * D * 2;
   static constexpr int KV_BYTES = BN * D * 2;    // K (or V) of one stage
@@ -271,7 +273,9 @@ __device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&pf)
 // accumulator, ptxas serialised every wgmma of a model's kernel (C7511, "insufficient register
 // resources for the wgmma pipeline in the function 'latch_kernel'") once this forward, the wgmma
 // backward and a 128 x 64 product were inlined together (results/sa.md: the bisection on the dense
-// transformer's kernel); with its own accumulator it pipelines there. D = 128 keeps O (64 more
+// transformer's kernel); with its own accumulator it pipelines there, and with 64-key blocks
+// (FwdShape::BN: S and P take 32 + 16 registers, not 64 + 32) in TinyMoE-200M's kernel too (128-key
+// blocks: C7512, "insufficient register resources for the function"). D = 128 keeps O (64 more
 // registers beside O's 64 would not fit).
 template <int D> struct FwdOwnPv {
   static constexpr bool value = D == 64;
