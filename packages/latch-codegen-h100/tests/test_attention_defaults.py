@@ -1,6 +1,7 @@
 """The attention forward's default body is chosen for the whole kernel (lower_attention.kernel_defaults):
-beside a wgmma backward the forward takes mma.sync, since ptxas serialises every wgmma of a model's
-kernel that inlines both wgmma attention bodies (C7511; results/lead7.md). Explicit choices stay."""
+beside a wgmma backward a head-dim-128 forward takes mma.sync, since ptxas serialised every wgmma of a
+model's kernel that inlined both wgmma attention bodies (C7511; results/lead7.md); head dim 64 keeps
+the wgmma forward, whose per-block P V accumulator avoids it (results/sa.md). Explicit choices stay."""
 
 from __future__ import annotations
 
@@ -39,9 +40,20 @@ def _body(doc, name):
     return next(n for n in doc.graph.programs[0].nodes if n.name == name).attr("attention_body")
 
 
-def test_a_default_forward_beside_a_wgmma_backward_takes_mma():
-    doc = kernel_defaults(_doc())
+def test_a_default_head_dim_128_forward_beside_a_wgmma_backward_takes_mma():
+    doc = kernel_defaults(_doc(head=128))
     assert _body(doc, "att") == "mma" and _body(doc, "attb") is None  # the backward keeps its default (wgmma)
+
+
+def test_a_default_head_dim_64_forward_beside_a_wgmma_backward_keeps_wgmma():
+    """TinyMoE-200M's attention (head dim 64): run 32 ran its forward on mma.sync at 39.3 us a task."""
+    from latch_codegen_h100.lower_attention import wgmma_forward
+    from latch_codegen_h100.lowering import BodyContext, Operand
+
+    doc = _doc()
+    assert kernel_defaults(doc) is doc and _body(doc, "att") is None
+    q = Operand("q", Q, "bf16")
+    assert wgmma_forward(BodyContext("latch::sdpa", {"causal": True, "scale": 0.125}, (q, q, q), (q, q)))
 
 
 @pytest.mark.parametrize("kw", [dict(backward=False), dict(bwd_body="mma"), dict(bwd_body="simt"), dict(dtype="f32"),

@@ -46,6 +46,8 @@ def _documents(item) -> list:
         return [(("forward",) + k, lambda: _wgmma_forward_doc(*k))]
     if name == "test_wgmma_forward_beside_a_product_keeps_both_pipelined":
         return [(("beside", p["d"]), lambda: _beside_doc(p["d"]))]
+    if name == "test_both_wgmma_attention_bodies_beside_a_128x64_product_stay_pipelined":
+        return [(("triple",), _triple_doc)]
     if name == "test_wgmma_backward_is_hgmma_fed_by_tma_without_spills":
         k = (p["d"], p["causal"], p["glse"], p["body"])
         return [(("backward",) + k, lambda: _wgmma_backward_doc(k[0], k[1], k[2], bwd_body=k[3]))]
@@ -159,7 +161,7 @@ def test_wgmma_forward_is_hgmma_fed_by_tma_without_spills(builds, d, causal, fwd
     local = [text[i] for a, b in loops for i in range(a, b + 1) if re.search(r"\b(LDL|STL)\b", text[i])]
     assert not local, local[:8]
     r = sass_report(out / "program.so")
-    n_keys = 128 if d == 64 else 64
+    n_keys = 64  # latch::awg::FwdShape::BN
     # S = Q K^T (d / 16 steps of N = keys, both operands in shared memory) and O += P V (keys / 16
     # steps of N = d, P in registers): the first block's S, then S and P V of the pipelined loop,
     # then the last P V
@@ -296,6 +298,47 @@ def test_wgmma_backward_is_hgmma_fed_by_tma_without_spills(builds, d, causal, gl
     assert r.hgmma_serialized == 0, r
     assert r.utmaldg >= 4, r
     assert r.setmaxreg_alloc == (224,) and r.setmaxreg_dealloc == (56,), r
+
+
+def _triple_doc():
+    """Head dim 64: the wgmma forward, the wgmma backward and a 128 x 64 product in one kernel (the
+    least of the dense transformer's kernel that serialised every wgmma: results/sa.md)."""
+    bf, f = "bf16", "f32"
+    B, H_, T, d = 1, 2, 300, 64
+    q = (B, H_, T, d)
+    values = [Value("x", (256, 128), bf, "batch"), Value("w", (128, 128), bf, "batch"), Value("y", (256, 128), f),
+              Value("q", q, bf, "batch"), Value("k", q, bf, "batch"), Value("v", q, bf, "batch"),
+              Value("go", q, bf, "batch"), Value("o", q, bf), Value("lse", q[:3], f),
+              Value("dq", q, bf), Value("dk", q, bf), Value("dv", q, bf)]
+    a = {"causal": True, "scale": d ** -0.5}
+    nodes = [("mm", "latch::matmul", ("x", "w"), ("y",), {"out_dtype": f, "config": "wgmma_128x64x64"}),
+             ("fwd", "latch::sdpa", ("q", "k", "v"), ("o", "lse"), a),
+             ("bwd", "latch::sdpa_backward", ("go", None, "q", "k", "v", "o", "lse"), ("dq", "dk", "dv"), a)]
+    g = H.graph("update", values, nodes, [("batch", ["x", "w", "q", "k", "v", "go"])],
+                [("metrics", ["y", "o", "dq", "dk", "dv"])])
+    return H.planned([g])
+
+
+@needs_tools
+def test_both_wgmma_attention_bodies_beside_a_128x64_product_stay_pipelined(builds):
+    """With O += P V accumulated into O across the key loop, this kernel's wgmma were all serialised
+    (C7511: 83 of 84 HGMMA in the dense transformer's kernel); the forward's per-block P V
+    accumulator (latch::awg::FwdOwnPv) keeps every one pipelined. Both attention bodies are the
+    defaults (lower_attention.kernel_defaults leaves a head-dim-64 forward on wgmma)."""
+    from latch_codegen_h100.sass import sass_report
+
+    doc, out = builds.get(("triple",), _triple_doc)
+    stats = dict(doc.build.stats)
+    log = (out / "build.log").read_text()
+    assert "wgmma_warnings" not in stats, (stats, log[-3000:])
+    assert "C7511" not in log and "serialized" not in log, log[-3000:]
+    r = sass_report(out / "program.so")
+    # the forward's S and P V (64 keys a block), the backward's products, the 128 x 64 product
+    assert r.hgmma.get("64x64x16.F32.BF16", 0) >= 2 * 4 + 4 * 4 + 3 * 4, r
+    assert r.hgmma_serialized == 0, r
+    text = _run([H.cuobjdump(), "-sass", str(out / "program.so")]).splitlines()
+    local = [text[i] for a, b in _hgmma_loops(text) for i in range(a, b + 1) if re.search(r"\b(LDL|STL)\b", text[i])]
+    assert not local, local[:8]
 
 
 def test_wgmma_backward_is_the_default_and_refuses_what_it_cannot_run():

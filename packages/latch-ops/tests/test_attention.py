@@ -358,3 +358,49 @@ def test_sdpa_forward_tiles_weigh_the_keys_they_visit(causal):
     tg = tasks.build(g, registries().ops, num_sms=8)
     costs = [c for c, t in zip(tg.cost, tg.tiles) if t[1] == (0, 1)]
     assert (costs == sorted(costs) and costs[-1] > 3 * costs[0]) if causal else len(set(costs)) == 1
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_backward_tiles_weigh_the_steps_of_both_halves(causal):
+    """A backward task of block n of N runs (n + 1) dq steps and (N - n) dk/dv steps under causal
+    (N and N otherwise), and a dk/dv step costs more than a dq step (run 32 on the H200: block 0
+    39.3 us, block 15 26.6 us): the tiling's weight says so, the scheduler shares the op's cost out
+    by it, and LPT then gives no SM three of the dearest blocks (run 32's backward phases: 110 us
+    where the SMs' mean load was 94 us; with equal costs the barrier plan gave the SMs of three
+    tasks blocks 0, 4 and 8, those of two tasks blocks 11 and 15)."""
+    tasks = pytest.importorskip("latch_schedule.tasks")
+    from latch_core.ir import Graph, Group, Node, Value
+    from latch_core.plugins import registries
+
+    B, H, T, D, sms = 2, 12, 1024, 64, 132
+    qs = (B, H, T, D)
+    attrs = {"causal": causal, "scale": 0.125}
+    values = [Value(n, qs, "bf16", "batch") for n in ("q", "k", "v", "o", "go")] + [
+        Value("lse", qs[:3], "f32", "batch"), Value("dq", qs, "bf16"), Value("dk", qs, "bf16"), Value("dv", qs, "bf16")]
+    g = Graph("p", values, [Node("bwd", A.SDPA_BACKWARD, ("go", None, "q", "k", "v", "o", "lse"), ("dq", "dk", "dv"),
+                                 attrs)],
+              [Group("batch", ["q", "k", "v", "o", "go", "lse"])], [Group("out", ["dq", "dk", "dv"])])
+    tg = tasks.build(g, registries().ops, num_sms=sms)
+    n_blocks = T // A.BLOCK
+    by_block = {}
+    for c, t in zip(tg.cost, tg.tiles):
+        assert t[2][1] - t[2][0] == A.BLOCK
+        by_block.setdefault(t[2][0] // A.BLOCK, set()).add(round(c * 1e9))
+    assert len(by_block) == n_blocks and all(len(v) == 1 for v in by_block.values()), by_block
+    cost = [by_block[n].pop() for n in range(n_blocks)]
+    if not causal:
+        assert len(set(cost)) == 1
+        return
+    assert cost == sorted(cost, reverse=True) and cost[0] > 1.2 * cost[-1], cost
+    # the weight's ratio of the first and last blocks against run 32's measured one (39.3 / 26.6)
+    assert 1.2 < cost[0] / cost[-1] < 1.6, cost
+    # LPT over the weighted costs (the barrier scheduler's assignment): the SMs that run three
+    # tasks mix dear and cheap blocks, the dearest SM's load is within 6% of the mean
+    from latch_schedule.assign import lpt
+
+    where, loads = lpt(range(len(tg.cost)), tg.cost, sms)
+    per_sm: dict[int, list[int]] = {}
+    for t, s in where.items():
+        per_sm.setdefault(s, []).append(tg.tiles[t][2][0] // A.BLOCK)
+    assert max(loads) < 1.06 * sum(loads) / sms, (max(loads), sum(loads) / sms)
+    assert not [b for b in per_sm.values() if len(b) == 3 and max(b) < n_blocks // 2], per_sm

@@ -130,18 +130,31 @@ def wgmma_forward(ctx: BodyContext) -> bool:
     return why is None
 
 
+# head dims whose wgmma forward accumulates each key block's P V apart from O (latch::awg::FwdOwnPv)
+OWN_PV_HEADS = (64,)
+
+
 def kernel_defaults(doc):
     """The document with the forward's default body chosen for the whole kernel: where any program
     runs the wgmma backward (BF16 storage, equal head dims 64 or 128, no ``attention_body`` asking
-    otherwise), every forward left at the default takes the mma.sync body (``attention_body="mma"``).
+    otherwise), every forward of head dim 128 left at the default takes the mma.sync body
+    (``attention_body="mma"``); head dim 64 keeps the wgmma forward.
 
     Why: ptxas serialises every wgmma of the kernel (C7511, "insufficient register resources for the
     wgmma pipeline in the function 'latch_kernel'": each HGMMA then waits for the one before, the
     products' too) when a model's kernel inlines both wgmma attention bodies beside its other
     bodies: found on the CPU (nvcc 13.0) for TinyMoE-200M and for the dense transformer at head
     dim 64 once memory.policy stored attention in BF16; either wgmma body alone beside the same
-    bodies compiles pipelined (results/lead7.md). The backward is the larger (run 26: 3,072 tasks of
-    92 us on the mma.sync body), so it keeps the ring. A forward that asks for ``"wgmma"`` keeps it."""
+    bodies compiles pipelined (results/lead7.md). Bisected on the dense transformer's kernel
+    (results/sa.md): the two wgmma attention bodies and one 128 x 64 product suffice, and the
+    forward's O += P V is what tips it; accumulating each block's P V apart and adding it into O
+    (latch::awg::FwdOwnPv, head dim 64) in blocks of 64 keys compiles both kernels pipelined (TinyMoE-200M:
+    0 of 164 HGMMA serialised, 126 / 100 bytes of spill stores / loads), so head dim 64 keeps the
+    wgmma forward (run 32: the mma.sync forward took 39.3 us a task in TinyMoE-200M, where the
+    microbenchmark's wgmma forward takes ~15). Head dim 128 (O's 64 registers, no room for a second
+    accumulator) keeps the mma.sync default beside a wgmma backward. The backward is the larger
+    (run 26: 3,072 tasks of 92 us on the mma.sync body), so it keeps the ring in any case. A forward
+    that asks for ``"wgmma"`` keeps it."""
     import attrs as _attrs
 
     def wgmma_bwd(g, n) -> bool:
@@ -156,10 +169,18 @@ def kernel_defaults(doc):
     progs = list(doc.graph.programs)
     if not any(wgmma_bwd(g, n) for g in progs for n in g.nodes):
         return doc
+    def to_mma(g, n) -> bool:
+        if n.op != "latch::sdpa" or n.attr("attention_body") is not None:
+            return False
+        q = g.value(n.inputs[0])
+        return q is None or q.shape[3] not in OWN_PV_HEADS
+
+    if not any(to_mma(g, n) for g in progs for n in g.nodes):
+        return doc
     out = []
     for g in progs:
-        nodes = [_attrs.evolve(n, attrs=dict(n.attr_dict, attention_body="mma"))
-                 if n.op == "latch::sdpa" and n.attr("attention_body") is None else n for n in g.nodes]
+        nodes = [_attrs.evolve(n, attrs=dict(n.attr_dict, attention_body="mma")) if to_mma(g, n) else n
+                 for n in g.nodes]
         out.append(_attrs.evolve(g, nodes=nodes))
     return _attrs.evolve(doc, graph=_attrs.evolve(doc.graph, programs=out))
 
@@ -198,7 +219,7 @@ def _wgmma_producer(ctx: BodyContext) -> str:
 
 
 def _wgmma_keys(D: int) -> int:
-    return 128 if D == 64 else 64  # latch::awg::FwdShape::BN
+    return 64  # latch::awg::FwdShape::BN (both head dims)
 
 
 def _wgmma_tensor_maps(ctx: BodyContext) -> list[TensorMap]:

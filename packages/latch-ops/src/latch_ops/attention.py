@@ -175,6 +175,26 @@ def key_block(r0: int, r1: int, tq: int, tk: int) -> tuple[int, int]:
     return k0, k1
 
 
+# Relative cost of one step (one BLOCK x BLOCK block of scores) of each half of a backward task, as
+# every backward body does it (SIMT, mma.sync, wgmma): the dq half's step recomputes S, dP and adds
+# dS K (3 products) streaming a key block's K and V (2 blocks); the dk/dv half's step recomputes
+# S^T, dP^T and adds P^T dO and dS^T Q (4 products) streaming a query block's Q, dO and O (3 blocks;
+# O for dO . O). Products and streamed blocks counted alike: 5 and 7. Run 32 (TinyMoE-200M on the
+# H200, 2 x 12 heads x 1024, head dim 64, results/sa.md) measured 39.3 us for block 0 of 16 (1 dq
+# step, 16 dk/dv steps) and 26.6 us for block 15 (16 and 1): a dk/dv step ~0.85 us dearer.
+DQ_STEP, DKDV_STEP = 5, 7
+
+
+def backward_steps(r0: int, r1: int, tq: int, tk: int, causal: bool) -> tuple[int, int]:
+    """(dq steps per query head, dk/dv steps per query head of the group) of the backward task of
+    query rows [r0, r1): key blocks its query blocks visit (causal: up to each block's last row),
+    query blocks its key rows' blocks (:func:`key_block`) visit (causal: from the block's first key)."""
+    dq = sum(-(-(min(min(r + BLOCK, r1), tk) if causal else tk) // BLOCK) for r in range(r0, r1, BLOCK))
+    k0, k1 = key_block(r0, r1, tq, tk)
+    kv = sum(-(-max(tq - (kb if causal else 0), 0) // BLOCK) for kb in range(k0, k1, BLOCK))
+    return dq, kv
+
+
 def tiling_sdpa(in_types, out_types, attrs):
     """Forward tiles: (batch, head, block of query rows); a tile reads its q rows and every key and
     value of its heads' key/value heads. Under ``causal`` a body reads keys 0..r1-1 only, but the
@@ -206,11 +226,20 @@ def tiling_sdpa_backward(in_types, out_types, attrs):
     task computes dq for its query rows and dk, dv for the key rows of the same block index
     (:func:`key_block`) of its key/value heads, summed over the group's query heads in order, so
     no two tasks write one element and nothing is accumulated across tasks (no atomics). Under
-    ``causal`` the two halves cost (n + 1) and (N - n) blocks of scores for block n of N: every
-    task does about the same work. A task reads its heads' operands whole along the sequence
-    (dq rows need every key, dk/dv rows every query)."""
+    ``causal`` the two halves cost (n + 1) and (N - n) blocks of scores for block n of N, but a
+    block of the dk/dv half costs more than one of the dq half (:func:`backward_steps`), so the
+    tiling's weight says what each task does and the scheduler balances by it. A task reads its
+    heads' operands whole along the sequence (dq rows need every key, dk/dv rows every query)."""
     _go, _gl, q, k, v, _o, _l = in_types
     Tq, Tk, g = q.shape[2], k.shape[2], group(q, k)
+    causal = bool(attrs.get("causal"))
+
+    def weight(box):
+        b, (h0, h1), (r0, r1) = box[0], box[1], box[2]
+        kh = kv_heads(h0, h1, g)
+        dq, kv = backward_steps(r0, r1, Tq, Tk, causal)
+        # (+ 1: a task of no step, e.g. rows past the keys' end under causal, still costs its start)
+        return float((b[1] - b[0]) * ((h1 - h0) * DQ_STEP * dq + (kh[1] - kh[0]) * g * DKDV_STEP * kv) + 1)
 
     def footprint(box):
         b, (h0, h1), (r0, r1) = box[0], box[1], box[2]
@@ -223,7 +252,7 @@ def tiling_sdpa_backward(in_types, out_types, attrs):
         outs = [box, (b, kh, kb, (0, k.shape[3])), (b, kh, kb, (0, v.shape[3]))]
         return ins, outs
 
-    return _tiling((0, 1, 2), footprint, (1, g, BLOCK), "sdpa_backward")
+    return _tiling((0, 1, 2), footprint, (1, g, BLOCK), "sdpa_backward", weight)
 
 
 # --------------------------------------------------------------------------------------------

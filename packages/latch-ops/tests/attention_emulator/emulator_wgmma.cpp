@@ -226,7 +226,7 @@ extern "C" int attn_forward_wgmma(int D, int causal, int B, int H, int Hkv, int 
     emu::mbar(&full[s]).count = 1;
     emu::mbar(&empty[s]).count = 8;  // one arrival per consumer warp
   }
-  const int bn = D == 64 ? 128 : 64;
+  const int bn = D == 64 ? latch::awg::FwdShape<64>::BN : latch::awg::FwdShape<128>::BN;
   Args a{D, causal, H, Hkv, Tq, Tk, ntasks, scale, boxes,
          {(const __nv_bfloat16*)q, {D, Tq, B * H}, {64, 128, 1}},
          {(const __nv_bfloat16*)k, {D, Tk, B * Hkv}, {64, bn, 1}},

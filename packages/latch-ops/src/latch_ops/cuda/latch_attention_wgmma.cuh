@@ -6,7 +6,7 @@
 // A task is a box of (batch, head, query rows); it is walked in tiles of BM = 128 query rows of one
 // (b, h). Per tile the producer fills, in order:
 //   1 stage:  Q, the tile's 128 rows, as D/64 blocks of [128 rows][64 columns] (16 KiB each);
-//   n stages: K and V of BN keys each (BN = 128 for D = 64, 64 for D = 128: 32 KiB a stage), K as
+//   n stages: K and V of BN = 64 keys each (16 KiB a stage for D = 64, 32 KiB for D = 128), K as
 //             D/64 blocks of [BN][64] at offset 0, V the same at offset BN * D * 2.
 // Every block is one 3-D TMA box (64 columns, rows, 1 head) of the tensor viewed as [B*H][T][D], so
 // rows past T read as zeros (odd lengths) without touching the next head. All boxes are 128-byte
@@ -18,7 +18,8 @@
 // (m64 nBN k16 x D/16, A = the Q copy and B = K, both K-major in shared memory), masked (keys >= Tk;
 // causal: keys above the diagonal) only on the blocks that need it, online softmax in the log2
 // domain (exp2 of scores prescaled by scale * log2 e), P rounded to BF16 in registers and O += P V
-// (m64 nD k16 x BN/16, register A = P, B = V N-major), then the stage goes back to the producer;
+// (m64 nD k16 x BN/16, register A = P, B = V N-major; head dim 64: into an accumulator of the
+// block's own, added into O after its wait, see FwdOwnPv), then the stage goes back to the producer;
 // consecutive blocks overlap (see fwd_consume). A causal block wholly above a warpgroup's rows is
 // skipped by that warpgroup (still waited for and released). Named barriers 2 + w (128 threads)
 // order a warpgroup's Q copy against its products.
@@ -46,7 +47,9 @@ constexpr float LN2 = 0.6931471805599453f;
 template <int D> struct FwdShape {
   static_assert(D == 64 || D == 128, "head dims 64 and 128");
   static constexpr int BM = 128;                // query rows per tile (two warpgroups of 64)
-  static constexpr int BN = D == 64 ? 128 : 64;  // keys per stage
+  // keys per stage: 64 for both head dims (D = 64 took 128 before: with the per-block P V
+  // accumulator, FwdOwnPv, that left ptxas short of registers in TinyMoE-200M's kernel, C7512)
+  static constexpr int BN = 64;
   static constexpr int DB = D / 64;              // 64-column (128-byte) blocks of a row
   static constexpr int Q_BYTES = BM * D * 2;
   static constexpr int KV_BYTES = BN * D * 2;    // K (or V) of one stage
@@ -255,12 +258,28 @@ __device__ __forceinline__ void issue_s(float (&s)[BN / 2], const char* sq, cons
 }
 
 // O += P V of the key block in stage ``st`` (issued, not committed).
+// O += P V of the key block in stage ``st`` (issued, not committed); ``add`` 0: O = P V (the first
+// k-step does not read O).
 template <int D, int BN>
-__device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&pf)[BN / 16][4], const char* st) {
+__device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&pf)[BN / 16][4], const char* st, int add) {
   const uint64_t vb = desc_base(st + BN * D * 2, BN * 128, 1024);
 #pragma unroll
-  for (int kk = 0; kk < BN / 16; ++kk) WgmmaRs<D>::template run<1>(o, pf[kk], desc_at(vb, 2048 * kk), 1);
+  for (int kk = 0; kk < BN / 16; ++kk) WgmmaRs<D>::template run<1>(o, pf[kk], desc_at(vb, 2048 * kk), kk == 0 ? add : 1);
 }
+
+// Where a key block's P V accumulates (fwd_consume): D = 64 gives every block's P V an accumulator
+// of its own (``pv``: written whole by the block's first k-step) that is added into O after its
+// wait, so no wgmma accumulates into registers that live across the key loop. With O itself the
+// accumulator, ptxas serialised every wgmma of a model's kernel (C7511, "insufficient register
+// resources for the wgmma pipeline in the function 'latch_kernel'") once this forward, the wgmma
+// backward and a 128 x 64 product were inlined together (results/sa.md: the bisection on the dense
+// transformer's kernel); with its own accumulator it pipelines there, and with 64-key blocks
+// (FwdShape::BN: S and P take 32 + 16 registers, not 64 + 32) in TinyMoE-200M's kernel too (128-key
+// blocks: C7512, "insufficient register resources for the function"). D = 128 keeps O (64 more
+// registers beside O's 64 would not fit).
+template <int D> struct FwdOwnPv {
+  static constexpr bool value = D == 64;
+};
 
 // 16 bytes shared -> shared through registers (ld/st.shared: generic addresses would cost the
 // address translation on every access)
@@ -288,6 +307,7 @@ __device__ __forceinline__ bool fwd_consume(Pipe& p, const Task* t, __nv_bfloat1
                                             int Tk, float scale, char* smem) {
   typedef FwdShape<D> S;
   constexpr int BN = S::BN, KP = BN / 16;
+  constexpr bool OWN = FwdOwnPv<D>::value;
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const float c2 = scale * LOG2E;
   for (int b = t->lo[0]; b < t->hi[0]; ++b)
@@ -328,6 +348,8 @@ __device__ __forceinline__ bool fwd_consume(Pipe& p, const Task* t, __nv_bfloat1
         for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
         RowState rs{-inf(), -inf(), 0.f, 0.f};
         float s[BN / 2];
+        float pv[D / 2];  // (dead where !OWN)
+        float (&acc)[D / 2] = OWN ? pv : o;
         uint32_t pf[KP][4];
         uint32_t prev = 0;  // the stage of the block whose P V is pending
         if (nlive > 0) {
@@ -349,18 +371,23 @@ __device__ __forceinline__ bool fwd_consume(Pipe& p, const Task* t, __nv_bfloat1
             return false;
           }
           fence_regs(o);
+          if (OWN) fence_regs(pv);
           fence_regs(s);
           sm90::wgmma_fence();
           issue_s<D, BN>(s, sq, p.at(p.stage));
           sm90::wgmma_commit();
-          issue_pv<D, BN>(o, pf, p.at(prev));
+          issue_pv<D, BN>(acc, pf, p.at(prev), OWN ? 0 : 1);
           sm90::wgmma_commit();
           sm90::wgmma_wait<1>();  // S(n) landed; P V(n - 1) may still run
           fence_regs(s);
           const float2 al = online_softmax<BN, CAUSAL>(s, rs, n * BN, Tk, wrow0, row_a, row_b, t4, c2);
           sm90::wgmma_wait<0>();
-          fence_regs(o);
+          fence_regs(acc);
           fence_frags(pf);
+          if (OWN) {
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i) o[i] += pv[i];
+          }
           __syncwarp();
           if (lane == 0) sm90::mbar_arrive(&p.empty[prev]);
 #pragma unroll
@@ -376,12 +403,17 @@ __device__ __forceinline__ bool fwd_consume(Pipe& p, const Task* t, __nv_bfloat1
         }
         if (nlive > 0) {
           fence_regs(o);
+          if (OWN) fence_regs(pv);
           sm90::wgmma_fence();
-          issue_pv<D, BN>(o, pf, p.at(prev));
+          issue_pv<D, BN>(acc, pf, p.at(prev), OWN ? 0 : 1);
           sm90::wgmma_commit();
           sm90::wgmma_wait<0>();
-          fence_regs(o);
+          fence_regs(acc);
           fence_frags(pf);
+          if (OWN) {
+#pragma unroll
+            for (int i = 0; i < D / 2; ++i) o[i] += pv[i];
+          }
           __syncwarp();
           if (lane == 0) sm90::mbar_arrive(&p.empty[prev]);
         }
