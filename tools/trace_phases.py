@@ -323,6 +323,25 @@ def replays(plan: Plan, tr: Trace, grabs: Sequence[float]) -> list[tuple[str, fl
     for g in grabs:
         out.append((f"shared queue in every single-phase interval, {g:g} us a ticket",
                     replay(plan, tr.dur, gap=gap, barrier=bar, queue_grab=g)))
+    data = data_intervals(plan)
+    for g in grabs:
+        out.append((f"shared queue only in the {len(data)} intervals of data-dependent bodies ({'/'.join(DATA_BODIES)}), "
+                    f"{g:g} us a ticket", replay(plan, tr.dur, gap=gap, barrier=bar, queue_grab=g, queued=data)))
+    return out
+
+
+# Bodies whose time depends on the data (how many rows each expert gets is known only at run time):
+# the cost model cannot balance them, a shared queue can (results/wt.md: their cv within one body 0.34-0.58).
+DATA_BODIES = ("ragged",)
+
+
+def data_intervals(plan: Plan, markers: Sequence[str] = DATA_BODIES) -> set[int]:
+    """Single-phase intervals holding at least two tasks of a data-dependent body (a ``markers`` entry in
+    the body's name): where a queue can win what no static assignment can."""
+    out = set()
+    for k, ts in intervals(plan).items():
+        if len({plan.phase[t] for t in ts}) == 1 and sum(any(m in plan.body[t] for m in markers) for t in ts) >= 2:
+            out.add(k)
     return out
 
 

@@ -55,3 +55,20 @@ def test_a_trace_of_another_plan_is_refused():
     del tr.dur[3]
     with pytest.raises(SystemExit, match="disagree"):
         tp.check(plan, tr)
+
+
+def test_the_queue_can_be_kept_to_data_dependent_intervals():
+    d = _doc()
+    d["schedule"]["programs"][0]["groups"] = [{"id": 0, "nodes": ["n"], "body": "ragged_rows/0"},
+                                              {"id": 1, "nodes": ["m"], "body": "b/1"}]
+    d["schedule"]["programs"][0]["tasks"][3]["group"] = 1
+    plan, tr = tp.read_plan(d), tp.read_trace(_trace([20.0, 20.0, 4.0, 5.0]))
+    assert tp.data_intervals(plan) == {0}  # interval 1 holds one task of another body
+    gap, bar = tp.fit_overheads(plan, tr)
+    # as a queue the 20 us tasks go to both SMs first, the 4 us one after: 21 | 26 instead of 42
+    q = tp.replay(plan, tr.dur, gap=gap, barrier=bar, queue_grab=0.0, queued=tp.data_intervals(plan))
+    assert q < tp.replay(plan, tr.dur, gap=gap, barrier=bar)
+    names = [n for n, _ in tp.replays(plan, tr, [0.0])]
+    assert any("data-dependent" in n for n in names)
+    plan.body.update({t: "b/0" for t in plan.body})
+    assert tp.data_intervals(plan) == set()
