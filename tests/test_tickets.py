@@ -222,3 +222,24 @@ def test_the_profile_decodes_queue_tasks_to_the_block_that_ran_them(planned):
     rep = aggregate(lay, [LaunchRecords("update", instrs, blocks, None, queue)])
     assert sum(r.tasks for r in rep.by_op) == len(planned.schedule.programs[0].tasks)
     assert rep.sms[1].tasks >= len(lay.queued)
+
+
+def test_tickets_data_queues_only_the_phases_of_the_ragged_products():
+    """The scheduler ``tickets_data``: the same barrier lists, queues only where a phase holds the
+    data-dependent ragged expert products; every other phase keeps the cost model's lists."""
+    c = compile_example(EXAMPLES / "tinymoe.py", overrides=SMALL_MOE, scheduler="tickets_data", num_sms=8, build=False)
+    doc = c.doc
+    assert doc.schedule.strategy == "tickets_data" and tickets_on(doc) == "data"
+    ps = doc.schedule.programs[0]
+    tp = table_lists(ps, doc.memory.program(ps.program), tickets_on(doc), doc.graph.program(ps.program))
+    bodies = {g.id: g.body.split("/")[0] for g in ps.groups}
+    assert tp.queues, "no ragged phase ticketed"
+    for q in tp.queues:
+        assert any(bodies[ps.tasks[t].group].startswith("ragged_mm") for t in q.tasks), q
+    every = table_lists(ps, doc.memory.program(ps.program), True, doc.graph.program(ps.program))
+    assert len(every.queues) > len(tp.queues)  # the full tickets plan also queues other phases
+    assert {q.phase for q in tp.queues} < {q.phase for q in every.queues}
+    assert any("tickets=data" in why for why in tp.refused.values())
+    # the kernel holds the ticket producer
+    kernel = next(u for u in generate(doc, jobs=1).units if u.name == "kernel.cu").source
+    assert "#define LATCH_TICKETS 1" in kernel

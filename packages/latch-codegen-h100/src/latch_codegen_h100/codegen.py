@@ -579,7 +579,7 @@ def _kernel_source(body_keys: list[str], specs: dict[str, BodySpec], rendered: d
         f"#define LATCH_STAGES {stages}",
         f"#define LATCH_STAGE_BYTES {stage_bytes}",
         f"#define LATCH_SCRATCH_BYTES {scratch}",
-        f"#define LATCH_TICKETS {int(tickets)}",  # tables with ticketed phases: their producer (tickets.py)
+        f"#define LATCH_TICKETS {int(bool(tickets))}",  # tables with ticketed phases: their producer (tickets.py)
         '#include "latch_kernel.cuh"',
         "",
     ]

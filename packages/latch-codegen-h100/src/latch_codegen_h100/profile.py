@@ -142,7 +142,7 @@ def layout_from_document(doc: Document, program: str) -> ProgramLayout:
         if doc.memory is None:
             raise ProfileError("the document's schedule takes ticketed phases, whose lists depend on the memory plan; "
                                "give the build's program.latch.json (it has the memory section)")
-        tp = table_lists(ps, doc.memory.program(program), True, g)
+        tp = table_lists(ps, doc.memory.program(program), tickets_on(doc), g)
         lists, queues = tp.sms, tuple(q.tasks for q in tp.queues)
     sms = tuple(tuple((str(ins[0]), int(ins[1])) for ins in sm) for sm in lists)
     return ProgramLayout(program, sms, tuple(t.group for t in ps.tasks), groups,

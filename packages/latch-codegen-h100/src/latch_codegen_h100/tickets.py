@@ -136,9 +136,21 @@ def _overlapping_values(mem: ProgramMemory, layouts: dict[str, tuple]) -> dict[s
     return out
 
 
-def ticket_plan(ps: ProgramSchedule, mem: ProgramMemory, layouts: dict[str, tuple] | None = None) -> TicketPlan:
+# Bodies whose cost depends on the data (schedule option tickets="data" queues only their phases).
+DATA_BODIES = ("ragged_mm",)
+
+
+def data_dependent(ps: ProgramSchedule, tasks) -> bool:
+    """Whether at least two of ``tasks`` run a data-dependent body (DATA_BODIES: the body key's op)."""
+    bodies = {g.id: g.body for g in ps.groups}
+    return sum(bodies[ps.tasks[t].group].split("/")[0].startswith(DATA_BODIES) for t in tasks) >= 2
+
+
+def ticket_plan(ps: ProgramSchedule, mem: ProgramMemory, layouts: dict[str, tuple] | None = None,
+                only_data: bool = False) -> TicketPlan:
     """The ticketed form of ``ps``'s SM lists (see the module docstring); lists unchanged where no
-    phase qualifies. ``layouts``: value -> (shape, dtype), for in-place pairs (box by box)."""
+    phase qualifies. ``layouts``: value -> (shape, dtype), for in-place pairs (box by box).
+    ``only_data``: only phases holding data-dependent bodies (:func:`data_dependent`) qualify."""
     if any(ins[0] in (WAIT, SIGNAL) for sm in ps.sms for ins in sm):
         return TicketPlan(tuple(tuple(sm) for sm in ps.sms), (), {-1: "the lists hold dataflow waits or signals"})
     per_sm = [_phases(sm) for sm in ps.sms]
@@ -153,6 +165,9 @@ def ticket_plan(ps: ProgramSchedule, mem: ProgramMemory, layouts: dict[str, tupl
     for k in range(nphases):
         lists = [p[k] for p in per_sm]
         if max((len(x) for x in lists), default=0) < 2:
+            continue
+        if only_data and not data_dependent(ps, [t for x in lists for t in x]):
+            refused[k] = "no data-dependent body (tickets=data)"
             continue
         keep: set[int] = set()
         why = None
@@ -191,15 +206,20 @@ def ticket_plan(ps: ProgramSchedule, mem: ProgramMemory, layouts: dict[str, tupl
     return TicketPlan(tuple(sms), tuple(queues), refused)
 
 
-def tickets_on(doc) -> bool:
-    """Whether the document's schedule asks for ticketed phases (schedule option ``tickets``)."""
-    return doc.schedule is not None and bool(dict(doc.schedule.stats).get("tickets", False))
+def tickets_on(doc) -> bool | str:
+    """Whether the document's schedule asks for ticketed phases (schedule option ``tickets``): False,
+    True (every phase that qualifies) or ``"data"`` (only the phases of data-dependent bodies)."""
+    if doc.schedule is None:
+        return False
+    v = dict(doc.schedule.stats).get("tickets", False)
+    return "data" if v == "data" else bool(v)
 
 
-def table_lists(ps: ProgramSchedule, mem: ProgramMemory, on: bool, graph=None) -> TicketPlan:
+def table_lists(ps: ProgramSchedule, mem: ProgramMemory, on: bool | str, graph=None) -> TicketPlan:
     """The SM lists the tables hold: ``ps.sms`` as they are (``on`` False) or :func:`ticket_plan`'s
-    (``graph``: the program's graph, for the values' layouts)."""
+    (``graph``: the program's graph, for the values' layouts; ``on == "data"``: only data-dependent
+    phases)."""
     if not on:
         return TicketPlan(tuple(tuple(sm) for sm in ps.sms), ())
     layouts = {} if graph is None else {v.name: (tuple(v.shape), v.dtype) for v in graph.values}
-    return ticket_plan(ps, mem, layouts)
+    return ticket_plan(ps, mem, layouts, only_data=on == "data")

@@ -13,11 +13,12 @@ from .passes import ALIAS_VIEWS, FUSE_VIEWS, MATMUL_CONFIGS, MATMUL_LAYOUTS, SCH
 
 @hookimpl
 def latch_register_schedulers(register):
-    from .schedulers import barrier_scheduler, dataflow_scheduler, tickets_scheduler
+    from .schedulers import barrier_scheduler, dataflow_scheduler, tickets_data_scheduler, tickets_scheduler
 
     register("barrier", barrier_scheduler)
     register("dataflow", dataflow_scheduler)
     register("tickets", tickets_scheduler)
+    register("tickets_data", tickets_data_scheduler)
 
 
 @hookimpl

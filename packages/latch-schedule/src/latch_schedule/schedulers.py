@@ -104,7 +104,10 @@ def _run(name: str, doc: Document, options: dict[str, Any],
     # Ticketed phases (latch_codegen_h100.tickets): the code generator takes a barrier phase's tasks
     # from one shared queue where no two tasks of one SM list depend on each other. Recorded here so
     # that every reader of the document (the build, the profile's decoder) sees the same choice.
-    stats["tickets"] = _bool(options.get("tickets", False))
+    # ``tickets="data"``: only the phases of data-dependent bodies (the ragged expert products, whose
+    # cost the routing decides at run time) take tickets; the others keep the cost model's lists.
+    tk = options.get("tickets", False)
+    stats["tickets"] = "data" if isinstance(tk, str) and tk.strip().lower() == "data" else _bool(tk)
     row = [p.nodes[-1].name for tg in tgs for p in tg.plans if p.row]
     stats["row_group_count"] = len(row)
     if any(aliases.values()):
@@ -123,6 +126,15 @@ def tickets_scheduler(doc: Document, options: dict[str, Any]) -> ScheduleSection
     takes from as it frees up; what the model gets wrong, or the routing decides at run time, no
     longer leaves SMs waiting at the barrier)."""
     return _run("tickets", doc, {**options, "tickets": True}, _barrier.schedule_program)
+
+
+def tickets_data_scheduler(doc: Document, options: dict[str, Any]) -> ScheduleSection:
+    """The barrier schedule with tickets only in the phases of data-dependent bodies (the ragged expert
+    products: how many rows each expert gets is known only at run time, so no static assignment
+    balances them), the cost model's lists everywhere else. Run 33: tickets in every phase were no
+    faster than barrier (a ticket's cost, ~1.1 us, spent in every phase; results/wt.md), while the
+    ragged phases hold most of the imbalance a queue can remove."""
+    return _run("tickets_data", doc, {**options, "tickets": "data"}, _barrier.schedule_program)
 
 
 def dataflow_scheduler(doc: Document, options: dict[str, Any]) -> ScheduleSection:
