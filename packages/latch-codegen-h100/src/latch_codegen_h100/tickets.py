@@ -140,17 +140,17 @@ def _overlapping_values(mem: ProgramMemory, layouts: dict[str, tuple]) -> dict[s
 DATA_BODIES = ("ragged_mm",)
 
 
-def data_dependent(ps: ProgramSchedule, tasks) -> bool:
-    """Whether at least two of ``tasks`` run a data-dependent body (DATA_BODIES: the body key's op)."""
-    bodies = {g.id: g.body for g in ps.groups}
-    return sum(bodies[ps.tasks[t].group].split("/")[0].startswith(DATA_BODIES) for t in tasks) >= 2
+def data_groups(ps: ProgramSchedule) -> frozenset[int]:
+    """The fusion groups whose body is data-dependent (DATA_BODIES: the body key's op)."""
+    return frozenset(g.id for g in ps.groups if g.body.split("/")[0].startswith(DATA_BODIES))
 
 
 def ticket_plan(ps: ProgramSchedule, mem: ProgramMemory, layouts: dict[str, tuple] | None = None,
                 only_data: bool = False) -> TicketPlan:
     """The ticketed form of ``ps``'s SM lists (see the module docstring); lists unchanged where no
     phase qualifies. ``layouts``: value -> (shape, dtype), for in-place pairs (box by box).
-    ``only_data``: only phases holding data-dependent bodies (:func:`data_dependent`) qualify."""
+    ``only_data``: only phases holding at least two tasks of data-dependent bodies (:func:`data_groups`)
+    qualify."""
     if any(ins[0] in (WAIT, SIGNAL) for sm in ps.sms for ins in sm):
         return TicketPlan(tuple(tuple(sm) for sm in ps.sms), (), {-1: "the lists hold dataflow waits or signals"})
     per_sm = [_phases(sm) for sm in ps.sms]
@@ -158,6 +158,7 @@ def ticket_plan(ps: ProgramSchedule, mem: ProgramMemory, layouts: dict[str, tupl
     if any(len(p) != nphases for p in per_sm):
         raise ValueError(f"program {ps.program!r}: every SM list must run all {ps.num_barriers} barriers")
     overlaps = _overlapping_values(mem, layouts or {})
+    data = data_groups(ps) if only_data else frozenset()
     ticketed: dict[int, int] = {}  # phase -> queue index
     static: dict[int, set[int]] = {}  # phase -> tasks that keep their SM and place (a same-SM conflict)
     queues: list[Queue] = []
@@ -166,7 +167,7 @@ def ticket_plan(ps: ProgramSchedule, mem: ProgramMemory, layouts: dict[str, tupl
         lists = [p[k] for p in per_sm]
         if max((len(x) for x in lists), default=0) < 2:
             continue
-        if only_data and not data_dependent(ps, [t for x in lists for t in x]):
+        if only_data and sum(ps.tasks[t].group in data for x in lists for t in x) < 2:
             refused[k] = "no data-dependent body (tickets=data)"
             continue
         keep: set[int] = set()
