@@ -332,15 +332,17 @@ def replays(plan: Plan, tr: Trace, grabs: Sequence[float]) -> list[tuple[str, fl
 
 # Bodies whose time depends on the data (how many rows each expert gets is known only at run time):
 # the cost model cannot balance them, a shared queue can (results/wt.md: their cv within one body 0.34-0.58).
-DATA_BODIES = ("ragged",)
+# The rule of the scheduler tickets_data (latch_codegen_h100.tickets.DATA_BODIES / data_groups: the body
+# key's op), repeated here because this tool reads the planned document's JSON without the packages.
+DATA_BODIES = ("ragged_mm",)
 
 
-def data_intervals(plan: Plan, markers: Sequence[str] = DATA_BODIES) -> set[int]:
-    """Single-phase intervals holding at least two tasks of a data-dependent body (a ``markers`` entry in
-    the body's name): where a queue can win what no static assignment can."""
+def data_intervals(plan: Plan, ops: tuple[str, ...] = DATA_BODIES) -> set[int]:
+    """Single-phase intervals holding at least two tasks of a data-dependent body (its key's op starts with
+    an ``ops`` entry): the intervals tickets_data queues."""
     out = set()
     for k, ts in intervals(plan).items():
-        if len({plan.phase[t] for t in ts}) == 1 and sum(any(m in plan.body[t] for m in markers) for t in ts) >= 2:
+        if len({plan.phase[t] for t in ts}) == 1 and sum(plan.body[t].split("/")[0].startswith(ops) for t in ts) >= 2:
             out.add(k)
     return out
 

@@ -59,7 +59,7 @@ def test_a_trace_of_another_plan_is_refused():
 
 def test_the_queue_can_be_kept_to_data_dependent_intervals():
     d = _doc()
-    d["schedule"]["programs"][0]["groups"] = [{"id": 0, "nodes": ["n"], "body": "ragged_rows/0"},
+    d["schedule"]["programs"][0]["groups"] = [{"id": 0, "nodes": ["n"], "body": "ragged_mm_grad_w/0"},
                                               {"id": 1, "nodes": ["m"], "body": "b/1"}]
     d["schedule"]["programs"][0]["tasks"][3]["group"] = 1
     plan, tr = tp.read_plan(d), tp.read_trace(_trace([20.0, 20.0, 4.0, 5.0]))
