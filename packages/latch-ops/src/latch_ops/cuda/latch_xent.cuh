@@ -245,8 +245,7 @@ __device__ __forceinline__ void cross_entropy_row(const T* x, const TI* target, 
 // Vector path (16-bit or float logits and dx, rows a multiple of 8 long, 16-byte aligned, the tile's
 // columns whole chunks of 8): a row at a time (P rows at once where a row has fewer chunks of 8 than
 // there are consumer threads), its chunks spread over the threads, XENT_WORDS 16-byte logit loads in
-// flight per thread before any math, and the next batch's XENT_WORDS issued before this batch's math
-// (software-pipelined: two batches in registers); the next row L2-prefetched (cp.async.bulk.prefetch.L2) as a row
+// flight per thread before any math; the next row L2-prefetched (cp.async.bulk.prefetch.L2) as a row
 // starts. Per row, once: its target chunk, its lse, whether it is ignored (a whole ignored row is
 // stored as zeros without reading its logits). Per chunk: a 32-bit offset from the row's base, and
 // per element one FFMA, one MUFU.EX2 and one FMUL (run 29's body spent ~140 instructions a chunk on
@@ -295,21 +294,12 @@ __device__ __forceinline__ void cross_entropy_grad_tile(const TS* grad, const T*
       const int tchunk = tc < (unsigned long long)width ? (int)(tc >> 3) : -1, hit = (int)(tc & 7);
       const float nl = xent_neg_scale((float)ld<TS>(lse, row));
       const T* xrow = x + row * V + c0;
-      Raw8<T> u[U];
-#pragma unroll
-      for (int q = 0; q < U; ++q) {
-        const int j = l + q * L;
-        if (j < runs) u[q].load(xrow + 8 * j);
-      }
       for (int j0 = l; j0 < runs; j0 += U * L) {
-        // the next batch's loads go out before this batch's math and stores, so their latency
-        // overlaps them (run 32: 220 us a task, ~4.6 us a batch of 32 KiB per SM with the load,
-        // the math and the stores one after the other; the bytes alone take ~1.9 us)
-        Raw8<T> nx[U];
+        Raw8<T> u[U];
 #pragma unroll
         for (int q = 0; q < U; ++q) {
-          const int j = j0 + (U + q) * L;
-          if (j < runs) nx[q].load(xrow + 8 * j);
+          const int j = j0 + q * L;
+          if (j < runs) u[q].load(xrow + 8 * j);
         }
 #pragma unroll
         for (int q = 0; q < U; ++q) {
@@ -326,8 +316,6 @@ __device__ __forceinline__ void cross_entropy_grad_tile(const TS* grad, const T*
           }
           xent_store8<TO>(drow + 8 * j, f);
         }
-#pragma unroll
-        for (int q = 0; q < U; ++q) u[q] = nx[q];
       }
     }
     return;
