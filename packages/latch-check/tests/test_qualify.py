@@ -132,6 +132,23 @@ def test_compiled_control_traces_an_example_whose_model_spans_two_files():
     assert all(math.isfinite(v) for v in losses) and losses[1] < losses[0]
 
 
+def test_compiled_control_at_a_second_shape_in_the_same_process():
+    """A bench times its shapes in one process, each with its own load of the example. Run 35 (H200):
+    the second shape's compiled and graph controls failed in dynamo ("'NoneType' object is not
+    subscriptable": guards on the first load's module, cached by name). Fails without the per-load
+    module name of latch_capture.examples.load_module."""
+    from latch_capture.examples import load_example
+    from latch_check.controls import control
+
+    losses = []
+    for batch in (2, 4):
+        ex = load_example(EXAMPLES / "tinymoe.py", vocab=64, d_model=32, layers=1, heads=2, experts=4,
+                          expert_hidden=16, batch=batch, seq=16)
+        with control(ex, "cpu", "compiled", [ex.microbatch(0)], backend="aot_eager") as step:
+            losses.append(float(step()))
+    assert all(math.isfinite(v) for v in losses)
+
+
 def test_compile_refuses_the_torch_column_on_the_cpu_and_names_the_cpu_tool():
     from click.testing import CliRunner
 

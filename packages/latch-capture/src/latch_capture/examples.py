@@ -18,6 +18,7 @@ from .errors import CaptureError
 
 
 MODULES: dict[str, Any] = {}  # resolved example path -> the module last loaded from it
+_LOADS = 0  # example modules loaded in this process (each gets its own module name)
 
 
 def load_module(path: str | Path):
@@ -25,7 +26,13 @@ def load_module(path: str | Path):
     if not p.is_file():
         raise CaptureError(f"example file {str(p)!r} does not exist", hint="give the path of a Python file defining build()")
     folder = str(p.resolve().parent)
-    name = f"latch_example_{p.stem}_{abs(hash(str(p.resolve())))}"
+    # one name per load: torch.compile imports the module of every function it inlines BY NAME and
+    # caches the import (dynamo's _import_module is functools.cache'd), so a second load under the
+    # first one's name made a later compile guard on the first load's module (run 35: both compiled
+    # controls of a bench's second shape, 32 x 1024, failed with "'NoneType' object is not subscriptable")
+    global _LOADS
+    _LOADS += 1
+    name = f"latch_example_{p.stem}_{abs(hash(str(p.resolve())))}_{_LOADS}"
     spec = importlib.util.spec_from_file_location(name, p)
     module = importlib.util.module_from_spec(spec)
     added = folder not in sys.path

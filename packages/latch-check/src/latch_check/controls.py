@@ -103,6 +103,8 @@ def control(example, device, kind: str, batches: Sequence[tuple[Any, Any]] | Non
         opt = torch.optim.AdamW(params, lr=lr, betas=ctl["betas"], eps=ctl["eps"], weight_decay=ctl["weight_decay"],
                                 fused=True, capturable=kind == "graph")
     max_norm = ctl.get("max_norm")
+    if kind != "eager":
+        torch._dynamo.reset()  # each control compiles its own copy from nothing, not against an earlier one's guards
     fwd = model if kind == "eager" else torch.compile(model, backend=backend)
     batches = [_to(b, device) for b in (batches if batches is not None else [example.microbatch(0)])]
     K = len(batches)
