@@ -104,6 +104,33 @@ def test_bench_table_gives_ratios_and_shows_failed_controls():
     assert "2.000 (1.900-2.200)" in text
 
 
+def test_bench_times_back_to_back_beside_alone_and_tables_both(monkeypatch):
+    """Run 35/36: the bench (each update alone, 11.63 ms) and the profile (11.16) disagreed; the
+    alone timing holds the host's work before the launch. The back-to-back timing (the training
+    loop's steady state) is taken beside it, its ratio against the control's back-to-back timing."""
+    from latch_check import bench
+
+    calls = []
+
+    def fake_events(fn, iters, warmup, reps=1):
+        calls.append(reps)
+        return [10.0 / reps + 1.0] * iters  # host work counts fully alone, is hidden back to back
+
+    monkeypatch.setattr(bench, "events_ms", fake_events)
+    t = bench._times(lambda: None, 3, 0, back_to_back=5)
+    assert calls == [1, 5] and t["median_ms"] == 11.0 and t["b2b"]["median_ms"] == 3.0 and t["b2b"]["reps"] == 5
+    assert "b2b" not in bench._times(lambda: None, 3, 0)
+    row = {"shape": "2x1024", "latch": {"median_ms": 2.0, "min_ms": 1.9, "max_ms": 2.2,
+                                        "b2b": {"median_ms": 1.5, "min_ms": 1.4, "max_ms": 1.6, "reps": 5}},
+           "graph": {"median_ms": 5.0, "min_ms": 4.9, "max_ms": 5.1, "ratio_vs_latch": 2.5,
+                     "b2b": {"median_ms": 4.5, "min_ms": 4.4, "max_ms": 4.6, "reps": 5, "ratio_vs_latch": 3.0}},
+           "eager": {"error": "RuntimeError: boom"}}
+    text = format_table([row], ("eager", "graph"))
+    alone, b2b = text.split("back to back (5 updates")
+    assert "2.500x" in alone and "3.000x" not in alone and "3.000x" in b2b and "1.500 (1.400-1.600)" in b2b
+    assert "FAILED" in b2b  # a failed control is failed in both tables
+
+
 def test_eager_control_runs_tinymoe_with_the_graph_safe_moe_and_microbatches_on_the_cpu():
     from latch_capture.examples import load_example
     from latch_check.controls import control

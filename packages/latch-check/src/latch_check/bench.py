@@ -64,15 +64,24 @@ def shape_name(k: int, b: int, t: int) -> str:
     return f"{b}x{t}" if k == 1 else f"{k}x{b}x{t}"
 
 
-def _times(fn: Callable[[], Any], iters: int, warmup: int) -> dict[str, float]:
+def _times(fn: Callable[[], Any], iters: int, warmup: int, back_to_back: int = 1) -> dict[str, Any]:
+    """Each update timed alone (an event pair around one call on an idle GPU: the call's host work
+    before its launch is inside), and, when ``back_to_back`` > 1, as a training loop runs them:
+    ``back_to_back`` calls between one event pair, the host's work for one update overlapping the
+    GPU's for the one before (``b2b``: ms per update)."""
     ts = events_ms(fn, iters, warmup)
-    return {"median_ms": statistics.median(ts), "min_ms": min(ts), "max_ms": max(ts), "iters": iters}
+    out: dict[str, Any] = {"median_ms": statistics.median(ts), "min_ms": min(ts), "max_ms": max(ts), "iters": iters}
+    if back_to_back > 1:
+        tb = events_ms(fn, iters, 0, reps=back_to_back)
+        out["b2b"] = {"median_ms": statistics.median(tb), "min_ms": min(tb), "max_ms": max(tb), "iters": iters,
+                      "reps": back_to_back}
+    return out
 
 
 def bench_shape(example_path: str, shape: tuple[int, int, int], *, overrides: dict, iters: int, latch_iters: int,
                 controls: tuple[str, ...], policy: bool, scheduler: str | None, build_dir: str | None,
                 say: Callable[[str], None], latch: bool = True, gate_steps: int = 0,
-                trained: int = 0) -> dict[str, Any]:
+                trained: int = 0, back_to_back: int = 1) -> dict[str, Any]:
     """Every timing of one shape (module docstring) as a JSON-ready dict."""
     import torch
 
@@ -105,7 +114,7 @@ def bench_shape(example_path: str, shape: tuple[int, int, int], *, overrides: di
             return run.prog(run.layout, run.layout, arg, run.hyper, check=False)
 
         say(f"bench {row['shape']}: latch ({latch_iters} timed updates)")
-        row["latch"] = _times(latch_step, latch_iters, min(2, latch_iters))
+        row["latch"] = _times(latch_step, latch_iters, min(2, latch_iters), back_to_back)
         run.prog.check()
         say(f"bench {row['shape']}: latch {row['latch']}")
         del run
@@ -122,22 +131,41 @@ def bench_shape(example_path: str, shape: tuple[int, int, int], *, overrides: di
         try:
             with control(example, "cuda", kind, batches, bf16=bf16) as step:
                 setup = time.perf_counter() - t0
-                row[kind] = {**_times(step, iters, 3), "setup_s": setup}
+                row[kind] = {**_times(step, iters, 3, back_to_back), "setup_s": setup}
         except Exception as e:  # reported in the table and the JSON, never a silent pass
             row[kind] = {"error": f"{type(e).__name__}: {e}"[:400]}
         say(f"bench {row['shape']}: {kind} {row[kind]}")
         torch.cuda.empty_cache()
     lat = row.get("latch", {}).get("median_ms")
+    lat_b = row.get("latch", {}).get("b2b", {}).get("median_ms")
     for kind in controls:
         c = row[kind].get("median_ms")
         if lat and c:
             row[kind]["ratio_vs_latch"] = c / lat  # > 1: the generated program is faster
+        cb = row[kind].get("b2b", {}).get("median_ms")
+        if lat_b and cb:
+            row[kind]["b2b"]["ratio_vs_latch"] = cb / lat_b
     return row
 
 
 def format_table(rows: list[dict], controls: tuple[str, ...]) -> str:
-    def cell(r, key):
+    """The table of each update timed alone, then, where the bench ran them, the back-to-back table."""
+    text = _table(rows, controls, None)
+    reps = next((r[k]["b2b"]["reps"] for r in rows for k in ("latch", *controls) if "b2b" in r.get(k, {})), None)
+    if reps:
+        text += "\n" + _table(rows, controls, reps)
+    return text
+
+
+def _table(rows: list[dict], controls: tuple[str, ...], reps: int | None) -> str:
+    def pick(r, key):  # the timing this table shows (an error is shown in both tables)
         v = r.get(key)
+        if v is None or not reps or "error" in v:
+            return v
+        return v.get("b2b")
+
+    def cell(r, key):
+        v = pick(r, key)
         if v is None:
             return "-"
         if "error" in v:
@@ -149,12 +177,17 @@ def format_table(rows: list[dict], controls: tuple[str, ...]) -> str:
     for r in rows:
         ratios = []
         for k in controls:
-            x = r.get(k, {}).get("ratio_vs_latch")
+            x = (pick(r, k) or {}).get("ratio_vs_latch")
             ratios.append("-" if x is None else f"{x:.3f}x")
         body.append([r["shape"], cell(r, "latch")] + [cell(r, k) for k in controls] + ratios)
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
+    if reps:
+        lines.insert(0, f"back to back ({reps} updates between two CUDA events, as a training loop issues them: the "
+                        "host's work for one overlaps the GPU's for the one before)")
+        lines.append("ms per update: median (min-max) over the samples; X/latch > 1: the generated program is faster")
+        return "\n".join(lines)
     lines.append("ms per update: median (min-max) of CUDA-event timings; X/latch > 1: the generated program is faster")
     for r in rows:
         for k in controls:
@@ -181,9 +214,11 @@ def format_table(rows: list[dict], controls: tuple[str, ...]) -> str:
               help="also gate this many fresh updates against FP64, with PyTorch's own update as the torch column")
 @click.option("--trained", type=int, default=0, show_default=True,
               help="also gate one update at the state after N eager FP32 updates (the benchmark's qualification: 200)")
+@click.option("--back-to-back", "back_to_back", type=int, default=5, show_default=True,
+              help="also time N updates between one event pair (a training loop's steady state); 1: only alone")
 @click.option("-q", "--quiet", is_flag=True)
 def bench_command(example, shapes, overrides, iters, latch_iters, controls_, no_latch, policy, scheduler, build_dir,
-                  json_path, gate_steps, trained, quiet):
+                  json_path, gate_steps, trained, back_to_back, quiet):
     """Time EXAMPLE.py's generated program against PyTorch's controls on the GPU (same weights, batches)."""
     from .pipeline import PipelineError, resolve_target
 
@@ -195,6 +230,8 @@ def bench_command(example, shapes, overrides, iters, latch_iters, controls_, no_
             raise BenchError(f"--controls: unknown {bad}; choose from {list(CONTROLS)}")
         if iters < 1 or (latch_iters is not None and latch_iters < 1):
             raise BenchError("--iters and --latch-iters must be at least 1")
+        if back_to_back < 1:
+            raise BenchError("--back-to-back must be at least 1 (1: each update timed alone only)")
         resolve_target("gpu")
         from latch_capture.examples import parse_overrides
 
@@ -206,7 +243,8 @@ def bench_command(example, shapes, overrides, iters, latch_iters, controls_, no_
         for shape in shape_list:
             rows.append(bench_shape(example, shape, overrides=ov, iters=iters, latch_iters=latch_iters or iters,
                                     controls=controls, policy=policy, scheduler=scheduler, build_dir=build_dir,
-                                    say=say, latch=not no_latch, gate_steps=gate_steps, trained=trained))
+                                    say=say, latch=not no_latch, gate_steps=gate_steps, trained=trained,
+                                    back_to_back=back_to_back))
             if json_path:  # after every shape: a later shape's failure keeps the earlier numbers
                 _write(json_path, example, rows, torch)
     except (BenchError, PipelineError) as e:
