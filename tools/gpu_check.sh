@@ -499,13 +499,15 @@ if want bench; then
     else
         row "  BENCH tinymoe-200M: not run (LATCH_GPU_FULL=${LATCH_GPU_FULL:-1}, ${LEFT}s left of the call)"
     fi
-    # LATCH_GPU_BENCH_SCHEDULERS="dataflow tickets_data": the same shapes under other schedulers, each
+    # LATCH_GPU_BENCH_SCHEDULERS="dataflow tickets_data": the same shapes (or LATCH_GPU_BENCH_SCHEDULER_SHAPES)
+    # under other schedulers, each
     # against the strongest control (graph) timed again in the same process (a ratio is always
     # against a control of the same run); bench-<scheduler>.json in $OUT
     for S in ${LATCH_GPU_BENCH_SCHEDULERS:-}; do
         LEFT=$(( ${LATCH_GPU_BUDGET_S:-570} - SECONDS ))
         if [ "$LEFT" -le 90 ]; then row "  BENCH tinymoe-200M $S: not run (${LEFT}s left of the call)"; continue; fi
-        timeout "$LEFT" "$PY" -m latch_core.cli bench examples/tinymoe.py --shapes "${LATCH_GPU_BENCH_SHAPES:-2x1024,32x1024}" \
+        timeout "$LEFT" "$PY" -m latch_core.cli bench examples/tinymoe.py \
+            --shapes "${LATCH_GPU_BENCH_SCHEDULER_SHAPES:-${LATCH_GPU_BENCH_SHAPES:-2x1024,32x1024}}" \
             ${LATCH_GPU_BENCH_ARGS:---iters 10} --scheduler "$S" --controls graph --dir "$WORK/build/bench-$S" \
             --json "$OUT/bench-$S.json" > "$WORK/bench-$S.log" 2>&1
         rc=$?
