@@ -61,7 +61,7 @@ DATA_REGS = 96  # registers of loaded and computed elements per thread the unrol
 # 2 each SM has up to two more batches (2 x 48 KiB for AdamW) requested from HBM, and the register
 # loads of those groups find them in L2. Footprint: 2 x 48 KiB x 132 SMs ~ 13 MB of the 60 MB L2.
 PREFETCH_AHEAD = 2
-LINE = 128  # bytes of an L2 cache line: one prefetch per line is enough
+LINE = 128  # bytes of an L2 line; one prefetch per line assumes it fills the line (unmeasured: results/aw.md)
 
 
 def prefetch_lanes(dtype: str) -> int:
