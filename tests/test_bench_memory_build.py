@@ -111,3 +111,55 @@ def test_scheduler_and_code_generator_share_the_row_group_classifier():
     import latch_schedule.rowgroups as rg
     from latch_core.rowclass import value_class
     assert rg.value_class is value_class and lr.value_class is value_class
+
+
+def _instructions(sass: str) -> list[tuple[int, str]]:
+    """(address, instruction) of every instruction of cuobjdump's -sass text, in order (the
+    megakernel is one function: addresses do not restart)."""
+    out = []
+    for ln in sass.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s*(.*?)\s*;", ln)
+        if m:
+            out.append((int(m.group(1), 16), m.group(2)))
+    return out
+
+
+def _loops(ins: list[tuple[int, str]]) -> list[list[str]]:
+    """The instructions from each backward branch's target to the branch: a loop's body as ptxas
+    laid it out (its first instruction is where an iteration starts)."""
+    at = {a: k for k, (a, _) in enumerate(ins)}
+    loops = []
+    for k, (a, x) in enumerate(ins):
+        m = re.search(r"\bBRA\s+0x([0-9a-f]+)", x)
+        if m and int(m.group(1), 16) < a and int(m.group(1), 16) in at:
+            loops.append([y for _, y in ins[at[int(m.group(1), 16)]:k + 1]])
+    return loops
+
+
+@needs_nvcc
+def test_the_adamw_loop_prefetches_into_l2_two_batches_ahead(tmp_path, monkeypatch):
+    """flat.py's vector loop prefetches (prefetch.global.L2: CCTL.E.PF2) each of AdamW's four FP32
+    inputs' U = 3 groups PREFETCH_AHEAD iterations ahead: in each copy of the AdamW loop (found by
+    its backward branch, its 9 STG.E.128 and its square root) 12 prefetches, all before the first
+    of the register loads (ptxas places those at a third of the way in: results/aw.md), the 12
+    LDG.E.128 and 9 STG.E.128 kept, no local memory in the loop and no spills in the kernel."""
+    from latch_codegen_h100 import build, flat
+    from latch_codegen_h100.sass import _run, find_cuobjdump
+
+    assert flat.PREFETCH_AHEAD > 0
+    monkeypatch.setenv("LATCH_CACHE_DIR", str(tmp_path / "cache"))
+    doc = bm.plan_document(bm.memory_document(only="clip_adamw", shapes=SMALL + [("big", (96, 768))], T=48), num_sms=8)
+    doc = build(doc, tmp_path / "b")
+    stats = dict(doc.build.stats)
+    assert stats.get("spill_stores", 0) == 0 and stats.get("spill_loads", 0) == 0, stats
+    sass = _run([find_cuobjdump(), "-sass", str(tmp_path / "b" / "program.so")])
+    adamw = [lp for lp in _loops(_instructions(sass))
+             if sum("STG.E.128 " in x for x in lp) == 9 and any("MUFU.SQRT" in x for x in lp)]
+    assert adamw, "no AdamW vector loop in the machine code"
+    for lp in adamw:
+        ldg = [k for k, x in enumerate(lp) if re.search(r"\bLDG\.E\.128 ", x)]
+        pf = [k for k, x in enumerate(lp) if re.search(r"\bCCTL\.E\.PF2 ", x)]
+        assert len(ldg) == 12, len(ldg)  # 4 inputs x 3 groups, still 16 bytes each
+        assert len(pf) == 12, len(pf)  # the same groups' lines, two iterations ahead
+        assert max(pf) < min(ldg), (pf, ldg)
+        assert not any(re.search(r"\b(LDL|STL)\b", x) for x in lp)

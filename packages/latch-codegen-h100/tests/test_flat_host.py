@@ -3,7 +3,9 @@ by thread (the body has no inter-thread communication, so 256 sequential "thread
 256 concurrent ones do): every element of the tile is written exactly once with the right value,
 nothing outside it is touched, the vector accesses are aligned (the harness aborts otherwise) and
 taken when the operands are aligned, and unaligned tiles and tails fall back element by element.
-This checks the index arithmetic of the generated text without a GPU."""
+This checks the index arithmetic of the generated text without a GPU, and the L2 prefetches of the
+vector loop (``latch::gpf``, logged by the harness): inside the vector range, one per 128-byte line,
+every line from the PREFETCH_AHEAD'th iteration on."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from latch_codegen_h100.bodies import FUNC, group_spec, render_body
 from latch_codegen_h100.codegen import _lowerings
 from latch_core.ir import BATCH, Graph, Group, Node, Value
 from latch_core.sections import FusionGroup
+from latch_codegen_h100.flat import PREFETCH_AHEAD
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
@@ -57,6 +60,13 @@ template <class S> inline long long peel4(const S* p) {
   return (long long)(((A - (reinterpret_cast<uintptr_t>(p) & (A - 1))) & (A - 1)) / sizeof(S));
 }
 // the global-space forms (latch_kernel.cuh) behave the same on the host
+// the L2 prefetch moves no data: the host logs its addresses for the tests' bound checks
+static uintptr_t pf_log[1 << 16];
+static long long pf_n = 0;
+template <class S> inline void gpf(const S* p, i64 i) {
+  if (pf_n < (long long)(sizeof(pf_log) / sizeof(pf_log[0]))) pf_log[pf_n] = reinterpret_cast<uintptr_t>(p + i);
+  ++pf_n;
+}
 template <class S> inline void gld4(const S* p, i64 i, S (&r)[4]) { ld4(p, i, r); }
 template <class S, class V> inline void gst4(S* p, i64 i, const V (&v)[4]) { st4(p, i, v); }
 namespace ew { inline float sqrt_(float x) { return std::sqrt(x); } }
@@ -73,10 +83,15 @@ extern "C" long long run(char** ops, const int* lo, const int* hi) {
   latch::Ctx c{&t, ops};
   latch::vec_accesses = 0;
   latch::stores = 0;
+  latch::pf_n = 0;
   for (unsigned k = 0; k < LATCH_THREADS; ++k) { threadIdx.x = k; body(c); }
   return latch::vec_accesses;
 }
 extern "C" long long stores() { return latch::stores; }
+extern "C" long long prefetches(uintptr_t* out, long long cap) {
+  for (long long k = 0; k < latch::pf_n && k < cap; ++k) out[k] = latch::pf_log[k];
+  return latch::pf_n;
+}
 """
 
 
@@ -89,7 +104,37 @@ def host_library(code: str, d) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(d / "b.so"))
     lib.run.restype = ctypes.c_longlong
     lib.stores.restype = ctypes.c_longlong
+    lib.prefetches.restype = ctypes.c_longlong
     return lib
+
+
+def prefetched(lib) -> list[int]:
+    """The addresses ``latch::gpf`` was called with in the last ``run``, in call order."""
+    cap = 1 << 16
+    out = (ctypes.c_size_t * cap)()
+    n = lib.prefetches(out, cap)
+    assert n <= cap, "more prefetches than the harness logs"
+    return list(out[:n])
+
+
+def check_prefetches(addrs: list[int], bases: list[int], vlo: int, vend: int, unroll: int, ahead: int,
+                     size: int = 4) -> None:
+    """The L2 prefetches of one task's vector loop over elements [vlo, vend) of inputs whose element
+    0 is at byte address ``bases[k]``: each is the start of a group of four inside the range (never
+    past it: the bound), no line of an input is prefetched twice (one thread per line), and every
+    line lying wholly in what the loop reads from its ``ahead``'th iteration on (the groups from
+    ahead * unroll * 256) is prefetched."""
+    lines: list[list[int]] = [[] for _ in bases]
+    for a in addrs:
+        k = [k for k, b in enumerate(bases) if b + size * vlo <= a < b + size * vend]
+        assert k, f"prefetch of {a:#x} outside every input's vector range"
+        assert (a - bases[k[0]] - size * vlo) % (4 * size) == 0, "not a group's start"
+        lines[k[0]].append(a // 128)
+    for k, b in enumerate(bases):
+        assert len(set(lines[k])) == len(lines[k]), "a line prefetched twice"
+        first = b + size * (vlo + 4 * ahead * unroll * 256)
+        want = set(range(-(-first // 128), (b + size * vend) // 128)) if ahead > 0 else set()
+        assert want <= set(lines[k]), f"input {k}: {len(want - set(lines[k]))} lines not prefetched"
 
 def _group(shape):
     """out = sqrt((x * s + y)^2 + 1) and t = x * s: two outputs, a scalar, the AdamW shape of body."""
@@ -114,25 +159,37 @@ def _group(shape):
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
+    """The body over ``shape`` compiled on the host, generated with ``PREFETCH_AHEAD = ahead``
+    (default: the module's)."""
+    from latch_codegen_h100 import flat
+
     libs = {}
 
-    def get(shape):
-        if shape in libs:
-            return libs[shape]
+    def get(shape, ahead=None):
+        ahead = flat.PREFETCH_AHEAD if ahead is None else ahead
+        if (shape, ahead) in libs:
+            return libs[shape, ahead]
         g, grp = _group(shape)
         spec = group_spec(g, grp)
-        src = render_body(spec, _lowerings()).source.replace(FUNC, "body")
+        saved, flat.PREFETCH_AHEAD = flat.PREFETCH_AHEAD, ahead
+        try:
+            src = render_body(spec, _lowerings()).source.replace(FUNC, "body")
+        finally:
+            flat.PREFETCH_AHEAD = saved
         assert "latch::gld4(" in src  # the flat path was chosen
-        libs[shape] = host_library(HARNESS + src, tmp_path_factory.mktemp("flat"))
-        return libs[shape]
+        assert ("latch::gpf(" in src) == (ahead > 0)
+        libs[shape, ahead] = host_library(HARNESS + src, tmp_path_factory.mktemp("flat"))
+        return libs[shape, ahead]
 
     return get
 
 
-def _run(lib, shape, lo, hi, shift: int = 0, skew: int = 0):
+def _run(lib, shape, lo, hi, shift: int = 0, skew: int = 0, ahead=None):
     """Run one tile over fresh arrays (operands offset by ``shift`` elements from an aligned base, x by
     ``skew`` more);
-    returns (t, out, expected t, expected out, vector accesses) as lists."""
+    returns (t, out, expected t, expected out, vector accesses) as lists. ``_run.prefetch``: the
+    prefetched addresses, the inputs' (x, y) element-0 addresses and the vector range the body
+    takes (where x's tile start reaches 16 bytes, empty unless every operand is aligned there)."""
     n = math.prod(shape)
     rng = random.Random(0)
     bufs = [(ctypes.c_float * (n + 8))() for _ in range(5)]
@@ -148,8 +205,13 @@ def _run(lib, shape, lo, hi, shift: int = 0, skew: int = 0):
     ptrs = (ctypes.c_void_p * 5)(*addr)
     lo8 = (ctypes.c_int * 8)(*(list(lo) + [0] * (8 - len(lo))))
     hi8 = (ctypes.c_int * 8)(*(list(hi) + [0] * (8 - len(hi))))
-    vec = lib(shape).run(ptrs, lo8, hi8)
-    _run.stores = lib(shape).stores()
+    vec = lib(shape, ahead).run(ptrs, lo8, hi8)
+    _run.stores = lib(shape, ahead).stores()
+    row = math.prod(shape[1:])
+    start, end = lo[0] * row, hi[0] * row
+    vlo = min(start + ((16 - (addr[0] + 4 * start) % 16) % 16) // 4, end)
+    vend = vlo + (end - vlo) // 4 * 4 if skew == 0 else vlo
+    _run.prefetch = (prefetched(lib(shape, ahead)), [addr[0], addr[2]], vlo, vend)
     xs = [x[shift + skew + i] for i in range(n)]
     ys = [y[shift + i] for i in range(n)]
     et = [v * 0.75 for v in xs]
@@ -172,6 +234,7 @@ def _inside(shape, lo, hi):
     ((64, 48), (3, 5), (17, 40), 0),      # a column tile: the general (coordinate) path
     ((9000,), (0,), (9000,), 0),          # more than 6 x 4 x 256 elements: the loop goes round
     ((30011,), (2,), (30011,), 0),        # several rounds, a head of 2, a partial last round
+    ((50001,), (3,), (50001,), 2),        # a head of 1, lines straddling runs of 8 threads, prefetches
 ])
 def test_every_element_of_the_tile_once_and_nothing_else(lib, shape, lo, hi, shift):
     t, out, et, eo, vec = _run(lib, shape, lo, hi, shift)
@@ -190,6 +253,40 @@ def test_every_element_of_the_tile_once_and_nothing_else(lib, shape, lo, hi, shi
         assert vec > 0  # the operands are aligned alike: after a head of < 4 elements the vector path ran
     if not flat_tile:
         assert vec == 0
+    addrs, bases, vlo, vend = _run.prefetch
+    if flat_tile:
+        check_prefetches(addrs, bases, vlo, vend, 6, PREFETCH_AHEAD)
+    else:  # the general path prefetches nothing
+        assert addrs == []
+
+
+@pytest.mark.parametrize("ahead", [0, 1, 3])
+def test_the_prefetch_distance_moves_the_prefetches_and_only_them(lib, ahead):
+    """Other distances (0: none at all) keep every prefetch inside the vector range and each line
+    once, and compute the same values."""
+    shape, lo, hi = (50001,), (3,), (50001,)
+    t, out, et, eo, vec = _run(lib, shape, lo, hi, 2, ahead=ahead)
+    assert _run.stores == 2 * (hi[0] - lo[0]) and vec > 0
+    assert t[3:] == pytest.approx(et[3:], rel=1e-6, abs=1e-6) and out[3:] == pytest.approx(eo[3:], rel=1e-6)
+    addrs, bases, vlo, vend = _run.prefetch
+    assert (len(addrs) > 0) == (ahead > 0)
+    check_prefetches(addrs, bases, vlo, vend, 6, ahead)
+
+
+def test_a_line_is_16_groups_of_bf16_and_8_of_fp32():
+    """One thread per 128-byte line: a BF16 input's groups of four are 8 bytes, so every 16th
+    thread prefetches them, and an FP32 input's every 8th."""
+    from latch_codegen_h100.flat import prefetch_lanes
+
+    assert (prefetch_lanes("f32"), prefetch_lanes("bf16"), prefetch_lanes("f64")) == (8, 16, 4)
+    for src_t, dst_t, guard in (("bf16", "f32", "(threadIdx.x & 15) == 0"), ("f32", "bf16", "(threadIdx.x & 7) == 0")):
+        vals = [Value("x", (64, 768), src_t, BATCH), Value("y", (64, 768), dst_t)]
+        g = Graph("p", vals, [Node("n", "latch::cast", ("x",), ("y",), {"dtype": dst_t})],
+                  (Group("batch", ("x",)),), (Group("metrics", ("y",)),))
+        src = render_body(group_spec(g, FusionGroup(0, ["n"], ("x",), ("y",), "y", "k")), _lowerings()).source
+        pf = [ln for ln in src.splitlines() if "latch::gpf(" in ln]
+        assert len(pf) == 1, src  # the one input, once in the unrolled loop
+        assert guard in src, src
 
 
 @pytest.mark.parametrize("shape,lo,hi", [((1003,), (5,), (998,)), ((64, 47), (3, 0), (17, 47))])
@@ -276,6 +373,9 @@ def test_adamw_takes_the_flat_path_in_place_with_three_groups_in_flight_and_bran
     hi8 = (ctypes.c_int * 8)(*(list(hi) + [0] * 6))
     vec = lib.run(ptrs, lo8, hi8)
     assert lib.stores() == 3 * (hi[0] - lo[0]) * 768 and vec > 0
+    # the four inputs prefetched two iterations (2 x 3 x 256 groups) ahead, inside the tile
+    check_prefetches(prefetched(lib), [ctypes.addressof(b) for b in bufs[:4]], lo[0] * 768, hi[0] * 768, 3,
+                     PREFETCH_AHEAD)
     c = float(ctypes.c_float(coef).value)
     for i in range(n):
         inside = lo[0] * 768 <= i < hi[0] * 768

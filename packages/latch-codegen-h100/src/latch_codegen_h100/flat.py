@@ -19,6 +19,10 @@ out, the scalars once), a residual add, a cast, SwiGLU's gate. Its body:
   AdamW's four FP32 inputs, 6 for a residual add, 12 for a cast: :func:`unroll_for`),
   addressed by 32-bit offsets from per-operand base pointers at the vector range's start;
   intermediates stay in registers;
+- prefetches into L2, at the top of each iteration, each full-shape input's groups
+  :data:`PREFETCH_AHEAD` iterations ahead (one thread per 128-byte line, never past the vector
+  range): the register loads of the next batch then wait on L2, not HBM, and more reads are in
+  flight per SM than the registers hold;
 - finishes the head and the tail (and a tile whose operands are misaligned differently) one
   element per thread.
 
@@ -49,6 +53,21 @@ _SIZE = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "i16": 2, 
 
 
 DATA_REGS = 96  # registers of loaded and computed elements per thread the unroll may use (of 224)
+
+# L2 prefetch distance of the vector loop, in iterations (0: no prefetch). The software pipeline
+# issues the register loads of iteration k + 1 during iteration k, and ptxas sinks them into the
+# arithmetic (register pressure), so on their own they are in flight for part of an iteration
+# only (results/aw.md). A prefetch of iteration k + PREFETCH_AHEAD's groups holds no register: at
+# 2 each SM has up to two more batches (2 x 48 KiB for AdamW) requested from HBM, and the register
+# loads of those groups find them in L2. Footprint: 2 x 48 KiB x 132 SMs ~ 13 MB of the 60 MB L2.
+PREFETCH_AHEAD = 2
+LINE = 128  # bytes of an L2 line; one prefetch per line assumes it fills the line (unmeasured: results/aw.md)
+
+
+def prefetch_lanes(dtype: str) -> int:
+    """Consecutive threads whose groups of VEC elements of ``dtype`` share one 128-byte line
+    (8 for FP32's 16-byte groups, 16 for BF16's 8-byte ones): one of them prefetches it."""
+    return max(1, min(32, LINE // (VEC * _SIZE.get(dtype, 4))))
 
 
 def unroll_for(flat: BodySpec) -> int:
@@ -198,6 +217,7 @@ def vector_lines(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int
     L.append(f"{ind}for ({it} g_ = g0_; g_ < nq_; g_ += {step} * LATCH_THREADS) {{")
     i2 = ind + "  "
     L.append(f"{i2}const {it} gn_ = g_ + {step} * LATCH_THREADS;")
+    L += _prefetch_lines(flat, full, base, it, step, i2)
     for i in full:
         L.append(f"{i2}{compute_type(vals[i].dtype)} c{i}_[{UNROLL}][{VEC}];")
     for i in outs:
@@ -250,6 +270,37 @@ def vector_lines(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int
         v = tail.pull(i, ["i"])
         stores.append(f"{i2}latch::st<{storage_type(vals[i].dtype)}>({names[i]}, i, {v});")
     L += tail.lines + stores
+    L.append(f"{ind}}}")
+    return L
+
+
+def _prefetch_lines(flat: BodySpec, full: list[int], base: dict[int, str], it: str, step: int,
+                    ind: str) -> list[str]:
+    """The top of the vector loop's iteration at ``g_``: each full-shape input's groups of the
+    iteration PREFETCH_AHEAD ahead requested into L2 (``latch::gpf``), by one thread of each run
+    of :func:`prefetch_lanes` consecutive ones. Thread t's group u is g_ + u * LATCH_THREADS, so
+    for each u the block's groups are one contiguous run of the operand (and u + 1's run follows
+    u's). A line is exactly ``lanes`` consecutive groups (the vector range's base is 16-byte
+    aligned, not 128: a line may straddle two runs of lanes), so it holds exactly one group whose
+    index is a multiple of ``lanes``, and that group's thread (t % lanes == 0: LATCH_THREADS is a
+    multiple of ``lanes``) prefetches it: every line once. Every prefetched group is below nq_:
+    nothing past the vector range is touched."""
+    ahead = PREFETCH_AHEAD
+    if ahead <= 0 or not full:
+        return []
+    by_lanes: dict[int, list[int]] = {}
+    for i in full:
+        by_lanes.setdefault(prefetch_lanes(flat.values[i].dtype), []).append(i)
+    L = [f"{ind}// L2 prefetch of iteration +{ahead}'s groups: one thread per 128-byte line, inside the range",
+         f"{ind}const {it} gp_ = g_ + {ahead * step} * LATCH_THREADS;",
+         f"{ind}#pragma unroll",
+         f"{ind}for (int u_ = 0; u_ < {step}; ++u_) {{"]
+    for lanes, ops in sorted(by_lanes.items()):
+        lane = f"(threadIdx.x & {lanes - 1}) == 0 && " if lanes > 1 else ""
+        L.append(f"{ind}  if ({lane}gp_ + u_ * LATCH_THREADS < nq_) {{")
+        for i in ops:
+            L.append(f"{ind}    latch::gpf({base[i]}, {VEC} * (gp_ + u_ * LATCH_THREADS));")
+        L.append(f"{ind}  }}")
     L.append(f"{ind}}}")
     return L
 

@@ -171,4 +171,14 @@ template <class S, class V> __device__ __forceinline__ void gst4(S* p, i64 i, co
   }
 }
 
+// An L2 prefetch of the line holding p + i (the flat vector loop's batches ahead: flat.py).
+// ``prefetch.global.L2`` (SASS CCTL.E.PF2) is a hint: it writes no register and fills no L1, so
+// a thread can have lines requested far ahead of its register loads at no register cost (the
+// loop's registers are what bounds its own loads in flight). The operand pointers are generic
+// (from the task table): converted to the global window first, as the .global space requires.
+// Callers keep p + i inside the operand's range: no address past the data a task owns is touched.
+template <class S> __device__ __forceinline__ void gpf(const S* p, i64 i) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(p + i)));
+}
+
 }  // namespace latch
