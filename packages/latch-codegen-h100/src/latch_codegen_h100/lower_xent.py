@@ -56,25 +56,34 @@ def _cross_entropy_backward(ctx: BodyContext) -> str:
 RING = True
 RING_LOGITS = ("bf16", "f16")  # TMA copies bytes: the consumers unpack 16-bit words as the register body does
 RING_DLOGITS = ("bf16", "f16", "f32")
-STAGE_BYTES = 16384  # what the body asks of the ring: one box (W * BOXK = 8192 elements) or four
+# What the body asks of the ring: a 16 KiB stage (one box of 8192 BF16, or two or four smaller ones).
+# It uses as many whole boxes as the kernel's stage holds (up to 48 KiB: a matmul's 48 KiB stages in
+# TinyMoE-200M's kernel give 3 boxes a stage), and never asks for more than the products do.
+STAGE_BYTES = 16384
+
+
+RING_MIN_V = 8192  # a row at least one box long (a shorter row would take a whole stage for itself)
 
 
 def ring_taken(ctx: BodyContext) -> bool:
     """Whether the backward node takes the ring body: 16-bit logits, 16-bit or FP32 dlogits in memory,
-    V a multiple of 8 (the map's row pieces are whole 16-byte words) and rows countable in 32 bits
-    (TMA coordinates)."""
+    V a multiple of 8 (the map's row pieces are whole 16-byte words) and at least RING_MIN_V (a box
+    never longer than a row: the register body packs several short rows into one pass instead), rows
+    countable in 32 bits (TMA coordinates). Everything else takes the register body, as before."""
     if not RING:
         return False
     x, dx = ctx.inputs[1], ctx.outputs[0]
     if x is None or x.rank != 2 or not dx.present:
         return False
     N, V = x.shape
-    return x.dtype in RING_LOGITS and dx.dtype in RING_DLOGITS and V % 8 == 0 and 0 < N < 2**31
+    return (x.dtype in RING_LOGITS and dx.dtype in RING_DLOGITS and V % 8 == 0 and V >= RING_MIN_V
+            and 0 < N < 2**31)
 
 
 def ring_geometry(V: int) -> tuple[int, int]:
     """(W, BOXK): a row is viewed as (W, V / W), W the largest power of two dividing V up to 256; a box
-    is BOXK rows of that view, 8192 elements (16 KiB of BF16; 2048 where W = 8: BOXK at most 256)."""
+    is BOXK rows of that view, 8192 elements (16 KiB of BF16; 4096 where W = 16 and 2048 where W = 8:
+    BOXK at most 256), never more than a row (V >= RING_MIN_V)."""
     W = min(256, V & -V)
     return W, min(256, 8192 // W)
 
