@@ -418,6 +418,17 @@ __device__ __forceinline__ bool cross_entropy_grad_produce(Pipe& p, const void* 
   return true;
 }
 
+// The register body out of line, for the ring body's tiles it cannot take (rare: column tiles off
+// the map's pieces): a ring body is compiled into the kernel's dispatch, and a second copy of the
+// register body inlined beside each one made a 22-body test kernel spill 280 bytes.
+template <class T, class TI, class TS, class TO>
+__device__ __noinline__ void cross_entropy_grad_tile_outlined(const TS* grad, const T* x, const TI* target,
+                                                              const TS* lse, const TS* total, TO* dx, long long V,
+                                                              long long r0, long long r1, long long c0, long long c1,
+                                                              long long ignore_index, bool mean) {
+  cross_entropy_grad_tile<T, TI, TS, TO, float>(grad, x, target, lse, total, dx, V, r0, r1, c0, c1, ignore_index, mean);
+}
+
 // The consumer half: the tile [r0, r1) x [c0, c1) of dlogits from the ring (the register path,
 // cross_entropy_grad_tile, where xent_ring_ok fails). False when a wait was aborted.
 template <class T, class TI, class TS, class TO, int W, int BOXK, int STAGE>
@@ -427,8 +438,8 @@ __device__ __forceinline__ bool cross_entropy_grad_ring(Pipe& p, const TS* grad,
                                                         long long ignore_index, bool mean) {
   static_assert(sizeof(T) == 2, "the ring path takes 16-bit logits");
   if (!xent_ring_ok<W>(dx, V, r0, r1, c0, c1)) {
-    cross_entropy_grad_tile<T, TI, TS, TO, float>(grad, x, target, lse, total, dx, V, r0, r1, c0, c1, ignore_index,
-                                                  mean);
+    cross_entropy_grad_tile_outlined<T, TI, TS, TO>(grad, x, target, lse, total, dx, V, r0, r1, c0, c1, ignore_index,
+                                                    mean);
     return true;
   }
   constexpr int SE = xent_stage_boxes<W, BOXK, STAGE>() * xent_box_elems<W, BOXK>();
