@@ -361,6 +361,7 @@ __device__ __forceinline__ void cross_entropy_grad_tile(const TS* grad, const T*
 
 // Elements of one box, and the boxes of a stage: at most 48 KiB of 16-bit logits a stage (12
 // chunks per consumer thread held in registers between its reads and its stores).
+constexpr int XENT_RING_ROUND = 4;  // chunks of a stage a consumer thread holds in registers at once
 template <int W, int BOXK> __host__ __device__ constexpr int xent_box_elems() { return W * BOXK; }
 template <int W, int BOXK, int STAGE> __host__ __device__ constexpr int xent_stage_boxes() {
   return (STAGE / (2 * W * BOXK)) < (24576 / (W * BOXK)) ? (STAGE / (2 * W * BOXK)) : (24576 / (W * BOXK));
@@ -470,27 +471,35 @@ __device__ __forceinline__ bool cross_entropy_grad_ring(Pipe& p, const TS* grad,
         const int n = runs - j0 < SE / 8 ? runs - j0 : SE / 8;  // chunks in this stage
         if (!pipe_wait_warp(&p.full[p.stage], p.phase, p)) return false;
         const char* st = p.at(p.stage);
-        uint4 u[CH];
+        uint64_t* empty = &p.empty[p.stage];
+        // XENT_RING_ROUND chunks a round held in registers: 12 (a 48 KiB stage at once) spilled
+        // them to local memory in TinyMoE-200M's kernel (168 registers for every inlined body).
+        // The stage goes back to the producer right after the last round's reads, before its math.
+#pragma unroll 1
+        for (int q0 = 0; q0 < CH; q0 += XENT_RING_ROUND) {
+          uint4 u[XENT_RING_ROUND];
 #pragma unroll
-        for (int q = 0; q < CH; ++q) {
-          const int i = tid + LATCH_THREADS * q;
-          if (i < n) u[q] = xent_lds16(st + 16 * i);
+          for (int q = 0; q < XENT_RING_ROUND; ++q) {
+            const int i = tid + LATCH_THREADS * (q0 + q);  // >= n past the stage's chunks
+            if (i < n) u[q] = xent_lds16(st + 16 * i);
+          }
+          if (q0 + XENT_RING_ROUND >= CH) {
+            __syncwarp();
+            if (lane == 0) sm90::mbar_arrive(empty);
+          }
+#pragma unroll
+          for (int q = 0; q < XENT_RING_ROUND; ++q) {
+            const int i = tid + LATCH_THREADS * (q0 + q);
+            if (i >= n) break;
+            Raw8<T> w;  // the register path's unpacking
+            w.w[0] = u[q];
+            float f[8];
+            w.to_float(f);
+            xent_grad8(f, nl, sc, j0 + i == tchunk, hit);
+            xent_store8<TO>(drow + 8 * (j0 + i), f);
+          }
         }
-        // the stage's bytes are in registers: hand it back to the producer before the math
-        __syncwarp();
-        if (lane == 0) sm90::mbar_arrive(&p.empty[p.stage]);
         p.advance();
-#pragma unroll
-        for (int q = 0; q < CH; ++q) {
-          const int i = tid + LATCH_THREADS * q;
-          if (i >= n) break;
-          Raw8<T> w;  // the register path's unpacking
-          w.w[0] = u[q];
-          float f[8];
-          w.to_float(f);
-          xent_grad8(f, nl, sc, j0 + i == tchunk, hit);
-          xent_store8<TO>(drow + 8 * (j0 + i), f);
-        }
       }
     }
     t = t_next;
