@@ -61,7 +61,9 @@ def test_xent_bodies_move_16_bytes_per_access_without_spills_or_divisions(tmp_pa
     # two body calls, the scale's float-division slow path and the backward's rows-per-pass division
     # (once a tile, where a row has fewer chunks than threads); run 26's backward added five calls of
     # the 64-bit division subroutine
-    assert _calls(b / "program.so") <= 4
+    # BF16 logits take the ring body (inlined): it calls the register body out of line for the tiles
+    # it cannot take, and has its own scale division slow path: one call more
+    assert _calls(b / "program.so") <= (5 if logits == "bf16" else 4)
     if (logits, out) == ("bf16", "bf16"):
         # the backward's chunk of 8 between two of its 16-byte stores: unpack, FFMA + MUFU.EX2, FMUL,
         # pack, the address, and the rare branch of the chunk holding the target. Run 29's body spent
