@@ -90,6 +90,9 @@ ex("cross_entropy_backward", [((), F), ((7, 48), F), ((7,), "i64"), ((7,), F), (
    reduction="mean", out_dtype="bf16")
 ex("cross_entropy_backward", [((), F), ((7, 48), "bf16"), ((7,), "i64"), ((7,), F), ((), F)], ignore_index=-100,
    reduction="sum", out_dtype="f32")
+# the backward's ring body (16-bit logits, V a multiple of 8 and >= 8192: lower_xent.ring_taken)
+ex("cross_entropy_backward", [((), F), ((3, 8200), "f16"), ((3,), "i64"), ((3,), F), ((), F)], ignore_index=-100,
+   reduction="mean", out_dtype="f16")
 ex("layer_norm", [((3, 4, 16), F), ((16,), F), ((16,), F)], normalized_ndim=1, eps=1e-5)
 ex("layer_norm_backward", [((3, 16), F), ((3, 16), F), ((3, 1), F), ((3, 1), F), ((16,), F), ((16,), F)],
    normalized_ndim=1, output_mask=(True, True, True))

@@ -23,9 +23,17 @@ IGNORE = -100
 # (name, logits dtype, dlogits dtype, rows, V): 257 chunks of 8 a row (2056) leave a row's last chunk
 # to one thread; 1003 is odd (the scalar paths); 37 rows split in 5 or 3 are ragged;
 # 96 (12 chunks a row) makes the backward take 21 rows at once (a row per 12 threads, 4 threads idle).
+# The backward's ring body (lower_xent.ring_taken: 16-bit logits, V a multiple of 8 and >= 8192;
+# results/xb.md): "ring" at TinyMoE-200M's vocabulary (W = 256, 6 or 2 stages a row), "ringh" FP16
+# logits into FP32 dlogits at V = 8200 (W = 8: a row's last stage one chunk, its box mostly past the
+# row's end), "ringcut" V = 8704 (W = 256: column tiles of 2176 start at 2176 and 6528, not
+# multiples of W, so those tiles take the register body at run time beside ring tiles), "ringodd"
+# V = 8193 (odd: the register body's scalar path, chosen at lowering).
+RING_CASES = [("ring", "bf16", "bf16", 37, 49152), ("ringh", "f16", "f32", 19, 8200),
+              ("ringcut", "bf16", "bf16", 19, 8704), ("ringodd", "bf16", "bf16", 19, 8193)]
 CASES = [("bb", "bf16", "bf16", 37, 2056), ("hh", "f16", "f16", 37, 2056), ("fb", "f32", "bf16", 37, 2056),
          ("ff", "f32", "f32", 37, 2056), ("bf", "bf16", "f32", 37, 2056), ("odd", "bf16", "bf16", 37, 1003),
-         ("wide", "bf16", "bf16", 19, 6144), ("narrow", "bf16", "bf16", 37, 96)]
+         ("wide", "bf16", "bf16", 19, 6144), ("narrow", "bf16", "bf16", 37, 96)] + RING_CASES
 
 
 def _graph():
@@ -83,3 +91,25 @@ def test_xent_bodies_match_fp64_and_repeat_bits(tmp_path, split, tiles):
             if first[n.outputs[0]].cpu()[rows].abs().max().item() != 0.0:
                 bad.append(f"{n.name}: an ignored row has a nonzero gradient")
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("split,tiles", [("rows", 5), ("cols", 4)])
+def test_xent_ring_body_gives_the_register_body_bits(tmp_path, monkeypatch, split, tiles):
+    """The ring body and the register body compute every element by the same code (xent_grad8 on the
+    same unpacked words): the program built with the ring switched off (lower_xent.RING) gives the
+    same dlogits to the bit, ignored rows, ragged row tiles and column tiles included."""
+    from latch_codegen_h100 import lower_xent
+
+    g = _graph()
+    inputs = _inputs(g, seed=1)
+    batch = {k: v.cuda() for k, v in inputs.items()}
+    outs = {}
+    for ring in (True, False):
+        monkeypatch.setattr(lower_xent, "RING", ring)
+        d = tmp_path / f"b{int(ring)}"
+        doc = build(H.planned([g], strategy="barrier", num_sms=8, tiles=tiles, split=split), d)
+        # the ring build has the ring (its bodies stream the 16-bit rows), the other none
+        assert (dict(dict(doc.build.stats)["ring"])["stages"] > 0) is ring
+        outs[ring] = {k: v.clone() for k, v in Program.load(d).run_program("update", batch=batch).items()}
+    bad = [f"dx_{c}" for c, *_ in RING_CASES if not torch.equal(outs[True][f"dx_{c}"], outs[False][f"dx_{c}"])]
+    assert not bad, f"the ring body's bits differ from the register body's: {bad}"

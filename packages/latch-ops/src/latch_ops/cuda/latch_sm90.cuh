@@ -60,6 +60,16 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const void* map, uint64_t
       : "memory");
 }
 
+// One 3-D box of ``map`` at element coordinates (c0 innermost, c1, c2), as tma_load_2d (the
+// cross-entropy backward views a row of logits as (W, V / W) so that one box is a contiguous piece
+// of one row; latch_xent.cuh).
+__device__ __forceinline__ void tma_load_3d(void* dst, const void* map, uint64_t* bar, int c0, int c1, int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];"
+      ::"r"(smem_addr(dst)), "l"(map), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
 // The other direction: the 2-D box at shared-memory ``src`` (aligned to the swizzle atom, laid out
 // as the map's swizzle says) into the tensor at element coordinates (c0 innermost, c1). Elements
 // of the box outside the tensor are not written. The copy runs in the async proxy: the writers of

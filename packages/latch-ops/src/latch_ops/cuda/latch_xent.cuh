@@ -17,6 +17,7 @@
 #include <type_traits>
 
 #include "latch_elementwise.cuh"
+#include "latch_pipe.cuh"
 
 namespace latch {
 
@@ -241,6 +242,19 @@ __device__ __forceinline__ void cross_entropy_row(const T* x, const TI* target, 
   if (valid) st<TO>(valid, row, ok ? Acc(1) : Acc(0));
 }
 
+// One chunk of 8 logits (as floats, in place) -> its dlogits before rounding: exp(x - lse) * sc, and
+// at the target's place (when the chunk holds it) (exp(x - lse) - 1) * sc. The register path and the
+// ring path (cross_entropy_grad_ring) both call it, so the two give the same bits.
+__device__ __forceinline__ void xent_grad8(float* f, float nl, float sc, bool at_target, int hit) {
+  if (!at_target) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) f[k] = xent_exp(f[k], nl) * sc;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) f[k] = (xent_exp(f[k], nl) - (k == hit ? 1.f : 0.f)) * sc;
+  }
+}
+
 // The tile [r0, r1) x [c0, c1) of dlogits = (exp(x - lse) - onehot(t)) * scale, 0 on an ignored row.
 // Vector path (16-bit or float logits and dx, rows a multiple of 8 long, 16-byte aligned, the tile's
 // columns whole chunks of 8): a row at a time (P rows at once where a row has fewer chunks of 8 than
@@ -307,13 +321,7 @@ __device__ __forceinline__ void cross_entropy_grad_tile(const TS* grad, const T*
           if (j >= runs) break;
           float f[8];
           u[q].to_float(f);
-          if (j != tchunk) {
-#pragma unroll
-            for (int k = 0; k < 8; ++k) f[k] = xent_exp(f[k], nl) * sc;
-          } else {
-#pragma unroll
-            for (int k = 0; k < 8; ++k) f[k] = (xent_exp(f[k], nl) - (k == hit ? 1.f : 0.f)) * sc;
-          }
+          xent_grad8(f, nl, sc, j == tchunk, hit);
           xent_store8<TO>(drow + 8 * j, f);
         }
       }
@@ -331,6 +339,173 @@ __device__ __forceinline__ void cross_entropy_grad_tile(const TS* grad, const T*
       st<TO>(dx, r * V + j, v);
     }
   }
+}
+
+// ---- the ring path of the backward (issue 11, results/xb.md) ----------------------------------------
+// 16-bit logits stream through the kernel's ring of shared-memory stages: the producer thread
+// (cross_entropy_grad_produce) fills a stage with a contiguous piece of one row by TMA, up to the
+// whole ring ahead of the consumers (the register path above has 32 KiB per SM in flight and none
+// during its math: run 32, 220 us a task, ~14 GB/s per SM); the consumers
+// (cross_entropy_grad_ring) wait for the stage, read their 16-byte chunks from it, release it at
+// once, then compute (xent_grad8, the register path's math: the same bits) and store 16 bytes.
+//
+// The tensor map views logits [N, V] as (W, V / W, N) (innermost first), W = min(256, the largest
+// power of two dividing V): a box (W, BOXK, 1) is BOXK * W consecutive elements of one row, and a
+// box reaching past the row's end reads zeros (the map's bounds), never the next row. A stage holds
+// NB such boxes back to back: SE = NB * W * BOXK consecutive elements of a row from column
+// c0 + k * SE. Both halves walk the same stages: for each row of the tile that is not ignored (an
+// ignored row is stored as zeros by the consumers and never loaded), its pieces in order.
+// Taken at run time only where xent_ring_ok holds (the tile's columns start at a multiple of W and
+// are whole chunks of 8, dlogits 16-byte aligned); both halves evaluate it on the same tile, and
+// where it fails the producer loads nothing and the consumers run the register path.
+
+// Elements of one box, and the boxes of a stage: at most 48 KiB of 16-bit logits a stage (12
+// chunks per consumer thread held in registers between its reads and its stores).
+constexpr int XENT_RING_ROUND = 4;  // chunks of a stage a consumer thread holds in registers at once
+template <int W, int BOXK> __host__ __device__ constexpr int xent_box_elems() { return W * BOXK; }
+template <int W, int BOXK, int STAGE> __host__ __device__ constexpr int xent_stage_boxes() {
+  return (STAGE / (2 * W * BOXK)) < (24576 / (W * BOXK)) ? (STAGE / (2 * W * BOXK)) : (24576 / (W * BOXK));
+}
+
+template <int W>
+__device__ __forceinline__ bool xent_ring_ok(const void* dx, long long V, long long r0, long long r1, long long c0,
+                                             long long c1) {
+  return r1 > r0 && c1 > c0 && c0 % W == 0 && (c1 - c0) % 8 == 0 && c1 <= V && r1 < (1LL << 31) &&
+         (reinterpret_cast<uintptr_t>(dx) & 15) == 0;
+}
+
+// Read a 16-byte word of a stage (ld.shared: the ring pointer is generic in C++).
+__device__ __forceinline__ uint4 xent_lds16(const char* p) {
+  uint4 u;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+               : "r"(sm90::smem_addr(p))
+               : "memory");
+  return u;
+}
+
+// The producer half (one thread): TMA loads of the tile's rows into the ring. False when a wait was
+// aborted (the launch's abort flag, or a timeout it recorded).
+template <class T, class TI, int W, int BOXK, int STAGE>
+__device__ __forceinline__ bool cross_entropy_grad_produce(Pipe& p, const void* map, const TI* target, const void* dx,
+                                                           long long V, long long r0, long long r1, long long c0,
+                                                           long long c1, long long ignore_index) {
+  static_assert(sizeof(T) == 2, "the ring path takes 16-bit logits");
+  constexpr int BOXE = xent_box_elems<W, BOXK>(), NB = xent_stage_boxes<W, BOXK, STAGE>(), SE = NB * BOXE;
+  constexpr uint32_t BOX_BYTES = 2u * BOXE;
+  static_assert(NB >= 1, "a ring stage smaller than one box (the lowering's stage_bytes)");
+  if (!xent_ring_ok<W>(dx, V, r0, r1, c0, c1)) return true;
+  const long long width = c1 - c0;
+  const int j0 = (int)(c0 / W);
+  for (long long row = r0; row < r1; ++row) {
+    const long long t = (long long)target[row];
+    // the first stage of the row; waiting for it before the test hides the target's load (an
+    // ignored row takes no stage, and the next row finds this one free at once)
+    if (!pipe_wait(&p.empty[p.stage], p.phase ^ 1u, p)) return false;
+    if (t == ignore_index) continue;
+    for (long long pc = 0; pc < width; pc += SE) {
+      if (pc > 0 && !pipe_wait(&p.empty[p.stage], p.phase ^ 1u, p)) return false;
+      const long long left = width - pc;
+      const int nb = left >= SE ? NB : (int)((left + BOXE - 1) / BOXE);
+      char* st = p.at(p.stage);
+      uint64_t* full = &p.full[p.stage];
+      // a box past the row's end still counts all its bytes (TMA fills them with zeros)
+      sm90::mbar_arrive_expect_tx(full, BOX_BYTES * (uint32_t)nb);
+      const int j = j0 + (int)(pc / W);
+      for (int b = 0; b < nb; ++b) sm90::tma_load_3d(st + BOX_BYTES * b, map, full, 0, j + BOXK * b, (int)row);
+      p.advance();
+    }
+  }
+  return true;
+}
+
+// The register body out of line, for the ring body's tiles it cannot take (rare: column tiles off
+// the map's pieces): a ring body is compiled into the kernel's dispatch, and a second copy of the
+// register body inlined beside each one made a 22-body test kernel spill 280 bytes.
+template <class T, class TI, class TS, class TO>
+__device__ __noinline__ void cross_entropy_grad_tile_outlined(const TS* grad, const T* x, const TI* target,
+                                                              const TS* lse, const TS* total, TO* dx, long long V,
+                                                              long long r0, long long r1, long long c0, long long c1,
+                                                              long long ignore_index, bool mean) {
+  cross_entropy_grad_tile<T, TI, TS, TO, float>(grad, x, target, lse, total, dx, V, r0, r1, c0, c1, ignore_index, mean);
+}
+
+// The consumer half: the tile [r0, r1) x [c0, c1) of dlogits from the ring (the register path,
+// cross_entropy_grad_tile, where xent_ring_ok fails). False when a wait was aborted.
+template <class T, class TI, class TS, class TO, int W, int BOXK, int STAGE>
+__device__ __forceinline__ bool cross_entropy_grad_ring(Pipe& p, const TS* grad, const T* x, const TI* target,
+                                                        const TS* lse, const TS* total, TO* dx, long long V,
+                                                        long long r0, long long r1, long long c0, long long c1,
+                                                        long long ignore_index, bool mean) {
+  static_assert(sizeof(T) == 2, "the ring path takes 16-bit logits");
+  if (!xent_ring_ok<W>(dx, V, r0, r1, c0, c1)) {
+    cross_entropy_grad_tile_outlined<T, TI, TS, TO>(grad, x, target, lse, total, dx, V, r0, r1, c0, c1, ignore_index,
+                                                    mean);
+    return true;
+  }
+  constexpr int SE = xent_stage_boxes<W, BOXK, STAGE>() * xent_box_elems<W, BOXK>();
+  constexpr int CH = SE / 8 / LATCH_THREADS;  // chunks of 8 a consumer thread takes from a full stage
+  static_assert(SE % (8 * LATCH_THREADS) == 0, "a stage is whole rounds of the consumer threads' chunks");
+  // the scale as the register path computes it
+  const float scale = mean ? (float)ld<TS>(grad, 0) / (float)ld<TS>(total, 0) : (float)ld<TS>(grad, 0);
+  const float sc = scale;
+  const int tid = (int)threadIdx.x, lane = tid & 31;
+  const long long width = c1 - c0;
+  const int runs = (int)(width / 8);
+  // the row's target and lse, loaded one row ahead (their latency off the rows' critical path)
+  long long t = (long long)target[r0];
+  float lv = (float)ld<TS>(lse, r0);
+  for (long long row = r0; row < r1; ++row) {
+    const bool more = row + 1 < r1;
+    const long long t_next = more ? (long long)target[row + 1] : 0;
+    const float l_next = more ? (float)ld<TS>(lse, row + 1) : 0.f;
+    TO* drow = dx + row * V + c0;
+    if (t == ignore_index) {  // zeros, no stage (the producer loaded nothing for it)
+      const float z[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      for (int j = tid; j < runs; j += LATCH_THREADS) xent_store8<TO>(drow + 8 * j, z);
+    } else {
+      const unsigned long long tc = (unsigned long long)(t - c0);
+      const int tchunk = tc < (unsigned long long)width ? (int)(tc >> 3) : -1, hit = (int)(tc & 7);
+      const float nl = xent_neg_scale(lv);
+      for (int j0 = 0; j0 < runs; j0 += SE / 8) {
+        const int n = runs - j0 < SE / 8 ? runs - j0 : SE / 8;  // chunks in this stage
+        if (!pipe_wait_warp(&p.full[p.stage], p.phase, p)) return false;
+        const char* st = p.at(p.stage);
+        uint64_t* empty = &p.empty[p.stage];
+        // XENT_RING_ROUND chunks a round held in registers: 12 (a 48 KiB stage at once) spilled
+        // them to local memory in TinyMoE-200M's kernel (168 registers for every inlined body).
+        // The stage goes back to the producer right after the last round's reads, before its math.
+#pragma unroll 1
+        for (int q0 = 0; q0 < CH; q0 += XENT_RING_ROUND) {
+          uint4 u[XENT_RING_ROUND];
+#pragma unroll
+          for (int q = 0; q < XENT_RING_ROUND; ++q) {
+            const int i = tid + LATCH_THREADS * (q0 + q);  // >= n past the stage's chunks
+            if (i < n) u[q] = xent_lds16(st + 16 * i);
+          }
+          if (q0 + XENT_RING_ROUND >= CH) {
+            __syncwarp();
+            if (lane == 0) sm90::mbar_arrive(empty);
+          }
+#pragma unroll
+          for (int q = 0; q < XENT_RING_ROUND; ++q) {
+            const int i = tid + LATCH_THREADS * (q0 + q);
+            if (i >= n) break;
+            Raw8<T> w;  // the register path's unpacking
+            w.w[0] = u[q];
+            float f[8];
+            w.to_float(f);
+            xent_grad8(f, nl, sc, j0 + i == tchunk, hit);
+            xent_store8<TO>(drow + 8 * (j0 + i), f);
+          }
+        }
+        p.advance();
+      }
+    }
+    t = t_next;
+    lv = l_next;
+  }
+  return true;
 }
 
 }  // namespace latch
