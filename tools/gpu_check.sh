@@ -500,9 +500,8 @@ if want bench; then
         row "  BENCH tinymoe-200M: not run (LATCH_GPU_FULL=${LATCH_GPU_FULL:-1}, ${LEFT}s left of the call)"
     fi
     # LATCH_GPU_BENCH_SCHEDULERS="dataflow tickets_data": the same shapes (or LATCH_GPU_BENCH_SCHEDULER_SHAPES)
-    # under other schedulers, each
-    # against the strongest control (graph) timed again in the same process (a ratio is always
-    # against a control of the same run); bench-<scheduler>.json in $OUT
+    # under other schedulers, each against the strongest control (graph) timed again in the same
+    # process (a ratio is always against a control of the same run); bench-<scheduler>.json in $OUT
     for S in ${LATCH_GPU_BENCH_SCHEDULERS:-}; do
         LEFT=$(( ${LATCH_GPU_BUDGET_S:-570} - SECONDS ))
         if [ "$LEFT" -le 90 ]; then row "  BENCH tinymoe-200M $S: not run (${LEFT}s left of the call)"; continue; fi

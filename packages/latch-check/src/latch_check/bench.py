@@ -69,12 +69,12 @@ def _times(fn: Callable[[], Any], iters: int, warmup: int, back_to_back: int = 1
     before its launch is inside), and, when ``back_to_back`` > 1, as a training loop runs them:
     ``back_to_back`` calls between one event pair, the host's work for one update overlapping the
     GPU's for the one before (``b2b``: ms per update)."""
-    ts = events_ms(fn, iters, warmup)
-    out: dict[str, Any] = {"median_ms": statistics.median(ts), "min_ms": min(ts), "max_ms": max(ts), "iters": iters}
+    def stats(ts: list[float]) -> dict[str, Any]:
+        return {"median_ms": statistics.median(ts), "min_ms": min(ts), "max_ms": max(ts), "iters": iters}
+
+    out = stats(events_ms(fn, iters, warmup))
     if back_to_back > 1:
-        tb = events_ms(fn, iters, 0, reps=back_to_back)
-        out["b2b"] = {"median_ms": statistics.median(tb), "min_ms": min(tb), "max_ms": max(tb), "iters": iters,
-                      "reps": back_to_back}
+        out["b2b"] = {**stats(events_ms(fn, iters, 0, reps=back_to_back)), "reps": back_to_back}
     return out
 
 

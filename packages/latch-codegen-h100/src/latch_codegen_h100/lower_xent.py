@@ -60,8 +60,6 @@ RING_DLOGITS = ("bf16", "f16", "f32")
 # It uses as many whole boxes as the kernel's stage holds (up to 48 KiB: a matmul's 48 KiB stages in
 # TinyMoE-200M's kernel give 3 boxes a stage), and never asks for more than the products do.
 STAGE_BYTES = 16384
-
-
 RING_MIN_V = 8192  # a row at least one box long (a shorter row would take a whole stage for itself)
 
 
@@ -94,7 +92,7 @@ def _ring_template(ctx: BodyContext) -> str:
 
 
 def _tile() -> str:
-    return f"c.t->lo[0], c.t->hi[0], c.t->lo[1], c.t->hi[1]"
+    return "c.t->lo[0], c.t->hi[0], c.t->lo[1], c.t->hi[1]"
 
 
 def _backward_body(ctx: BodyContext) -> str:

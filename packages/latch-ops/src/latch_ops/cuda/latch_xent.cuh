@@ -242,6 +242,12 @@ __device__ __forceinline__ void cross_entropy_row(const T* x, const TI* target, 
   if (valid) st<TO>(valid, row, ok ? Acc(1) : Acc(0));
 }
 
+// The backward's scale: the incoming gradient of the loss, over the count of valid rows for a mean.
+// Both backward bodies (the register path and the ring path) take it from here: the same bits.
+template <class TS, class Acc> __device__ __forceinline__ Acc xent_grad_scale(const TS* grad, const TS* total, bool mean) {
+  return mean ? (Acc)ld<TS>(grad, 0) / (Acc)ld<TS>(total, 0) : (Acc)ld<TS>(grad, 0);
+}
+
 // One chunk of 8 logits (as floats, in place) -> its dlogits before rounding: exp(x - lse) * sc, and
 // at the target's place (when the chunk holds it) (exp(x - lse) - 1) * sc. The register path and the
 // ring path (cross_entropy_grad_ring) both call it, so the two give the same bits.
@@ -273,7 +279,7 @@ __device__ __forceinline__ void cross_entropy_grad_tile(const TS* grad, const T*
                                                         const TS* total, TO* dx, long long V, long long r0,
                                                         long long r1, long long c0, long long c1,
                                                         long long ignore_index, bool mean) {
-  const Acc scale = mean ? (Acc)ld<TS>(grad, 0) / (Acc)ld<TS>(total, 0) : (Acc)ld<TS>(grad, 0);
+  const Acc scale = xent_grad_scale<TS, Acc>(grad, total, mean);
   const long long width = c1 - c0;
   if (r1 <= r0 || width <= 0) return;
   bool vec = false;
@@ -446,9 +452,7 @@ __device__ __forceinline__ bool cross_entropy_grad_ring(Pipe& p, const TS* grad,
   constexpr int SE = xent_stage_boxes<W, BOXK, STAGE>() * xent_box_elems<W, BOXK>();
   constexpr int CH = SE / 8 / LATCH_THREADS;  // chunks of 8 a consumer thread takes from a full stage
   static_assert(SE % (8 * LATCH_THREADS) == 0, "a stage is whole rounds of the consumer threads' chunks");
-  // the scale as the register path computes it
-  const float scale = mean ? (float)ld<TS>(grad, 0) / (float)ld<TS>(total, 0) : (float)ld<TS>(grad, 0);
-  const float sc = scale;
+  const float sc = xent_grad_scale<TS, float>(grad, total, mean);  // as the register path computes it
   const int tid = (int)threadIdx.x, lane = tid & 31;
   const long long width = c1 - c0;
   const int runs = (int)(width / 8);
