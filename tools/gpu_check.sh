@@ -215,6 +215,16 @@ if want attention; then
     { echo "===== bench-attention (exit $rc)"; cat "$WORK/attention.log"; } >> "$OUT/examples.log"
     tail -30 "$WORK/attention.log"
     { echo "  ATTENTION (exit $rc):"; sed -n '/^case /,$p' "$WORK/attention.log" | sed 's/^/    /'; } >> "$SUMMARY"
+    # LATCH_GPU_ATTN_NCU=<case substring>: Nsight Compute on that case's kernels (speed of light, warp
+    # stall reasons, tensor-pipe use) into $OUT/attention-ncu.txt
+    if [ -n "${LATCH_GPU_ATTN_NCU:-}" ] && command -v ncu > /dev/null; then
+        say "attention: ncu on ${LATCH_GPU_ATTN_NCU}"
+        timeout "${LATCH_GPU_ATTN_NCU_S:-150}" ncu --kernel-name latch_kernel --launch-count "${LATCH_GPU_ATTN_NCU_N:-8}" \
+            --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section LaunchStats \
+            "$PY" -m latch_core.cli bench-attention --only "$LATCH_GPU_ATTN_NCU" --iters 1 \
+            --dir "$WORK/build/bench-attention" ${LATCH_GPU_ATTN_ARGS:-} > "$OUT/attention-ncu.txt" 2>&1
+        row "  attention ncu (exit $?): $(grep -c 'latch_kernel' "$OUT/attention-ncu.txt") kernel reports in attention-ncu.txt"
+    fi
 fi
 # ---- end issue 10
 # The bandwidth-bound bodies (latch_check/bench_memory.py): the clip + AdamW over TinyMoE-200M's
@@ -448,8 +458,12 @@ LEFT=$(( ${LATCH_GPU_BUDGET_S:-570} - SECONDS - TIMING_S ))
 if { want full || want fullprof; } && [ "${LATCH_GPU_FULL:-1}" = 1 ] && [ "$LEFT" -gt 60 ]; then
     # LATCH_GPU_FULL_SCHEDULER=tickets: the same profile with ticketed phases (latch_codegen_h100.tickets)
     FSCHED="${LATCH_GPU_FULL_SCHEDULER:-barrier}"
+    # LATCH_GPU_FULL_PROFILE_ARGS: more profile_report arguments (e.g. "--set batch=32 --set seq=1024
+    # --set microbatches=1": the 32 x 1024 profile); LATCH_GPU_FULL_TRACE=0: the summary, no trace
+    TRACE_ARGS=(--trace-dir "$OUT/timeline-tinymoe")
+    [ "${LATCH_GPU_FULL_TRACE:-1}" = 1 ] || TRACE_ARGS=()
     run_profile "$LEFT" "tinymoe-200M-$FSCHED" tinymoe --scheduler "$FSCHED" --policy --updates 2 \
-        --trace-dir "$OUT/timeline-tinymoe"
+        ${LATCH_GPU_FULL_PROFILE_ARGS:-} "${TRACE_ARGS[@]}"
     # ~100k tasks: the trace can pass the 16 MiB a returned file may have; Perfetto opens it gzipped
     [ -f "$OUT/timeline-tinymoe/trace.json" ] && gzip -f "$OUT/timeline-tinymoe/trace.json"
 else

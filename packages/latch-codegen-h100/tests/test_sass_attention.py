@@ -160,6 +160,7 @@ def test_wgmma_forward_is_hgmma_fed_by_tma_without_spills(builds, d, causal, fwd
     assert loops, "no loop around the HGMMA instructions"
     local = [text[i] for a, b in loops for i in range(a, b + 1) if re.search(r"\b(LDL|STL)\b", text[i])]
     assert not local, local[:8]
+    _assert_lean_score_loops(text, loops)
     r = sass_report(out / "program.so")
     n_keys = 64  # latch::awg::FwdShape::BN
     # S = Q K^T (d / 16 steps of N = keys, both operands in shared memory) and O += P V (keys / 16
@@ -247,6 +248,23 @@ def _hgmma_loops(text: list[str]) -> list[tuple[int, int]]:
     return sorted(loops)
 
 
+def _assert_lean_score_loops(text: list[str], loops: list[tuple[int, int]], branches: bool = False) -> None:
+    """The score work of the tensor-core loops (results/lead12.md, change 1): 2^x is MUFU.EX2 alone
+    (latch::awg::ex2; exp2f's range check around it is an FSETP against -126 and a squaring, 4 more
+    instructions an element). ``branches``: the causal / end-of-sequence masks are also one uniform
+    branch per block, not a divergent branch per element (a BSSY / BSYNC pair around each element's
+    exponential: the backward's loops had one per MUFU.EX2, 33 for 32; now a few per block)."""
+    body = [text[i] for a, b in loops for i in range(a, b + 1)]
+    assert any("MUFU.EX2" in line for line in body), "no MUFU.EX2 in the tensor-core loops"
+    wrapped = [line.strip() for line in body if re.search(r"FSETP\.GEU\.AND\b.*-126", line)]
+    assert not wrapped, wrapped[:4]
+    if branches:
+        for a, b in loops:
+            bssy = sum(1 for i in range(a, b + 1) if re.search(r"\bBSSY\b", text[i]))
+            mufu = sum(1 for i in range(a, b + 1) if "MUFU.EX2" in text[i])
+            assert 2 * bssy <= mufu, (bssy, mufu, text[a][:60])
+
+
 def _wgmma_backward_doc(d: int, causal: bool, glse: bool = False, T: int = 300, bwd_body: str = "wgmma"):
     """latch::sdpa then latch::sdpa_backward, with attention_body="wgmma" and ``bwd_body`` (grouped-query
     4:2, 300 rows: several blocks, the last one partial), as a training step has them."""
@@ -290,6 +308,8 @@ def test_wgmma_backward_is_hgmma_fed_by_tma_without_spills(builds, d, causal, gl
     assert loops, "no loop around the HGMMA instructions"
     local = [text[i] for a, b in loops for i in range(a, b + 1) if re.search(r"\b(LDL|STL)\b", text[i])]
     assert not local, local[:8]
+    if body == "wgmma":  # (wgmma2, not used, keeps its per-element branches)
+        _assert_lean_score_loops(text, loops, branches=True)
     r = sass_report(out / "program.so")
     # backward: S (dQ half) and S^T (dK/dV half) and their dP: 4 x d/16 steps of 64x64 from shared
     # memory; dQ, dV, dK: 3 x 4 steps of 64xd with register A

@@ -175,6 +175,10 @@ inline float ld_shared_f32(uint32_t addr) {
   std::memcpy(&v, emu::smem_base + addr, 4);
   return v;
 }
+inline float2 ld_shared_f32x2(uint32_t addr) {
+  if (addr % 8) emu::failed = 2;  // ld.shared.v2 needs 8-byte alignment
+  return make_float2(ld_shared_f32(addr), ld_shared_f32(addr + 4));
+}
 inline void st_shared_f32(uint32_t addr, float v) { std::memcpy(emu::smem_base + addr, &v, 4); }
 inline uint4 ld_shared_v4(uint32_t addr) {
   uint4 v;

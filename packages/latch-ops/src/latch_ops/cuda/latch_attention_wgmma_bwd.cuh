@@ -87,6 +87,11 @@ __device__ __forceinline__ float ld_shared_f32(uint32_t a) {
   asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
   return v;
 }
+__device__ __forceinline__ float2 ld_shared_f32x2(uint32_t a) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(a) : "memory");
+  return v;
+}
 __device__ __forceinline__ void st_shared_f32(uint32_t a, float v) {
   asm volatile("st.shared.f32 [%0], %1;" ::"r"(a), "f"(v) : "memory");
 }
@@ -285,6 +290,56 @@ __device__ __forceinline__ void bwd_pack(uint32_t (&f)[4][4], const float (&s)[3
     for (int e = 0; e < 4; ++e) f[kk][e] = pack_bf16(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
 }
 
+// dS = P (dP - dterm) of a dQ block into ``s`` (P = 2^(S c2 - lse2); this thread's query rows a and
+// b, key columns from ``kb``). MASK: the block holds keys past Tk or (causal) above the diagonal;
+// blocks without (most of them) run no per-element test.
+template <bool MASK, bool CAUSAL>
+__device__ __forceinline__ void bwd_dq_ds(float (&s)[32], const float (&dp)[32], float c2, float l2a, float l2b,
+                                          float dta, float dtb, int kb, int row_a, int row_b, int t4, int Tk) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float v = ex2(s[4 * j + e] * c2 - (e < 2 ? l2a : l2b)) * (dp[4 * j + e] - (e < 2 ? dta : dtb));
+      if (MASK) {
+        const int col = kb + 8 * j + 2 * t4 + (e & 1), row = e < 2 ? row_a : row_b;
+        s[4 * j + e] = col < Tk && (!CAUSAL || col <= row) ? v : 0.f;
+      } else {
+        s[4 * j + e] = v;
+      }
+    }
+}
+
+// P^T into ``s`` and (DK) dS^T = P^T (dP^T - dterm) into ``dp`` of a dK/dV pair: this thread's key
+// rows a and b, query columns from ``qb`` with their row terms at ``rt`` (lse2[64], dterm[64]).
+// MASK as in bwd_dq_ds (queries past Tq, keys past Tk, causal: keys above the diagonal).
+template <bool MASK, bool CAUSAL, bool DK>
+__device__ __forceinline__ void bwd_dkdv_p(float (&s)[32], float (&dp)[32], uint32_t rt, float c2, int qb, int key_a,
+                                           int key_b, int t4, int Tq, int Tk) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int lq = 8 * j + 2 * t4;  // this thread's query columns lq, lq + 1 (rows: keys a, b)
+    const float2 l2 = ld_shared_f32x2(rt + 4 * lq);
+    const float2 dt = DK ? ld_shared_f32x2(rt + 256 + 4 * lq) : make_float2(0.f, 0.f);
+#pragma unroll
+    for (int e2 = 0; e2 < 2; ++e2)
+#pragma unroll
+      for (int hb = 0; hb < 2; ++hb) {
+        const int e = 2 * hb + e2;
+        float pr = ex2(s[4 * j + e] * c2 - (e2 ? l2.y : l2.x));
+        float ds = DK ? pr * (dp[4 * j + e] - (e2 ? dt.y : dt.x)) : 0.f;
+        if (MASK) {
+          const int qi = qb + lq + e2, key = hb ? key_b : key_a;
+          const bool vis = qi < Tq && key < Tk && (!CAUSAL || key <= qi);
+          pr = vis ? pr : 0.f;
+          ds = vis ? ds : 0.f;
+        }
+        s[4 * j + e] = pr;
+        if (DK) dp[4 * j + e] = ds;  // dS^T
+      }
+  }
+}
+
 // S-like product of two 64-row K-major blocks: d (m64 n64) = A B^T over D (issued, not committed).
 template <int D> __device__ __forceinline__ void bwd_issue_ss(float (&d)[32], const char* a, const char* b) {
   const uint64_t da = desc_base(a, 16, 1024), db = desc_base(b, 16, 1024);
@@ -361,16 +416,8 @@ __device__ __forceinline__ bool bwd_dq_block(Pipe& p, __nv_bfloat16* dq, int bh,
         sm90::wgmma_wait<0>();
         fence_regs(s);
         fence_regs(dp);
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int col = kb + 8 * j + 2 * t4 + (e & 1);
-            const int row = e < 2 ? row_a : row_b;
-            const bool vis = !edge || (col < Tk && (!CAUSAL || col <= row));
-            const float pr = exp2f(s[4 * j + e] * c2 - (e < 2 ? l2a : l2b));
-            s[4 * j + e] = vis ? pr * (dp[4 * j + e] - (e < 2 ? dta : dtb)) : 0.f;  // dS
-          }
+        if (edge) bwd_dq_ds<true, CAUSAL>(s, dp, c2, l2a, l2b, dta, dtb, kb, row_a, row_b, t4, Tk);  // dS
+        else bwd_dq_ds<false, CAUSAL>(s, dp, c2, l2a, l2b, dta, dtb, kb, row_a, row_b, t4, Tk);
       } else {
         bwd_issue_ss<D>(s, smem, st);  // S = Q K^T
         sm90::wgmma_commit();
@@ -385,7 +432,7 @@ __device__ __forceinline__ bool bwd_dq_block(Pipe& p, __nv_bfloat16* dq, int bh,
             const int col = kb + 8 * j + 2 * t4 + (e & 1);
             const int row = e < 2 ? row_a : row_b;
             const bool vis = !edge || (col < Tk && (!CAUSAL || col <= row));
-            s[4 * j + e] = vis ? exp2f(s[4 * j + e] * c2 - (e < 2 ? l2a : l2b)) : 0.f;  // P
+            s[4 * j + e] = vis ? ex2(s[4 * j + e] * c2 - (e < 2 ? l2a : l2b)) : 0.f;  // P
           }
         sm90::wgmma_wait<0>();
         fence_regs(dp);
@@ -475,7 +522,7 @@ __device__ __forceinline__ bool bwd_dkdv_block(Pipe& p, __nv_bfloat16* dk, __nv_
             for (int hb = 0; hb < 2; ++hb) {
               const int e = 2 * hb + e2, key = hb ? key_b : key_a;
               const bool vis = !edge || (qi < Tq && key < Tk && (!CAUSAL || key <= qi));
-              s[4 * j + e] = vis ? exp2f(s[4 * j + e] * c2 - l2) : 0.f;
+              s[4 * j + e] = vis ? ex2(s[4 * j + e] * c2 - l2) : 0.f;
             }
           }
         uint32_t fp[4][4];
@@ -517,22 +564,8 @@ __device__ __forceinline__ bool bwd_dkdv_block(Pipe& p, __nv_bfloat16* dk, __nv_
       sm90::wgmma_wait<0>();
       fence_regs(s);
       if (DK) fence_regs(dp);
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e2 = 0; e2 < 2; ++e2) {
-          const int lq = 8 * j + 2 * t4 + e2;  // this thread's query columns (rows: keys a, b)
-          const int qi = qb + lq;
-          const float l2 = ld_shared_f32(rt + 4 * lq), dt = DK ? ld_shared_f32(rt + 256 + 4 * lq) : 0.f;
-#pragma unroll
-          for (int hb = 0; hb < 2; ++hb) {
-            const int e = 2 * hb + e2, key = hb ? key_b : key_a;
-            const bool vis = !edge || (qi < Tq && key < Tk && (!CAUSAL || key <= qi));
-            const float pr = vis ? exp2f(s[4 * j + e] * c2 - l2) : 0.f;
-            s[4 * j + e] = pr;
-            if (DK) dp[4 * j + e] = vis ? pr * (dp[4 * j + e] - dt) : 0.f;  // dS^T
-          }
-        }
+      if (edge) bwd_dkdv_p<true, CAUSAL, DK>(s, dp, rt, c2, qb, key_a, key_b, t4, Tq, Tk);
+      else bwd_dkdv_p<false, CAUSAL, DK>(s, dp, rt, c2, qb, key_a, key_b, t4, Tq, Tk);
       uint32_t fp[4][4], fd[4][4];
       if (DV) bwd_pack(fp, s);
       if (DK) bwd_pack(fd, dp);
