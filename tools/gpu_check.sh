@@ -223,7 +223,8 @@ if want attention; then
             --section SpeedOfLight --section WarpStateStats --section ComputeWorkloadAnalysis --section LaunchStats \
             "$PY" -m latch_core.cli bench-attention --only "$LATCH_GPU_ATTN_NCU" --iters 1 \
             --dir "$WORK/build/bench-attention" ${LATCH_GPU_ATTN_ARGS:-} > "$OUT/attention-ncu.txt" 2>&1
-        row "  attention ncu (exit $?): $(grep -c 'latch_kernel' "$OUT/attention-ncu.txt") kernel reports in attention-ncu.txt"
+        rc=$?
+        row "  attention ncu (exit $rc): $(grep -c 'latch_kernel' "$OUT/attention-ncu.txt") kernel reports in attention-ncu.txt"
     fi
 fi
 # ---- end issue 10
