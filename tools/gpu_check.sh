@@ -227,6 +227,29 @@ if want attention; then
         row "  attention ncu (exit $rc): $(grep -c 'latch_kernel' "$OUT/attention-ncu.txt") kernel reports in attention-ncu.txt"
     fi
 fi
+# LATCH_GPU_ONLY=attndiag: tools/diag_attention.py, every case of LATCH_GPU_DIAG_CASES (name:B:H:Hkv:T:D:causal,
+# space-separated) in its own process (a faulting case cannot poison the next), then the first
+# LATCH_GPU_DIAG_SAN cases again under compute-sanitizer memcheck (the faulting PC); DIAG lines to the summary.
+if want attndiag; then
+    say "attention diagnosis: build"
+    DIAG="$WORK/build/diag-attention"
+    timeout 200 "$PY" tools/diag_attention.py build "$DIAG" ${LATCH_GPU_DIAG_ARGS:-} ${LATCH_GPU_DIAG_CASES} \
+        > "$WORK/diag.log" 2>&1
+    rc=$?
+    tail -3 "$WORK/diag.log"
+    row "  attention diagnosis build (exit $rc)"
+    say "attention diagnosis: run"
+    timeout "${LATCH_GPU_DIAG_S:-200}" "$PY" tools/diag_attention.py run "$DIAG" ${LATCH_GPU_DIAG_RUN_ARGS:-} \
+        ${LATCH_GPU_DIAG_CASES} > "$WORK/diag-run.log" 2>&1
+    cat "$WORK/diag-run.log" | tee -a "$SUMMARY" | head -80
+    if [ -n "${LATCH_GPU_DIAG_SAN:-}" ]; then
+        say "attention diagnosis: compute-sanitizer"
+        LATCH_DIAG_SANITIZE=memcheck LATCH_DIAG_S=120 timeout 250 "$PY" tools/diag_attention.py run "$DIAG" \
+            ${LATCH_GPU_DIAG_RUN_ARGS:-} ${LATCH_GPU_DIAG_SAN} > "$WORK/diag-san.log" 2>&1
+        cat "$WORK/diag-san.log" | tee -a "$SUMMARY" | head -80
+    fi
+    for d in "$DIAG"/d*; do [ -f "$d/program.so" ] && cp "$d/program.so" "$OUT/diag-$(basename "$d").so"; done
+fi
 # ---- end issue 10
 # The bandwidth-bound bodies (latch_check/bench_memory.py): the clip + AdamW over TinyMoE-200M's
 # 207.7M parameters (one fused pass per parameter, the clip scale folded in; with the BF16 weight copy;
