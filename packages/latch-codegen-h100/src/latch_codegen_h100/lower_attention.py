@@ -36,6 +36,10 @@ MMA_HEADER = "latch_attention_mma.cuh"
 WGMMA_HEADER = "latch_attention_wgmma.cuh"
 WGMMA_BWD_HEADER = "latch_attention_wgmma_bwd.cuh"
 WGMMA_BWD_BLOCK = 64  # rows of every block of the wgmma backward (latch::awg::BwdShape::B)
+# floats of its 1-D lse / glse boxes (latch::awg::BwdShape::LSE_BOX): a block's 64 rows from a start
+# rounded down to 16 bytes (the H200 faults on an unaligned 1-D box start: results/lead13.md)
+WGMMA_BWD_LSE_BOX = WGMMA_BWD_BLOCK + 4
+WGMMA_BWD_LSE_ROOM = (4 * WGMMA_BWD_LSE_BOX + 127) // 128 * 128  # BwdShape::LSE_ROOM
 BODIES = ("simt", "mma", "wgmma", "wgmma2")  # values of the ``attention_body`` attribute
 # the wgmma backward's variants (latch::awg::bwd_consume's V): "wgmma2" overlaps the elementwise work
 # of a warpgroup with its own products (the same sums, the same bits); the backward node only
@@ -393,16 +397,17 @@ def _wgmma_bwd_tensor_maps(ctx: BodyContext) -> list[TensorMap]:
     op = present.index
     maps = [TensorMap(op(2), (D, Tq, B * H), (64, r, 1)), TensorMap(op(3), (D, Tk, B * Hkv), (64, r, 1)),
             TensorMap(op(4), (D, Tk, B * Hkv), (64, r, 1)), TensorMap(op(0), (D, Tq, B * H), (64, r, 1)),
-            TensorMap(op(5), (D, Tq, B * H), (64, r, 1)), TensorMap(op(6), (B * H * Tq,), (r,), swizzle=0)]
+            TensorMap(op(5), (D, Tq, B * H), (64, r, 1)),
+            TensorMap(op(6), (B * H * Tq,), (WGMMA_BWD_LSE_BOX,), swizzle=0)]
     if ctx.inputs[1] is not None:
-        maps.append(TensorMap(op(1), (B * H * Tq,), (r,), swizzle=0))
+        maps.append(TensorMap(op(1), (B * H * Tq,), (WGMMA_BWD_LSE_BOX,), swizzle=0))
     return maps
 
 
 def _wgmma_bwd_stage_bytes(ctx: BodyContext) -> int:
     D = ctx.inputs[2].shape[3]
     tile = WGMMA_BWD_BLOCK * D * 2
-    return (2 if D == 128 else 3) * tile + 512  # latch::awg::BwdShape::STAGE: Q | dO (| O) | lse | glse
+    return (2 if D == 128 else 3) * tile + 2 * WGMMA_BWD_LSE_ROOM  # BwdShape::STAGE: Q | dO (| O) | lse | glse
 
 
 def _wgmma_bwd_smem(D: int) -> int:

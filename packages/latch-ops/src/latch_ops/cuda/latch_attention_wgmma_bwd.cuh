@@ -21,8 +21,9 @@
 //   query block (bh, qb): Q | dO | O | lse | glse for D = 64; for D = 128 Q | dO | lse | glse and,
 //     where the block needs dO . O (dQ, dK), a second stage O. Q, dO, O as D/64 3-D boxes of (64
 //     columns, 64 rows, 1 head) of [B*H][T][D]
-//     (rows past T read as zeros), lse and glse as 1-D boxes of 64 floats of the flat [B*H*Tq]
-//     tensors (rows past Tq read the next head's values: the body ignores them);
+//     (rows past T read as zeros), lse and glse as 1-D boxes of 68 floats of the flat [B*H*Tq]
+//     tensors starting at bh * Tq + qb rounded down to 16 bytes (BwdShape::LSE_BOX; rows past Tq
+//     read the next head's values: the body ignores them);
 //   key block (bkv, kb): K | V, D/64 boxes each.
 // The fixed operands of a block (Q and dO for dQ, K and V for dK/dV) are copied from their stage into
 // the body's scratch and the stage is released at once, so no stage is held across the loop (a ring
@@ -46,13 +47,18 @@ template <int D> struct BwdShape {
   static constexpr int TILE = B * D * 2;         // one [64][D] BF16 block: DB boxes of 8 KiB
   static constexpr bool SPLIT = D == 128;        // O of a query block in a second stage
   static constexpr int O_OFF = SPLIT ? 0 : 2 * TILE;  // in the query block's last stage
-  static constexpr int LSE_OFF = SPLIT ? 2 * TILE : 3 * TILE, GLSE_OFF = LSE_OFF + 256;  // in its first
-  static constexpr int STAGE = GLSE_OFF + 256;   // bytes of a stage the body needs
+  // lse and glse of a query block: a 1-D box of LSE_BOX floats from the block's first row rounded
+  // down to a multiple of 4 floats (the H200 faults, "illegal instruction", on a 1-D box whose start
+  // is not 16-byte aligned: results/lead13.md), so the block's rows start lse_shift() floats in
+  static constexpr int LSE_BOX = B + 4, LSE_BYTES = 4 * LSE_BOX, LSE_ROOM = (LSE_BYTES + 127) / 128 * 128;
+  static constexpr int LSE_OFF = SPLIT ? 2 * TILE : 3 * TILE, GLSE_OFF = LSE_OFF + LSE_ROOM;  // in its first
+  static constexpr int STAGE = GLSE_OFF + LSE_ROOM;   // bytes of a stage the body needs
   // stages of a query block: 1, or 2 where the block needs O (dO . O) and O has its own stage
   __device__ __forceinline__ static constexpr int qstages(bool with_o) { return SPLIT && with_o ? 2 : 1; }
   static constexpr int RT_OFF = 2 * TILE;        // scratch: two blocks, then the row terms
   static constexpr int SCRATCH = RT_OFF + 2 * 2 * 2 * 64 * 4;  // [wg][buffer][lse2, dterm][64]
   static_assert(2 * TILE <= STAGE, "a key block (K, V) fits one stage");
+  static_assert(LSE_BYTES % 16 == 0, "a 1-D box is whole 16-byte chunks");
   static_assert(B * D * 4 <= 2 * TILE, "a warpgroup's FP32 partial block fits the two scratch blocks");
 };
 
@@ -105,6 +111,11 @@ __device__ __forceinline__ float2 bf2_to_f2(uint32_t u) {
 }
 #endif
 
+// The 1-D box of the row terms of query rows from flat row ``f`` = bh * Tq + qb starts at element
+// lse_box_start(f) (16-byte aligned); the block's first row is lse_shift(f) floats into it.
+__device__ __forceinline__ int lse_box_start(int f) { return f & ~3; }
+__device__ __forceinline__ int lse_shift(int f) { return f & 3; }
+
 // What both roles walk: the keys whose dK/dV a task of query rows [r0, r1) computes
 // (latch_ops.attention.key_block) and the keys a query block [r, re) sees.
 __device__ __forceinline__ void bwd_key_block(int r0, int r1, int Tq, int Tk, int& k0, int& k1) {
@@ -128,15 +139,15 @@ __device__ __forceinline__ bool bwd_load_query_block(Pipe& p, const BwdMaps& m, 
     if (!pipe_wait(&p.empty[p.stage], p.phase ^ 1u, p)) return false;
     char* st = p.at(p.stage);
     uint64_t* full = &p.full[p.stage];
-    sm90::mbar_arrive_expect_tx(full, (o_here ? 3 : 2) * S::TILE + 256 * (m.glse ? 2 : 1));
+    sm90::mbar_arrive_expect_tx(full, (o_here ? 3 : 2) * S::TILE + S::LSE_BYTES * (m.glse ? 2 : 1));
 #pragma unroll
     for (int j = 0; j < S::DB; ++j) {
       tma_load_3d(st + j * 8192, m.q, full, 64 * j, qb, bh);
       tma_load_3d(st + S::TILE + j * 8192, m.go, full, 64 * j, qb, bh);
       if (o_here) tma_load_3d(st + S::O_OFF + j * 8192, m.o, full, 64 * j, qb, bh);
     }
-    tma_load_1d(st + S::LSE_OFF, m.lse, full, bh * Tq + qb);
-    if (m.glse) tma_load_1d(st + S::GLSE_OFF, m.glse, full, bh * Tq + qb);
+    tma_load_1d(st + S::LSE_OFF, m.lse, full, lse_box_start(bh * Tq + qb));
+    if (m.glse) tma_load_1d(st + S::GLSE_OFF, m.glse, full, lse_box_start(bh * Tq + qb));
     p.advance();
   }
   if (S::qstages(with_o) == 2) {
@@ -218,7 +229,8 @@ __device__ __forceinline__ bool bwd_copy_block(Pipe& p, char* smem) {
 // into ``rt`` (shared-memory address: lse2[64] then dterm[64]; dterm only WITH_O); rows past Tq get 0
 // (they are masked). Two threads per row; thread 2 i + half reads half of the row's bytes of O and dO.
 template <int D, bool WITH_O>
-__device__ __forceinline__ void bwd_row_terms(uint32_t rt, const char* st0, const char* st1, int qb, int Tq, bool glse) {
+__device__ __forceinline__ void bwd_row_terms(uint32_t rt, const char* st0, const char* st1, int bh, int qb, int Tq,
+                                              bool glse) {
   typedef BwdShape<D> S;
   const int l = threadIdx.x & 127, row = l >> 1, half = l & 1;
   const uint32_t o = sm90::smem_addr(st1 + S::O_OFF), g = sm90::smem_addr(st0 + S::TILE);
@@ -242,10 +254,11 @@ __device__ __forceinline__ void bwd_row_terms(uint32_t rt, const char* st0, cons
   }
   if (half == 0) {
     const bool in = qb + row < Tq;
-    const float lse = ld_shared_f32(sm90::smem_addr(st0 + S::LSE_OFF) + 4 * row);
+    const int at = 4 * (lse_shift(bh * Tq + qb) + row);  // (the box starts 16-byte aligned)
+    const float lse = ld_shared_f32(sm90::smem_addr(st0 + S::LSE_OFF) + at);
     st_shared_f32(rt + 4 * row, in ? lse * LOG2E : 0.f);
     if (WITH_O) {
-      const float gl = glse ? ld_shared_f32(sm90::smem_addr(st0 + S::GLSE_OFF) + 4 * row) : 0.f;
+      const float gl = glse ? ld_shared_f32(sm90::smem_addr(st0 + S::GLSE_OFF) + at) : 0.f;
       st_shared_f32(rt + 256 + 4 * row, in ? d - gl : 0.f);
     }
   }
@@ -377,7 +390,7 @@ __device__ __forceinline__ bool bwd_dq_block(Pipe& p, __nv_bfloat16* dq, int bh,
       p.advance();
       ok = pipe_wait_warp(&p.full[p.stage], p.phase, p);
     }
-    if (ok) bwd_row_terms<D, true>(rt, p.at(first), p.at(p.stage), r, Tq, glse);
+    if (ok) bwd_row_terms<D, true>(rt, p.at(first), p.at(p.stage), bh, r, Tq, glse);
     __syncwarp();
     if (ok && lane == 0) {
       sm90::mbar_arrive(&p.empty[first]);
@@ -504,7 +517,7 @@ __device__ __forceinline__ bool bwd_dkdv_block(Pipe& p, __nv_bfloat16* dk, __nv_
       if (V == 2 && DK) sm90::wgmma_commit();  // S^T its own group (no empty group: ptxas adds a dummy wgmma)
       if (DK) bwd_issue_ss<D>(dp, smem + S::TILE, st + S::TILE);  // dP^T = V dO^T
       sm90::wgmma_commit();
-      bwd_row_terms<D, DK>(rt, st, p.at(sb), qb, Tq, glse);
+      bwd_row_terms<D, DK>(rt, st, p.at(sb), bkv * G + pi / nq, qb, Tq, glse);  // query head b H + g G + hh
       sm90::named_sync(2 + wg, 128);  // the warpgroup's row terms are written
       const bool edge = qb + S::B > Tq || kb + S::B > Tk || (CAUSAL && qb < kb + S::B - 1);
       if (V == 2) {
