@@ -73,7 +73,8 @@ def test_row_group_tiles_are_boxes_of_every_value_when_rows_straddle_the_batch()
 
 def test_attention_tasks_are_costed_at_their_bodies_measured_rate():
     """The cost model prices latch::sdpa and its backward at the rate their bodies ran on the H200
-    (CostModel.mma_op_eff, results/gpu.md run 25: 0.14 and 0.24 of the tensor cores' modelled rate),
+    (CostModel.mma_op_eff, results/gpu.md run 25: 0.14 and 0.24 of the tensor cores' modelled rate;
+    run 48, after session 12's faster loops: 0.29 and 0.19),
     not at the matmul's: the attention of TinyMoE-200M's 8 layers ran 1.4 ms where the model said
     0.26, so phases and dataflow placement were planned around tasks 4-7x longer than modelled.
     `cost_mma_op_eff=()` prices them as products again."""

@@ -96,8 +96,11 @@ class CostModel:
     # FLOPs (the op's own count) / (sm_mma_flops x this). Measured (results/gpu.md run 25, H200,
     # bench-attention at TinyMoE-200M's shape (2, 12, 1024, 64), causal, the wgmma bodies): the
     # forward 89 us where the model said 12.3 us (0.14), the backward 86 us against 20.5 (0.24): the
-    # attention of 8 layers 1.4 ms against a modelled 0.26. Update these from the next measurement.
-    mma_op_eff: tuple[tuple[str, float], ...] = (("latch::sdpa", 0.14), ("latch::sdpa_backward", 0.24))
+    # attention of 8 layers 1.4 ms against a modelled 0.26. Recalibrated from results/gpu.md run 48
+    # (TinyMoE-200M's profile at 32 x 1024, the branch-free score loops of session 12 and the aligned
+    # lse boxes of session 13): sdpa_backward 22.82 us a task against the old 0.24's 18.16 (-> 0.19),
+    # sdpa 12.25 us against the old 0.14's 24.96 (-> 0.29). Update these from the next measurement.
+    mma_op_eff: tuple[tuple[str, float], ...] = (("latch::sdpa", 0.29), ("latch::sdpa_backward", 0.19))
     # Row bodies (a warp per row: the norm-tagged ops, token_topk) walk their rows one after another,
     # each row a chain of dependent loads and shuffles: a short row costs its latency, not its bytes.
     # Measured (results/gpu.md run 26, H200, TinyMoE-200M's router at 2 x 1024 tokens, 16 experts):
