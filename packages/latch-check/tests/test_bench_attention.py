@@ -212,3 +212,15 @@ def test_bench_builds_with_both_backwards_keep_the_wgmma_pipelined(builds, d):
     wgmma_bwds = sum(1 for _, b in pairs if b != "mma")  # 128: wgmma and wgmma2 (the overlapped variant)
     assert len(group) == 2, group
     assert sum(1 for b in man["bodies"] if b["tensor_maps"] == 6) == wgmma_bwds * len(group), man["bodies"]
+
+
+def test_table_shows_the_back_to_back_timings_and_marks_a_wrong_row():
+    row = {"case": "b2h12s1024d64-wgmma-bwgmma", "rel_l2": {"out": 2e-3}, "torch_rel_l2": {"out": 2e-3},
+           "bitwise_repeat": True, "latch_fwd_ms": 0.074, "torch_fwd_ms": 0.038, "fwd_ratio": 0.038 / 0.074,
+           "latch_fwdbwd_ms": 0.12, "torch_fwdbwd_ms": 0.12, "fwdbwd_ratio": 1.0, "latch_fwdbwd_tflops": 94.2,
+           "ok": False, "latch_fwd_b2b_ms": 0.040, "torch_fwd_b2b_ms": 0.036, "fwd_b2b_ratio": 0.9,
+           "latch_fwdbwd_b2b_ms": 0.10, "torch_fwdbwd_b2b_ms": 0.11, "fwdbwd_b2b_ratio": 1.1}
+    text = BA.format_table([row])
+    assert "WRONG" in text
+    b2b = [ln for ln in text.splitlines() if ln.strip().startswith("b2h12s1024d64")][-1]
+    assert "fwd   0.040 ms (torch 0.036)   90.0%" in b2b and "110.0%" in b2b, text
