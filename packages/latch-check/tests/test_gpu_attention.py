@@ -48,9 +48,9 @@ VARIANTS = (("mma", "bf16", False, None, None, "mma", "mma"), ("mma_glse", "bf16
 def programs(request, tmp_path_factory):
     """The selected variants' programs, ONE build per head dim (``-k wgmma`` builds only that variant's
     programs): {tag: ({head dim: program}, cases, dtype, glse)}. One head dim a kernel, as a model's
-    kernel and bench-attention's builds have it. (The wgmma backward's odd-length cases stop on the
-    H200 with an illegal instruction in either build, on this and the previous headers: run 43,
-    results/lead12.md; not yet diagnosed.)"""
+    kernel and bench-attention's builds have it. (Case 0 and 1 are where the wgmma backward's lse
+    boxes started unaligned and the H200 raised an illegal instruction until session 13:
+    results/lead13.md.)"""
     from latch_core.document import Document
     from latch_core.ir import GraphSection
     from latch_codegen_h100 import Program, build
