@@ -21,8 +21,11 @@ from pathlib import Path
 def parse(spec: str):
     from latch_check import bench_attention as BA
 
-    name, b, h, hkv, t, d, causal = spec.split(":")
-    return BA.Case(name, int(b), int(h), int(hkv), int(t), int(d), causal not in ("0", "n", "false"))
+    try:
+        name, b, h, hkv, t, d, causal = spec.split(":")
+        return BA.Case(name, int(b), int(h), int(hkv), int(t), int(d), causal not in ("0", "n", "false"))
+    except ValueError:
+        raise SystemExit(f"diag_attention: case {spec!r} is not name:B:H:Hkv:T:D:causal (e.g. c77d64:2:4:2:77:64:1)")
 
 
 def build(out: Path, specs: list[str], fwd: str, bwd: str, glse: bool, sms: int) -> None:
@@ -57,6 +60,9 @@ def one(out: Path, spec: str, glse: bool) -> int:
 
 
 def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[0] not in ("build", "run", "one"):
+        print(__doc__, file=sys.stderr)
+        return 2
     mode, out, rest = argv[0], Path(argv[1]), argv[2:]
     glse = "--glse" in rest
     rest = [a for a in rest if a != "--glse"]
@@ -64,15 +70,15 @@ def main(argv: list[str]) -> int:
         bwd = "wgmma"
         if "--bwd" in rest:
             i = rest.index("--bwd")
+            if i + 1 >= len(rest):
+                print("diag_attention: --bwd needs a backward body (wgmma, wgmma2, mma)", file=sys.stderr)
+                return 2
             bwd = rest[i + 1]
             del rest[i:i + 2]
         build(out, rest, "wgmma", bwd, glse, int(os.environ.get("LATCH_DIAG_SMS", "132")))
         return 0
     if mode == "one":
         return one(out, rest[0], glse)
-    if mode != "run":
-        print(f"diag_attention: unknown mode {mode!r} (build, run)", file=sys.stderr)
-        return 2
     tool = os.environ.get("LATCH_DIAG_SANITIZE")
     worst = 0
     for spec in rest:
