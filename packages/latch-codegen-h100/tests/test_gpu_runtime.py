@@ -87,6 +87,32 @@ def test_sgd_updates_in_place_with_one_launch_per_update(strategy, tmp_path):
         assert abs(got.item() - want.item()) <= 1e-5 * abs(want.item())
 
 
+def test_a_schedule_double_buffered_batches_and_swapped_storage_follow_the_caller(tmp_path):
+    """The launch path's caches on the GPU: a learning rate that changes every step (rewritten in
+    place), two batches used in turn (two cached bindings), and a parameter whose storage is
+    replaced (``.data = ...``: a new pointer table) all reach the kernel: the result is the FP64
+    reference of the same sequence."""
+    g = sgd_graph()
+    build(H.planned([g], [g.value("w"), g.value("b")], num_sms=6, tiles=3), tmp_path)
+    prog = Program.load(tmp_path)
+    w, b, x, t = _data()
+    _, _, x2, t2 = _data(seed=1)
+    lrs = [0.1 * 0.8 ** i for i in range(8)]
+    wr, br = w.double(), b.double()
+    for i, lr in enumerate(lrs):
+        xs, ts = (x, t) if i % 2 == 0 else (x2, t2)
+        wr, br, _ = sgd_reference(wr, br, xs, ts, lr, 1)
+    wd, bd = w.cuda(), b.cuda()
+    batches = [{"x": x.cuda(), "t": t.cuda()}, {"x": x2.cuda(), "t": t2.cuda()}]
+    for i, lr in enumerate(lrs):
+        if i == 4:  # same object, new storage (its current value)
+            wd.data = wd.data.clone()
+        prog({"w": wd, "b": bd}, {}, batches[i % 2], {"lr": lr}, check=False)
+    prog.check()
+    assert _rel(wd, wr) < 1e-5 and _rel(bd, br) < 1e-5
+    assert len(prog._bindings["update"]) == 4  # two batches with w, then with the new storage of w
+
+
 def test_loaded_program_checks_its_arguments(tmp_path):
     g = sgd_graph()
     build(H.planned([g], [g.value("w"), g.value("b")]), tmp_path)

@@ -58,7 +58,7 @@ def _bare_program():
                  {"name": "x", "role": "batch", "shape": [3], "dtype": "f32"},
                  {"name": "lr", "role": "hyper", "shape": [], "dtype": "f32"}]
     p._hyper_buffers = [p.buffers[2]]
-    p._needed, p._bind_cache, p._hyper_cache = {}, {}, {}
+    p._reset_bindings()
     p.hyper_defaults = {"lr": 0.1}
     return p
 

@@ -47,7 +47,7 @@ def _bare_program(device="cpu"):
                  {"name": "x", "role": "batch", "shape": [3], "dtype": "f32"},
                  {"name": "lr", "role": "hyper", "shape": [], "dtype": "f32"}]
     p._hyper_buffers = [p.buffers[2]]
-    p._needed, p._bind_cache, p._hyper_cache = {}, {}, {}
+    p._reset_bindings()
     p.hyper_defaults = {"lr": 0.1}
     return p
 
@@ -66,3 +66,40 @@ def test_binding_is_checked_once_per_set_of_tensors_and_rechecked_when_they_chan
     del p.hyper_defaults["lr"]
     with pytest.raises(ProgramError, match=r"hyper-parameter 'lr' not given"):
         p._bind("update", {"w": w}, {}, {"x": x}, None)
+
+
+def test_a_binding_is_reused_for_the_same_tensors_and_made_anew_when_one_changes():
+    """The launch path's cache: the same tensors give the same binding (no checks, no new pointer
+    table); another tensor, or the same tensor object with new storage (``.data = ...``), binds anew;
+    two sets of tensors used in turn (double-buffered batches) both stay cached."""
+    p = _bare_program()
+    w, x, x2 = torch.zeros(2), torch.zeros(3), torch.ones(3)
+    b1 = p._binding("update", {"w": w}, {}, {"x": x}, None)
+    assert p._binding("update", {"w": w}, {}, {"x": x}, None) is b1
+    b2 = p._binding("update", {"w": w}, {}, {"x": x2}, None)
+    assert b2 is not b1 and b2.bound["x"] is x2
+    assert p._binding("update", {"w": w}, {}, {"x": x}, None) is b1  # both kept
+    w.data = torch.full((2,), 3.0)  # same object, new storage: must not reuse the old pointers
+    b3 = p._binding("update", {"w": w}, {}, {"x": x}, None)
+    assert b3 is not b1 and b3.bound["w"].data_ptr() == w.data_ptr()
+    with pytest.raises(ProgramError, match=r"batch 'x': expected a torch.Tensor"):
+        p._binding("update", {"w": w}, {}, {"x": [0.0, 0.0, 0.0]}, None)
+    for i in range(20):  # a bounded cache
+        p._binding("update", {"w": w}, {}, {"x": torch.zeros(3)}, None)
+    from latch_codegen_h100.runtime import BINDINGS_KEPT
+    assert len(p._bindings["update"]) == BINDINGS_KEPT
+
+
+def test_a_changing_hyper_parameter_is_rewritten_in_place():
+    """A learning-rate schedule: a new value is written into the same device tensor, so the pointer
+    table and its tensor maps stay valid and the binding is reused."""
+    p = _bare_program()
+    w, x = torch.zeros(2), torch.zeros(3)
+    b1 = p._binding("update", {"w": w}, {}, {"x": x}, {"lr": 0.1})
+    t = b1.bound["lr"]
+    for lr in (0.2, 0.05, 1, True):
+        b = p._binding("update", {"w": w}, {}, {"x": x}, {"lr": lr})
+        assert b is b1 and b.bound["lr"] is t and t.item() == pytest.approx(float(lr))
+    own = torch.tensor(0.7)  # the caller's tensor is bound as it is (its own address)
+    b4 = p._binding("update", {"w": w}, {}, {"x": x}, {"lr": own})
+    assert b4 is not b1 and b4.bound["lr"] is own

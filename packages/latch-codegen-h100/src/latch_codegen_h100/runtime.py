@@ -16,6 +16,7 @@ returns the records (latch_codegen_h100.profile aggregates them). A normal build
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -41,6 +42,11 @@ TMAP_BYTES = 128
 DEFAULT_TIMEOUT_S = 10.0
 PROFILE_KEEP = 64  # launches whose records a profiling build keeps until profile() reads them
 PROFILE_SLEEP_CYCLES = 200_000  # ~0.1 ms of GPU sleep before a profiled launch (longer than the launch call)
+
+
+BINDINGS_KEPT = 8  # bindings (sets of tensors) cached per program: e.g. double-buffered batches
+_data_ptr = torch.Tensor.data_ptr
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # (what torch.compile's code calls)
 
 
 class ProgramError(RuntimeError):
@@ -98,13 +104,22 @@ def check_tensor(name: str, t: Any, spec: dict, device: torch.device) -> torch.T
     return t
 
 
+class _Binding:
+    """One program bound to one set of tensors (:meth:`Program._binding`): the checked tensors by
+    buffer name and, from its first launch, what the launch needs (:meth:`Program._prepare`)."""
+
+    __slots__ = ("key", "bound", "prepared")
+
+    def __init__(self, key, bound: dict):
+        self.key, self.bound, self.prepared = key, bound, None
+
+
 class _ProgramTables:
     def __init__(self, name: str, info: dict, root: Path, device: torch.device):
         self.name = name
         self.info = info
         self.raw = {k: (root / p).read_bytes() for k, p in info["tables"].items()}
         self.num_tmaps = int(info.get("num_tmaps", 0))
-        self.encoded: dict[int, tuple] = {}  # pointer table address -> (that table, its encoded maps on the device)
         self.dev = {}
         for k, data in self.raw.items():
             if k == "tmaps":
@@ -181,6 +196,11 @@ class Program:
                 raise ProgramError(f"the kernel needs {self.smem} bytes of shared memory per block; the device "
                                    f"allows {smem_max.value}")
             self.block_threads = int(self.lib.latch_block_threads())
+            self._latch_launch = self.lib.latch_launch
+            self._latch_launch.argtypes = [ctypes.POINTER(_Args), ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
+                                           ctypes.c_void_p]
+            self._latch_launch.restype = ctypes.c_int
+            self._smem_arg = ctypes.c_longlong(self.smem)
             self.lib.latch_dynamic_smem.restype = ctypes.c_longlong
             if int(self.lib.latch_dynamic_smem()) != self.smem:
                 raise ProgramError(f"{lib_path}: the library needs {self.lib.latch_dynamic_smem()} bytes of dynamic "
@@ -208,15 +228,17 @@ class Program:
         self._buffer_index = {b["name"]: i + 1 for i, b in enumerate(self.buffers)}
         self._program_index = {name: i for i, name in enumerate(self.manifest["programs"])}
         self._hyper_buffers = [b for b in self.buffers if b["role"] == "hyper"]
-        self._needed: dict[str, set[str]] = {}
-        self._bind_cache: dict[str, tuple] = {}
-        self._args_cache: dict[tuple, _Args] = {}
-        self._ptr_cache: OrderedDict[tuple, torch.Tensor] = OrderedDict()
-        self._hyper_cache: dict[str, tuple[float, torch.Tensor]] = {}
+        self._reset_bindings()
         self.launches = 0
         meta = self.manifest.get("metadata", {})
         self.microbatches = int(meta.get("microbatches", 1) or 1)
         self.hyper_defaults = dict(meta.get("hyper", meta.get("hyper_defaults", {})) or {})
+
+    def _reset_bindings(self) -> None:
+        """The caches of the launch path (see :class:`_Binding`)."""
+        self._needed: dict[str, set[str]] = {}
+        self._bindings: dict[str, OrderedDict] = {}  # program -> key -> _Binding, the most recent last
+        self._hyper_cache: dict[str, tuple[Any, torch.Tensor]] = {}
 
     @property
     def weight_copies(self) -> dict[str, str]:
@@ -268,6 +290,10 @@ class Program:
         return check_tensor(name, t, spec, self.device)
 
     def _hyper_tensor(self, name: str, value: Any, spec: dict) -> torch.Tensor:
+        """The device tensor a hyper-parameter is bound to: the caller's own (a tensor on this device),
+        or one the runtime keeps per name and rewrites in place (``fill_``, queued on the stream)
+        when the value changes, so a schedule that changes the learning rate every step keeps the
+        same address: no new pointer table, no re-encoded tensor maps, no host-to-device copy."""
         if isinstance(value, torch.Tensor):
             if value.device == self.device:
                 return self._check_tensor(name, value, spec)
@@ -275,29 +301,58 @@ class Program:
         if not isinstance(value, (int, float, bool)):
             raise ProgramError(f"hyper-parameter {name!r}: expected a number or a tensor, got {type(value).__name__}")
         cached = self._hyper_cache.get(name)
-        if cached is not None and cached[0] == value:
+        if cached is not None:
+            if cached[0] != value or type(cached[0]) is not type(value):
+                cached[1].fill_(value)
+                self._hyper_cache[name] = (value, cached[1])
             return cached[1]
         t = torch.tensor(value, dtype=DTYPES[spec["dtype"]]).reshape(spec["shape"]).to(self.device)
         self._hyper_cache[name] = (value, t)
         return t
 
     def _bind(self, prog: str, params, state, batch, hyper) -> dict[str, torch.Tensor]:
+        """The tensors program ``prog`` runs on, by buffer name, checked (see :meth:`_binding`)."""
+        return self._binding(prog, params, state, batch, hyper).bound
+
+    def _binding(self, prog: str, params, state, batch, hyper) -> "_Binding":
+        """Bind the caller's tensors to program ``prog``. The checks (names, shapes, dtypes, devices,
+        weight copies) run once per set of tensors: a binding is cached under the names, object ids
+        and data pointers of what was passed (a tensor whose storage was swapped, ``p.data = ...``,
+        binds anew), and holds the pointer table and launch arguments, so a training loop that
+        passes the same tensors pays one pass over them per launch and no table is rebuilt."""
         info = self.manifest["programs"][prog]
         groups = info["inputs"]
-        given = {}
+        given: dict[str, Any] = {}
         for gname, x in (("params", params), ("state", state), ("batch", batch)):
-            given.update(_as_mapping(x, groups.get(gname, []), gname))
+            if x is not None:
+                given.update(x if isinstance(x, dict) else _as_mapping(x, groups.get(gname, []), gname))
         hyper_given = _as_mapping(hyper, groups.get("hyper", []), "hyper")
         needed = self._needed.get(prog)
         if needed is None:
             needed = self._needed[prog] = {v for g in ("params", "state", "batch", "hyper") for v in groups.get(g, [])}
-        # Fast path: the very tensor objects (same addresses) that passed the checks last time.
-        sig = tuple((n, id(t), t.data_ptr() if isinstance(t, torch.Tensor) else None) for n, t in given.items())
-        cached = self._bind_cache.get(prog)
-        specs = {b["name"]: b for b in self.buffers if b["name"] in needed and b["role"] != "hyper"}
-        if cached is not None and cached[0] == sig:
-            bound = dict(cached[1])
+        hyper_bound = {}
+        for b in self._hyper_buffers:
+            name = b["name"]
+            if name not in needed:
+                continue
+            if name in hyper_given:
+                hyper_bound[name] = self._hyper_tensor(name, hyper_given[name], b)
+            elif name in self.hyper_defaults:
+                hyper_bound[name] = self._hyper_tensor(name, self.hyper_defaults[name], b)
+            else:
+                raise ProgramError(f"hyper-parameter {name!r} not given and the document records no default")
+        vals = list(given.values())
+        try:
+            key = (tuple(given), tuple(map(id, vals)), tuple(map(_data_ptr, vals)), tuple(hyper_given),
+                   tuple(map(id, hyper_bound.values())), tuple(map(_data_ptr, hyper_bound.values())))
+        except TypeError:  # not a tensor: the checks below name it
+            key = None
+        cache = self._bindings.setdefault(prog, OrderedDict())
+        hit = cache.get(key) if key is not None else None
+        if hit is not None:
+            cache.move_to_end(key)
         else:
+            specs = {b["name"]: b for b in self.buffers if b["name"] in needed and b["role"] != "hyper"}
             absent = [c for c in self.weight_copies if c in needed and c not in given]
             if absent:
                 c = absent[0]
@@ -318,82 +373,82 @@ class Program:
                                            f"{prog!r} needs it")
                     continue
                 bound[name] = self._check_tensor(name, given[name], b)
-            self._bind_cache[prog] = (sig, dict(bound))
+            bound.update(hyper_bound)
+            hit = _Binding(key, bound)
+            if key is not None:
+                cache[key] = hit
+                if len(cache) > BINDINGS_KEPT:
+                    cache.popitem(last=False)
         if guard.finite_wanted(self):  # opt-in: reads every element
+            specs = {b["name"]: b for b in self.buffers if b["name"] in needed and b["role"] != "hyper"}
             guard.check_inputs(self, prog, specs, given, {}, finite=True, error=ProgramError)
-        for b in self._hyper_buffers:
-            name = b["name"]
-            if name not in needed:
-                continue
-            if name in hyper_given:
-                bound[name] = self._hyper_tensor(name, hyper_given[name], b)
-            elif name in self.hyper_defaults:
-                bound[name] = self._hyper_tensor(name, self.hyper_defaults[name], b)
-            else:
-                raise ProgramError(f"hyper-parameter {name!r} not given and the document records no default")
-        return bound
+        return hit
 
-    def _pointer_table(self, bound: dict[str, torch.Tensor]) -> torch.Tensor:
-        ptrs = (self.arena.data_ptr(),) + tuple(bound[b["name"]].data_ptr() if b["name"] in bound else 0
-                                                for b in self.buffers)
-        t = self._ptr_cache.get(ptrs)
-        if t is None:
-            t = torch.tensor(ptrs, dtype=torch.int64).to(self.device)
-            self._ptr_cache[ptrs] = t
-            if len(self._ptr_cache) > 8:
-                self._ptr_cache.popitem(last=False)
-                self._args_cache.clear()  # Args hold the address of an evicted table
-        else:
-            self._ptr_cache.move_to_end(ptrs)
-        return t
-
-    def _launch(self, prog: str, ptrs: torch.Tensor, bound: dict[str, torch.Tensor]) -> None:
+    def _prepare(self, prog: str, bnd: "_Binding") -> None:
+        """A binding's device pointer table (the arena, then every buffer; 0 where the program takes
+        none), its tensor maps and launch arguments and its copy-backs: made on its first launch."""
         p = self.programs[prog]
         info = p.info
-        a = self._args_cache.get((prog, ptrs.data_ptr()))
-        if a is None:
-            a = _Args()
-            a.instrs = p.dev["instrs"].data_ptr()
-            a.sm_begin = p.dev["sm_begin"].data_ptr()
-            a.tasks = p.dev["tasks"].data_ptr()
-            a.operands = p.dev["operands"].data_ptr()
-            a.buffers = ptrs.data_ptr()
-            a.counters = p.sync.data_ptr()
-            a.expected = p.dev["expected"].data_ptr()
-            a.barrier = p.sync.data_ptr() + 4 * max(1, info["num_counters"])
-            a.error = self.error.data_ptr()
-            a.num_lists = info["num_lists"]
-            a.num_barriers = info["num_barriers"]
-            a.program = self._program_index[prog]
-            a.timeout_ns = self.timeout_ns
-            a.tmaps = self._tensor_maps(p, ptrs).data_ptr() if p.num_tmaps else None
-            if len(self._args_cache) > 16:
-                self._args_cache.clear()
-            self._args_cache[(prog, ptrs.data_ptr())] = a
+        bound = bnd.bound
+        ptrs = (self.arena.data_ptr(),) + tuple(bound[b["name"]].data_ptr() if b["name"] in bound else 0
+                                                for b in self.buffers)
+        table = torch.tensor(ptrs, dtype=torch.int64).to(self.device)
+        a = _Args()
+        a.instrs = p.dev["instrs"].data_ptr()
+        a.sm_begin = p.dev["sm_begin"].data_ptr()
+        a.tasks = p.dev["tasks"].data_ptr()
+        a.operands = p.dev["operands"].data_ptr()
+        a.buffers = table.data_ptr()
+        a.counters = p.sync.data_ptr()
+        a.expected = p.dev["expected"].data_ptr()
+        a.barrier = p.sync.data_ptr() + 4 * max(1, info["num_counters"])
+        a.error = self.error.data_ptr()
+        a.num_lists = info["num_lists"]
+        a.num_barriers = info["num_barriers"]
+        a.program = self._program_index[prog]
+        a.timeout_ns = self.timeout_ns
+        tmaps = self._tensor_maps(p, table) if p.num_tmaps else None
+        a.tmaps = tmaps.data_ptr() if tmaps is not None else None
+        copies = [(bound[cb["old"]].view(-1).view(torch.uint8), self.arena[cb["offset"]:cb["offset"] + cb["nbytes"]])
+                  for cb in info["copy_back"]]
+        bnd.prepared = (table, tmaps, a, ctypes.pointer(a), copies)
+
+    def _launch(self, prog: str, bnd: "_Binding") -> None:
+        p = self.programs[prog]
+        if bnd.prepared is None:
+            self._prepare(prog, bnd)
+        _table, _tmaps, a, a_ptr, copies = bnd.prepared
         a.epoch = p.epoch & 0xFFFFFFFF
-        stream = torch.cuda.current_stream(self.device).cuda_stream
+        stream = self._stream()
         if self.profiling:
             code = self._launch_profiled(prog, a, stream)
         else:
-            code = self.lib.latch_launch(ctypes.byref(a), self.device.index, self.num_sms,
-                                         ctypes.c_longlong(self.smem), ctypes.c_void_p(stream))
-        self._check(code, f"launching program {prog!r} ({self.num_sms} blocks x {self.block_threads} threads, "
-                          f"{self.smem} B smem)")
+            code = self._latch_launch(a_ptr, self.device.index, self.num_sms, self._smem_arg, stream)
+        if code:
+            self._check(code, f"launching program {prog!r} ({self.num_sms} blocks x {self.block_threads} threads, "
+                              f"{self.smem} B smem)")
         p.epoch += 1
         self.launches += 1
-        for cb in info["copy_back"]:
-            dst = bound[cb["old"]].view(-1).view(torch.uint8)
-            dst.copy_(self.arena[cb["offset"]:cb["offset"] + cb["nbytes"]])
+        for dst, src in copies:
+            dst.copy_(src)
+
+    def _stream(self) -> int:
+        """The current stream's handle on this device (torch's raw accessor where it has one: it
+        makes no Stream object)."""
+        if _RAW_STREAM is not None:
+            return _RAW_STREAM(self.device.index)
+        return torch.cuda.current_stream(self.device).cuda_stream
+
+    def _on_device(self):
+        """A context on this program's device: none where it is already torch's current device."""
+        if torch.cuda.current_device() == self.device.index:
+            return contextlib.nullcontext()
+        return torch.cuda.device(self.device)
 
     def _tensor_maps(self, p: "_ProgramTables", ptrs: torch.Tensor) -> torch.Tensor:
         """The program's TMA tensor maps encoded for the buffers of ``ptrs`` (the device pointer table),
         on the device. Encoded on the host by the library (the driver's cuTensorMapEncodeTiled) once per
-        pointer table, which the runtime caches by the bound addresses, so a training loop over the same
-        tensors encodes once."""
-        key = ptrs.data_ptr()
-        hit = p.encoded.get(key)
-        if hit is not None and hit[0] is ptrs:
-            return hit[1]
+        binding (:meth:`_prepare`), which keeps them, so a training loop over the same tensors encodes once."""
         host_ptrs = ptrs.cpu()
         out = torch.empty(p.num_tmaps * TMAP_BYTES + 64, dtype=torch.uint8)
         base = out.data_ptr()
@@ -413,9 +468,6 @@ class Program:
         enc = out[aligned - base: aligned - base + p.num_tmaps * TMAP_BYTES]
         t = torch.empty(p.num_tmaps * TMAP_BYTES, dtype=torch.uint8, device=self.device)
         t.copy_(enc)  # from pageable memory: synchronous, so ``out`` may go away
-        if len(p.encoded) > 8:
-            p.encoded.clear()
-        p.encoded[key] = (ptrs, t)  # holding ptrs keeps its address from being reused by another table
         return t
 
     def _launch_profiled(self, prog: str, a: _Args, stream: int) -> int:
@@ -476,10 +528,10 @@ class Program:
         """Launch one program once; returns its outputs that are not written in place."""
         if prog not in self.programs:
             raise ProgramError(f"no program {prog!r} in this build; it has {sorted(self.programs)}")
-        with torch.cuda.device(self.device):
-            bound = self._bind(prog, params, state, batch, hyper)
-            self._launch(prog, self._pointer_table(bound), bound)
-            out = self._read_outputs(prog, bound)
+        with self._on_device():
+            bnd = self._binding(prog, params, state, batch, hyper)
+            self._launch(prog, bnd)
+            out = self._read_outputs(prog, bnd.bound)
             if check:
                 self.check()
         return out
@@ -489,13 +541,12 @@ class Program:
         waited for (call :meth:`check`; :meth:`outputs` reads the outputs). For benchmarks."""
         if prog not in self.programs:
             raise ProgramError(f"no program {prog!r} in this build; it has {sorted(self.programs)}")
-        with torch.cuda.device(self.device):
-            bound = self._bind(prog, params, state, batch, hyper)
-            self._launch(prog, self._pointer_table(bound), bound)
+        with self._on_device():
+            self._launch(prog, self._binding(prog, params, state, batch, hyper))
 
     def outputs(self, prog: str, params=None, state=None, batch=None, hyper=None) -> dict[str, torch.Tensor]:
         """Copies of program ``prog``'s outputs (not written in place) as its last launch left them."""
-        with torch.cuda.device(self.device):
+        with self._on_device():
             return self._read_outputs(prog, self._bind(prog, params, state, batch, hyper))
 
     def run(self, params, state, batch, hyper=None, *, check: bool = True, groups=None) -> dict[str, torch.Tensor]:
@@ -515,15 +566,15 @@ class Program:
             batches = [batch]
         out: dict[str, torch.Tensor] = {}
         snap = guard.Snapshot() if guard.safe_wanted(self) else None  # opt-in: see guard.py
-        with torch.cuda.device(self.device):
+        with self._on_device():
             try:
                 for k, (prog, b) in enumerate(zip(seq, batches)):
-                    bound = self._bind(prog, params, state, b, hyper)
+                    bnd = self._binding(prog, params, state, b, hyper)
                     if snap is not None:
-                        snap.save(self, prog, bound)
-                    self._launch(prog, self._pointer_table(bound), bound)
+                        snap.save(self, prog, bnd.bound)
+                    self._launch(prog, bnd)
                     if k == len(seq) - 1:
-                        out = self._read_outputs(prog, bound, groups)
+                        out = self._read_outputs(prog, bnd.bound, groups)
                 if check or snap is not None:
                     self.check()
             except LaunchError as e:
