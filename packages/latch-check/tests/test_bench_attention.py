@@ -224,3 +224,16 @@ def test_table_shows_the_back_to_back_timings_and_marks_a_wrong_row():
     assert "WRONG" in text
     b2b = [ln for ln in text.splitlines() if ln.strip().startswith("b2h12s1024d64")][-1]
     assert "fwd   0.040 ms (torch 0.036)   90.0%" in b2b and "110.0%" in b2b, text
+
+
+def test_table_splits_the_alone_gap_into_host_time():
+    row = {"case": "b2h12s1024d64-wgmma-bwgmma", "rel_l2": {"out": 2e-3}, "torch_rel_l2": {"out": 2e-3},
+           "bitwise_repeat": True, "latch_fwd_ms": 0.054, "torch_fwd_ms": 0.037, "fwd_ratio": 0.037 / 0.054,
+           "latch_fwdbwd_ms": 0.11, "torch_fwdbwd_ms": 0.12, "fwdbwd_ratio": 1.1, "latch_fwdbwd_tflops": 94.2,
+           "ok": True, "latch_fwd_b2b_ms": 0.026, "torch_fwd_b2b_ms": 0.033, "fwd_b2b_ratio": 0.033 / 0.026,
+           "latch_fwdbwd_b2b_ms": 0.09, "torch_fwdbwd_b2b_ms": 0.12, "fwdbwd_b2b_ratio": 1.3,
+           "latch_fwd_host_us": 9.5, "torch_fwd_host_us": 3.25}
+    text = BA.format_table([row])
+    line = [ln for ln in text.splitlines() if "latch launch" in ln][-1]
+    assert "latch launch    9.5 us (gap  28.0 us)" in line and "torch graph replay    3.2 us (gap   4.0 us)" in line, text
+    assert "latch launch" not in BA.format_table([{k: v for k, v in row.items() if "host" not in k}])

@@ -113,6 +113,22 @@ def test_a_schedule_double_buffered_batches_and_swapped_storage_follow_the_calle
     assert len(prog._bindings["update"]) == 4  # two batches with w, then with the new storage of w
 
 
+def test_a_prepared_launcher_runs_the_same_updates(tmp_path):
+    g = sgd_graph()
+    build(H.planned([g], [g.value("w"), g.value("b")], num_sms=6, tiles=3), tmp_path)
+    prog = Program.load(tmp_path)
+    w, b, x, t = _data()
+    ref_w, ref_b, _ = sgd_reference(w, b, x, t, 0.1, 5)
+    wd, bd, xd, td = (a.cuda() for a in (w, b, x, t))
+    go = prog.launcher("update", {"w": wd, "b": bd}, {}, {"x": xd, "t": td}, {"lr": 0.1})
+    for _ in range(5):
+        go()
+    prog.check()
+    assert prog.launches == 5 and _rel(wd, ref_w) < 1e-5 and _rel(bd, ref_b) < 1e-5
+    with pytest.raises(ProgramError, match=r"no program 'nope'"):
+        prog.launcher("nope")
+
+
 def test_loaded_program_checks_its_arguments(tmp_path):
     g = sgd_graph()
     build(H.planned([g], [g.value("w"), g.value("b")]), tmp_path)

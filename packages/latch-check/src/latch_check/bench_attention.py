@@ -284,7 +284,7 @@ def run_case(prog, c: Case, iters: int, seed: int, bodies: tuple = ("mma",)) -> 
     FP64 reference and torch control."""
     import torch
 
-    from .timing import capture_graph, events_ms, median_ms
+    from .timing import capture_graph, events_ms, host_us, median_ms
 
     b2b = lambda fn: statistics.median(events_ms(fn, iters, warmup=1, reps=B2B))  # noqa: E731
 
@@ -307,6 +307,7 @@ def run_case(prog, c: Case, iters: int, seed: int, bodies: tuple = ("mma",)) -> 
     tf = median_ms(gf.replay, iters)
     tb = median_ms(gb.replay, iters)
     tf5, tb5 = b2b(gf.replay), b2b(gb.replay)
+    th = host_us(gf.replay, iters)
     rows = []
     for body in bodies:
         v, vins, (errs, identical) = checked[body]
@@ -316,6 +317,8 @@ def run_case(prog, c: Case, iters: int, seed: int, bodies: tuple = ("mma",)) -> 
         lb = median_ms(lambda: prog.launch(f"{v.name}.fwdbwd", batch=bwd_ins), iters, warmup=1)
         lf5 = b2b(lambda: prog.launch(f"{v.name}.fwd", batch=fwd_ins))
         lb5 = b2b(lambda: prog.launch(f"{v.name}.fwdbwd", batch=bwd_ins))
+        lh = host_us(lambda: prog.launch(f"{v.name}.fwd", batch=fwd_ins), iters)
+        lr = host_us(prog.launcher(f"{v.name}.fwd", batch=fwd_ins), iters)
         prog.check()
         ok = identical and all(e <= REL_GATE for e in errs.values())
         rows.append({"case": v.name, "forward_body": _pair(body)[0], "backward_body": _pair(body)[1],
@@ -328,7 +331,10 @@ def run_case(prog, c: Case, iters: int, seed: int, bodies: tuple = ("mma",)) -> 
                      # B2B launches between two events: the host's work for one launch overlaps the
                      # GPU's for the one before (the kernel's own time where the host is the gap)
                      "latch_fwd_b2b_ms": lf5, "latch_fwdbwd_b2b_ms": lb5, "torch_fwd_b2b_ms": tf5,
-                     "torch_fwdbwd_b2b_ms": tb5, "fwd_b2b_ratio": tf5 / lf5, "fwdbwd_b2b_ratio": tb5 / lb5})
+                     "torch_fwdbwd_b2b_ms": tb5, "fwd_b2b_ratio": tf5 / lf5, "fwdbwd_b2b_ratio": tb5 / lb5,
+                     # host time per call (the forward's launch; torch's graph replay): the host's share
+                     # of the alone - back-to-back gap, the rest is the device's launch latency
+                     "latch_fwd_host_us": lh, "latch_fwd_launcher_host_us": lr, "torch_fwd_host_us": th})
     return rows
 
 
@@ -351,6 +357,17 @@ def format_table(rows: list[dict]) -> str:
             lines.append(f"  {r['case']:<34} fwd {r['latch_fwd_b2b_ms']:7.3f} ms (torch {r['torch_fwd_b2b_ms']:.3f}) "
                          f"{100 * r['fwd_b2b_ratio']:6.1f}%   f+b {r['latch_fwdbwd_b2b_ms']:7.3f} ms "
                          f"(torch {r['torch_fwdbwd_b2b_ms']:.3f}) {100 * r['fwdbwd_b2b_ratio']:6.1f}%")
+    host = [r for r in rows if "latch_fwd_host_us" in r]
+    if host:
+        lines.append("host time per forward call (perf_counter over 20 calls the GPU queue absorbs), and the "
+                     "alone - back-to-back gap it is part of:")
+        for r in host:
+            gap = 1e3 * (r["latch_fwd_ms"] - r["latch_fwd_b2b_ms"])
+            tgap = 1e3 * (r["torch_fwd_ms"] - r["torch_fwd_b2b_ms"])
+            pre = (f" (prepared launcher {r['latch_fwd_launcher_host_us']:.1f} us)"
+                   if "latch_fwd_launcher_host_us" in r else "")
+            lines.append(f"  {r['case']:<34} latch launch {r['latch_fwd_host_us']:6.1f} us{pre} (gap {gap:5.1f} us)   "
+                         f"torch graph replay {r['torch_fwd_host_us']:6.1f} us (gap {tgap:5.1f} us)")
     for r in rows:
         if r.get("control", "flash") != "flash":
             lines.append(f"  {r['case']}: control is torch {r['control']}")

@@ -29,6 +29,26 @@ def events_ms(fn: Callable[[], Any], iters: int, warmup: int, reps: int = 1) -> 
     return times
 
 
+def host_us(fn: Callable[[], Any], iters: int, reps: int = 20) -> float:
+    """Microseconds of host time per call of ``fn`` (median over ``iters`` samples of ``reps`` calls
+    issued back to back after a synchronize, timed with perf_counter): what a launch costs the host
+    while the GPU queue absorbs the work. Beside the event timings it splits an alone-vs-back-to-back
+    gap into the host's part and the device's (launch latency, the kernel's prologue)."""
+    import time
+
+    import torch
+
+    times = []
+    for _ in range(iters):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        times.append((time.perf_counter() - t0) / reps * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
 def median_ms(fn: Callable[[], Any], iters: int, warmup: int = 3) -> float:
     return statistics.median(events_ms(fn, iters, warmup))
 

@@ -544,6 +544,24 @@ class Program:
         with self._on_device():
             self._launch(prog, self._binding(prog, params, state, batch, hyper))
 
+    def launcher(self, prog: str, params=None, state=None, batch=None, hyper=None):
+        """A function that launches program ``prog`` on these very tensors, with nothing checked
+        again: bound, checked and prepared once here, each call is the epoch, the launch and the
+        copy-backs (what :meth:`launch` does after its one pass over the inputs). The tensors'
+        storage must stay where it is (rebind after ``p.data = ...``); hyper-parameters are the
+        values given here (a tensor passed here is read at each launch). For benchmarks and tight
+        loops; errors are read by :meth:`check`."""
+        if prog not in self.programs:
+            raise ProgramError(f"no program {prog!r} in this build; it has {sorted(self.programs)}")
+        with self._on_device():
+            bnd = self._binding(prog, params, state, batch, hyper)
+            if bnd.prepared is None:
+                self._prepare(prog, bnd)
+
+        def go() -> None:
+            self._launch(prog, bnd)
+        return go
+
     def outputs(self, prog: str, params=None, state=None, batch=None, hyper=None) -> dict[str, torch.Tensor]:
         """Copies of program ``prog``'s outputs (not written in place) as its last launch left them."""
         with self._on_device():
