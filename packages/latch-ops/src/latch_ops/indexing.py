@@ -18,7 +18,7 @@ Each op is one whole-tensor task for the scheduler unless a tiling is given late
 
 from __future__ import annotations
 
-from latch_core.ir import FLOAT_DTYPES, INT_DTYPES, TensorType
+from latch_core.ir import DTYPES, FLOAT_DTYPES, INT_DTYPES, TensorType
 from latch_core.registry import INDEXING, OpSpec, ShapeError
 
 from .common import attr, check_dim, nbytes, need, spec
@@ -38,6 +38,17 @@ def _index(op: str, t: TensorType, what: str = "idx") -> TensorType:
 
 def _cost(inputs, outputs, attrs):
     return sum(o.numel for o in outputs), nbytes(list(inputs) + list(outputs))
+
+
+def _gather_cost(inputs, outputs, attrs):
+    """A gather (embedding, gather, index_select) reads one source element per output element, not
+    its whole source: out.numel elements of the source, the indices, the output. (Counting the
+    whole table made an embedding task of 16 rows of a 49,152-row table cost ~50 us in the
+    scheduler's model against ~11 measured on the H200: results/wt.md, interval 0.)"""
+    src, idx = inputs[0], inputs[1]
+    out = outputs[0]
+    read = out.numel * DTYPES[src.dtype] if src is not None else 0
+    return out.numel, read + (nbytes([idx]) if idx is not None else 0) + nbytes([out])
 
 
 def _embedding_infer(inputs, attrs):
@@ -141,7 +152,7 @@ def tiling_embedding_backward(in_types, out_types, attrs):
 
 SPECS: list[OpSpec] = [
     spec("embedding", "embedding(weight[V,D], idx[*I]) -> out[*I,D]", _embedding_infer,
-         lambda i, a: [_t().nn.functional.embedding(i[1], i[0])], tags={INDEXING}, num_inputs=(2, 2), cost=_cost,
+         lambda i, a: [_t().nn.functional.embedding(i[1], i[0])], tags={INDEXING}, num_inputs=(2, 2), cost=_gather_cost,
          doc="rows of weight picked by idx", torch_ops=("aten.embedding",)),
     spec("embedding_backward",
          "embedding_backward(grad[*I,D], idx[*I], [base[num_weights,D]]) {num_weights, padding_idx=-1} -> dW",
@@ -150,7 +161,7 @@ SPECS: list[OpSpec] = [
          torch_ops=("aten.embedding_dense_backward",)),
     # (its extra["tiling"] is set below the list: dW's rows and columns split)
     spec("gather", "gather(x, idx) {dim} -> out", _gather_infer,
-         lambda i, a: [_t().gather(i[0], a["dim"], i[1])], tags={INDEXING}, num_inputs=(2, 2), cost=_cost,
+         lambda i, a: [_t().gather(i[0], a["dim"], i[1])], tags={INDEXING}, num_inputs=(2, 2), cost=_gather_cost,
          doc="torch.gather", torch_ops=("aten.gather",)),
     spec("scatter", "scatter(x, idx, src) {dim} -> out", _scatter_infer_named("latch::scatter"),
          lambda i, a: [_t().scatter(i[0], a["dim"], i[1], i[2])], tags={INDEXING}, num_inputs=(3, 3), cost=_cost,
@@ -159,7 +170,7 @@ SPECS: list[OpSpec] = [
          lambda i, a: [_t().scatter_add(i[0], a["dim"], i[1], i[2])], tags={INDEXING}, num_inputs=(3, 3), cost=_cost,
          doc="torch.scatter_add", torch_ops=("aten.scatter_add",)),
     spec("index_select", "index_select(x, idx[n]) {dim} -> out", _index_select_infer,
-         lambda i, a: [_t().index_select(i[0], a["dim"], i[1])], tags={INDEXING}, num_inputs=(2, 2), cost=_cost,
+         lambda i, a: [_t().index_select(i[0], a["dim"], i[1])], tags={INDEXING}, num_inputs=(2, 2), cost=_gather_cost,
          doc="torch.index_select", torch_ops=("aten.index_select", "aten.index.Tensor (one index)")),
     spec("index_add", "index_add(x, idx[n], src) {dim} -> out", _index_add_infer,
          lambda i, a: [_t().index_add(i[0], a["dim"], i[1], i[2])], tags={INDEXING}, num_inputs=(3, 3), cost=_cost,
