@@ -232,8 +232,12 @@ def test_table_splits_the_alone_gap_into_host_time():
            "latch_fwdbwd_ms": 0.11, "torch_fwdbwd_ms": 0.12, "fwdbwd_ratio": 1.1, "latch_fwdbwd_tflops": 94.2,
            "ok": True, "latch_fwd_b2b_ms": 0.026, "torch_fwd_b2b_ms": 0.033, "fwd_b2b_ratio": 0.033 / 0.026,
            "latch_fwdbwd_b2b_ms": 0.09, "torch_fwdbwd_b2b_ms": 0.12, "fwdbwd_b2b_ratio": 1.3,
-           "latch_fwd_host_us": 9.5, "torch_fwd_host_us": 3.25}
+           "latch_fwd_host_us": 9.5, "torch_fwd_host_us": 3.25,
+           "latch_fwd_graph_ms": 0.030, "latch_fwdbwd_graph_ms": 0.10, "fwd_graph_ratio": 0.037 / 0.030,
+           "fwdbwd_graph_ratio": 1.2}
     text = BA.format_table([row])
+    g = [ln for ln in text.splitlines() if ln.strip().startswith("b2h12s1024d64")][-2]
+    assert "fwd   0.030 ms (torch 0.037)  123.3%" in g and "120.0%" in g, text
     line = [ln for ln in text.splitlines() if "latch launch" in ln][-1]
     assert "latch launch    9.5 us (gap  28.0 us)" in line and "torch graph replay    3.2 us (gap   4.0 us)" in line, text
     assert "latch launch" not in BA.format_table([{k: v for k, v in row.items() if "host" not in k}])

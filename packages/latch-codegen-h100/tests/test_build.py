@@ -46,7 +46,7 @@ def test_build_links_a_library_with_the_c_abi_and_rebuilds_from_cache(tmp_path, 
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["key"] == doc.build.key
     lib = ctypes.CDLL(str(out / "program.so"))
-    assert lib.latch_abi_version() == T.ABI_VERSION == 3
+    assert lib.latch_abi_version() == T.ABI_VERSION == 4
     assert lib.latch_block_threads() == 384
     assert lib.latch_num_bodies() == len(manifest["bodies"])
     assert (out / "tables" / "update.tasks.bin").stat().st_size == 96 * manifest["programs"]["update"]["num_tasks"]

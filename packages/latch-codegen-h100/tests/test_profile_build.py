@@ -46,7 +46,7 @@ def test_the_profiling_build_of_the_mlp_compiles_and_differs_only_by_its_flag(tm
     assert builder.PROFILE_FLAG in manifest["flags"]
     assert "-DLATCH_PROFILE=1" in (out / "build.ninja").read_text()
     lib = ctypes.CDLL(str(out / "program.so"))
-    assert lib.latch_abi_version() == T.ABI_VERSION == 3 and hasattr(lib, "latch_launch_profile") and hasattr(lib, "latch_launch")
+    assert lib.latch_abi_version() == T.ABI_VERSION == 4 and hasattr(lib, "latch_launch_profile") and hasattr(lib, "latch_launch")
 
     # The generated sources are the normal build's; only the flags (hence the key) differ.
     gen = generate(doc, jobs=2)

@@ -319,6 +319,10 @@ def run_case(prog, c: Case, iters: int, seed: int, bodies: tuple = ("mma",)) -> 
         lb5 = b2b(lambda: prog.launch(f"{v.name}.fwdbwd", batch=bwd_ins))
         lh = host_us(lambda: prog.launch(f"{v.name}.fwd", batch=fwd_ins), iters)
         lr = host_us(prog.launcher(f"{v.name}.fwd", batch=fwd_ins), iters)
+        # the same launches replayed from a CUDA graph, as the control is (the epoch is on the device)
+        lgf = capture_graph(lambda: prog.launch(f"{v.name}.fwd", batch=fwd_ins), warmup=1)
+        lgb = capture_graph(lambda: prog.launch(f"{v.name}.fwdbwd", batch=bwd_ins), warmup=1)
+        lfg, lbg = median_ms(lgf.replay, iters), median_ms(lgb.replay, iters)
         prog.check()
         ok = identical and all(e <= REL_GATE for e in errs.values())
         rows.append({"case": v.name, "forward_body": _pair(body)[0], "backward_body": _pair(body)[1],
@@ -334,7 +338,9 @@ def run_case(prog, c: Case, iters: int, seed: int, bodies: tuple = ("mma",)) -> 
                      "torch_fwdbwd_b2b_ms": tb5, "fwd_b2b_ratio": tf5 / lf5, "fwdbwd_b2b_ratio": tb5 / lb5,
                      # host time per call (the forward's launch; torch's graph replay): the host's share
                      # of the alone - back-to-back gap, the rest is the device's launch latency
-                     "latch_fwd_host_us": lh, "latch_fwd_launcher_host_us": lr, "torch_fwd_host_us": th})
+                     "latch_fwd_host_us": lh, "latch_fwd_launcher_host_us": lr, "torch_fwd_host_us": th,
+                     "latch_fwd_graph_ms": lfg, "latch_fwdbwd_graph_ms": lbg,
+                     "fwd_graph_ratio": tf / lfg, "fwdbwd_graph_ratio": tb / lbg})
     return rows
 
 
@@ -357,6 +363,13 @@ def format_table(rows: list[dict]) -> str:
             lines.append(f"  {r['case']:<34} fwd {r['latch_fwd_b2b_ms']:7.3f} ms (torch {r['torch_fwd_b2b_ms']:.3f}) "
                          f"{100 * r['fwd_b2b_ratio']:6.1f}%   f+b {r['latch_fwdbwd_b2b_ms']:7.3f} ms "
                          f"(torch {r['torch_fwdbwd_b2b_ms']:.3f}) {100 * r['fwdbwd_b2b_ratio']:6.1f}%")
+    graph = [r for r in rows if "latch_fwd_graph_ms" in r]
+    if graph:
+        lines.append("alone, both replayed from a CUDA graph (the control's own terms):")
+        for r in graph:
+            lines.append(f"  {r['case']:<34} fwd {r['latch_fwd_graph_ms']:7.3f} ms (torch {r['torch_fwd_ms']:.3f}) "
+                         f"{100 * r['fwd_graph_ratio']:6.1f}%   f+b {r['latch_fwdbwd_graph_ms']:7.3f} ms "
+                         f"(torch {r['torch_fwdbwd_ms']:.3f}) {100 * r['fwdbwd_graph_ratio']:6.1f}%")
     host = [r for r in rows if "latch_fwd_host_us" in r]
     if host:
         lines.append("host time per forward call (perf_counter over 20 calls the GPU queue absorbs), and the "

@@ -6,8 +6,10 @@ and the current stream. So a build works with whatever torch the GPU machine has
 
 One update = one cooperative launch per program run (``update``; or ``accumulate`` K-1 times then
 ``accumulate_and_update``), plus, where the memory plan asks for it, copy-backs of in-place values.
-Counters and the barrier word are never reset between launches (per-launch epochs, see the
-kernel); after a launch that reported an error they are zeroed and the epochs restart.
+Counters and the barrier word are never reset between launches (per-launch epochs, kept on the
+device: see the kernel); after a launch that reported an error they are zeroed and the epochs
+restart. A launch passes nothing that changes from one launch to the next, so launches can be
+captured into a CUDA graph (``torch.cuda.graph``) and replayed.
 
 A profiling build (``build(..., profile=True)``) is recognised by its flag in the manifest; every
 launch then gets a zeroed record buffer and is bracketed by CUDA events, and :meth:`Program.profile`
@@ -62,8 +64,8 @@ class _Args(ctypes.Structure):
         ("instrs", ctypes.c_void_p), ("sm_begin", ctypes.c_void_p), ("tasks", ctypes.c_void_p),
         ("operands", ctypes.c_void_p), ("buffers", ctypes.c_void_p), ("counters", ctypes.c_void_p),
         ("expected", ctypes.c_void_p), ("barrier", ctypes.c_void_p), ("error", ctypes.c_void_p),
-        ("num_lists", ctypes.c_int32), ("epoch", ctypes.c_uint32), ("num_barriers", ctypes.c_uint32),
-        ("program", ctypes.c_int32), ("timeout_ns", ctypes.c_uint64), ("tmaps", ctypes.c_void_p),
+        ("num_lists", ctypes.c_int32), ("num_barriers", ctypes.c_uint32), ("program", ctypes.c_int32),
+        ("pad_", ctypes.c_uint32), ("timeout_ns", ctypes.c_uint64), ("tmaps", ctypes.c_void_p),
     ]
 
 
@@ -127,8 +129,8 @@ class _ProgramTables:
             t = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(16, dtype=torch.uint8)
             self.dev[k] = t.to(device)
         n = max(1, info["num_counters"])
-        self.sync = torch.zeros(n + 1, dtype=torch.int32, device=device)  # counters..., barrier word
-        self.epoch = 0
+        # counters..., the barrier word, the epoch, the blocks done with this launch (the kernel's Args::barrier)
+        self.sync = torch.zeros(n + 3, dtype=torch.int32, device=device)
         sm_begin = self.raw["sm_begin"]
         self.num_instrs = int.from_bytes(sm_begin[-4:], "little", signed=True) if sm_begin else 0
 
@@ -306,6 +308,9 @@ class Program:
                 cached[1].fill_(value)
                 self._hyper_cache[name] = (value, cached[1])
             return cached[1]
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise ProgramError(f"hyper-parameter {name!r}: first given while a CUDA graph is being captured; launch "
+                               "the program once before capturing (or pass the value as a tensor on the device)")
         t = torch.tensor(value, dtype=DTYPES[spec["dtype"]]).reshape(spec["shape"]).to(self.device)
         self._hyper_cache[name] = (value, t)
         return t
@@ -390,6 +395,10 @@ class Program:
         p = self.programs[prog]
         info = p.info
         bound = bnd.bound
+        if torch.cuda.is_current_stream_capturing():
+            raise ProgramError(f"program {prog!r}: its first launch with these tensors is being captured into a CUDA "
+                               "graph; launch it once before capturing (that launch uploads the pointer table and the "
+                               "tensor maps, which a capture cannot), as torch code is warmed up before a capture")
         ptrs = (self.arena.data_ptr(),) + tuple(bound[b["name"]].data_ptr() if b["name"] in bound else 0
                                                 for b in self.buffers)
         table = torch.tensor(ptrs, dtype=torch.int64).to(self.device)
@@ -418,7 +427,6 @@ class Program:
         if bnd.prepared is None:
             self._prepare(prog, bnd)
         _table, _tmaps, a, a_ptr, copies = bnd.prepared
-        a.epoch = p.epoch & 0xFFFFFFFF
         stream = self._stream()
         if self.profiling:
             code = self._launch_profiled(prog, a, stream)
@@ -427,7 +435,6 @@ class Program:
         if code:
             self._check(code, f"launching program {prog!r} ({self.num_sms} blocks x {self.block_threads} threads, "
                               f"{self.smem} B smem)")
-        p.epoch += 1
         self.launches += 1
         for dst, src in copies:
             dst.copy_(src)
@@ -476,6 +483,9 @@ class Program:
         and CUDA events around exactly the kernel launch. On an idle GPU the start event would fire
         before the host has even submitted the kernel, so a short GPU sleep is queued first: the
         events then time the kernel, not the host's launch call."""
+        if torch.cuda.is_current_stream_capturing():
+            raise ProgramError(f"{self.root} is a profiling build: its launches time themselves with CUDA events "
+                               "and cannot be captured into a CUDA graph; capture a normal build")
         p = self.programs[prog]
         queued = sum(t["tasks"] for t in p.info.get("tickets", ()))
         n = p.num_instrs + self.num_sms + queued  # lists, blocks, queue tasks
@@ -546,7 +556,7 @@ class Program:
 
     def launcher(self, prog: str, params=None, state=None, batch=None, hyper=None):
         """A function that launches program ``prog`` on these very tensors, with nothing checked
-        again: bound, checked and prepared once here, each call is the epoch, the launch and the
+        again: bound, checked and prepared once here, each call is the launch and the
         copy-backs (what :meth:`launch` does after its one pass over the inputs). The tensors'
         storage must stay where it is (rebind after ``p.data = ...``); hyper-parameters are the
         values given here (a tensor passed here is read at each launch). For benchmarks and tight
@@ -618,8 +628,7 @@ class Program:
         self.error.zero_()
         self._profiled.clear()  # an aborted launch's records are incomplete
         for p in self.programs.values():  # counters are inconsistent after an aborted launch
-            p.sync.zero_()
-            p.epoch = 0
+            p.sync.zero_()  # (the epoch and the done count with them)
         raise LaunchError(self.describe_error(e))
 
     def describe_error(self, e: list[int]) -> str:

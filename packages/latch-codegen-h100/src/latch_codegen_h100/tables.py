@@ -4,7 +4,7 @@ These bytes are the program; the compiled kernel only interprets them. They are 
 sources (``tables/<program>.*.bin``) and uploaded by the runtime, never baked into the source, so a
 changed schedule or memory plan over the same op signatures reuses the compiled library.
 
-Layouts (little-endian) mirror ``cuda/latch_kernel.cuh`` (``LATCH_ABI_VERSION`` 3):
+Layouts (little-endian) mirror ``cuda/latch_kernel.cuh`` (``LATCH_ABI_VERSION`` 4):
 - Instr:   4 x int32 (kind, a, b, c)
 - Task:    24 x int32 (body, task, group, ndim, op_begin, op_count, tmap, dep, lo[8], hi[8])
 - Operand: int32 buffer, int32 pad, int64 byte offset
@@ -23,7 +23,7 @@ import attrs
 
 from latch_core.ir import DTYPES
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 MAX_DIMS = 8
 I_TASK, I_BARRIER, I_WAIT, I_SIGNAL, I_TICKET = 1, 2, 3, 4, 5
 KIND_CODES = {"task": I_TASK, "barrier": I_BARRIER, "wait": I_WAIT, "signal": I_SIGNAL, "ticket": I_TICKET}

@@ -11,7 +11,7 @@
 #include "latch_common.cuh"
 #include "latch_pipe.cuh"
 
-#define LATCH_ABI_VERSION 3
+#define LATCH_ABI_VERSION 4
 #define LATCH_MAX_DIMS 8
 
 namespace latch {
@@ -79,12 +79,13 @@ struct Args {
   char* const* buffers;     // [0] arena, then external buffers in manifest order
   uint32_t* counters;       // this program's dataflow counters
   const uint32_t* expected; // signals per launch, per counter
-  uint32_t* barrier;        // this program's barrier counter (one word)
+  uint32_t* barrier;        // this program's barrier word, then its epoch (launches completed since the
+                            // words were zeroed) and its count of blocks that finished this launch
   Error* error;
   int32_t num_lists;
-  uint32_t epoch;           // launches of this program completed since the counters were zeroed
   uint32_t num_barriers;
   int32_t program;          // index of the program in the manifest (for error reports)
+  uint32_t pad_;
   unsigned long long timeout_ns;
   const void* tmaps;        // this program's encoded tensor maps (CUtensorMap, 128 bytes each)
 };

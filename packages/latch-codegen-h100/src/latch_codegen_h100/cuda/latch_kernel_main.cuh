@@ -63,6 +63,9 @@
 // Counters and the barrier word are never reset between launches: launch number ``epoch`` of a
 // program waits for ``epoch * expected[c] + n`` signals on counter c, and for
 // ``(epoch * num_barriers + k + 1) * gridDim.x`` arrivals at barrier k (unsigned, wrap-safe).
+// The epoch lives on the device (Args::barrier[1]): thread 0 of every block reads it at entry, and
+// the last block to finish (Args::barrier[2] counts them) adds one, so a launch takes no argument
+// that changes between launches and a CUDA graph can hold it (replays count epochs like launches).
 // Blocks past the schedule's lists only take part in the grid barriers. Every wait gives up after
 // ``timeout_ns`` (or when another block aborted), recording who waited on what in the error record.
 //
@@ -114,6 +117,7 @@ static_assert(128 * LATCH_PRODUCER_REGS + LATCH_THREADS * LATCH_CONSUMER_REGS <=
 __device__ latch::Error* latch_error_buffer;
 __device__ int latch_current_task[1024];  // per block: the task it is running (for body errors)
 __device__ int latch_current_program;     // Args::program of the running launch
+__shared__ uint32_t latch_epoch;          // this launch's epoch (Args::barrier[1] at entry; see the top)
 // Per block (128 bytes apart): tasks of its list the consumers have finished, their stores complete
 // (``done``; zeroed by the block at launch). In global memory, written and polled inside the block
 // (release/acquire at CTA scope): shared memory would be the same speed but a flag there is a hazard
@@ -233,7 +237,7 @@ __device__ __forceinline__ bool spin_until(const uint32_t* p, uint32_t target, u
 // holds (epoch * num_barriers + k + 1) * gridDim.x arrivals then.
 __device__ __forceinline__ bool barrier_complete(const Args& a, uint32_t k, int pc) {
   const uint32_t grid = gridDim.x;
-  const uint32_t base = (a.epoch * a.num_barriers + k) * grid;
+  const uint32_t base = (latch_epoch * a.num_barriers + k) * grid;
   return spin_until(a.barrier, base + grid, base, a, ERR_BARRIER_TIMEOUT, pc, (int)k);
 }
 
@@ -349,7 +353,7 @@ __device__ __forceinline__ int produce_task(const Args& a, Slot& s, Pipe& p, uin
 __device__ __forceinline__ bool counter_wait(const Args& a, const Instr& ins, int pc) {
   int ok = 1;
   if ((threadIdx.x & 31) == 0) {
-    const uint32_t base = a.epoch * a.expected[ins.a];
+    const uint32_t base = latch_epoch * a.expected[ins.a];
     ok = spin_until(a.counters + ins.a, base + (uint32_t)ins.b, base, a, ERR_WAIT_TIMEOUT, pc, ins.a);
     sm90::fence_proxy_async_global();
   }
@@ -382,7 +386,7 @@ __device__ __forceinline__ void producer(const Args& a, WorkerShared& S, char* r
       // task another SM could have run.
       while (released + 1 < handed) await_release(released);
       uint32_t t = 0;
-      if (lane == 0) t = atomicAdd(a.counters + ins.a, 1u) - a.epoch * a.expected[ins.a];
+      if (lane == 0) t = atomicAdd(a.counters + ins.a, 1u) - latch_epoch * a.expected[ins.a];
       t = __shfl_sync(0xffffffffu, t, 0);
       if (t >= (uint32_t)ins.c) {  // drained: on to the barrier
         ++pc;
@@ -506,7 +510,8 @@ __device__ __forceinline__ void consumer_flush(bool& pending, uint32_t done, uin
   pending = false;
 }
 
-__device__ __forceinline__ void consumers(const Args& a, WorkerShared& S, char* ring, char* scratch LATCH_PROF_PARAM) {
+// The consumers of one block, over its list; false when the launch was aborted.
+__device__ __forceinline__ bool consumers(const Args& a, WorkerShared& S, char* ring, char* scratch LATCH_PROF_PARAM) {
   const int tid = threadIdx.x;
   const int begin = a.sm_begin[blockIdx.x];
   const char* tmaps = (const char*)a.tmaps;
@@ -608,6 +613,18 @@ __device__ __forceinline__ void consumers(const Args& a, WorkerShared& S, char* 
 #ifdef LATCH_PROFILE
   if (tid == 0 && !aborted) prof_store(prof, (long long)lists_end + blockIdx.x, entry, globaltimer());
 #endif
+  return !aborted;
+}
+
+// Thread 0 of a block whose part of the launch is done (its last read of the epoch word was at
+// entry): the last block of the grid to come here zeroes the count and advances the epoch, which
+// the next launch, ordered after this one, reads. An aborted launch advances nothing (the runtime
+// zeroes every word after reading its error record).
+__device__ __forceinline__ void launch_exit(const Args& a) {
+  if (atomicAdd(a.barrier + 2, 1u) == gridDim.x - 1) {
+    a.barrier[2] = 0;
+    a.barrier[1] += 1;
+  }
 }
 
 }  // namespace latch
@@ -630,6 +647,7 @@ extern "C" __global__ void __launch_bounds__(LATCH_BLOCK, 1) latch_kernel(latch:
       sm90::mbar_init(&S.stage_empty[i], LATCH_THREADS / 32);
     }
     *done_word() = 0;  // (the producer reads it only after the __syncthreads below)
+    latch_epoch = *reinterpret_cast<volatile uint32_t*>(a.barrier + 1);
     sm90::mbar_init_fence();
   }
   __syncthreads();  // the last barrier of the whole block: from here on the roles meet only at the queue's
@@ -650,9 +668,10 @@ extern "C" __global__ void __launch_bounds__(LATCH_BLOCK, 1) latch_kernel(latch:
 #ifdef LATCH_PROFILE
     if (threadIdx.x == 0) prof_store(prof, (long long)a.sm_begin[a.num_lists] + blockIdx.x, entry, globaltimer());
 #endif
+    if (threadIdx.x == 0) launch_exit(a);
     return;
   }
-  consumers(a, S, ring, scratch LATCH_PROF_ARG);
+  if (consumers(a, S, ring, scratch LATCH_PROF_ARG) && threadIdx.x == 0) launch_exit(a);
 }
 
 // ---------------------------------------------------------------------------------------------
