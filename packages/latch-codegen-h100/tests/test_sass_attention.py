@@ -248,6 +248,23 @@ def _hgmma_loops(text: list[str]) -> list[tuple[int, int]]:
     return sorted(loops)
 
 
+def _loop_products(text: list[str], loops: list[tuple[int, int]]) -> list[tuple[int, dict]]:
+    """Per HGMMA loop: (its 64x64 products with both operands in shared memory, {accumulator:
+    products with register A}) -- an SS step reads ``HGMMA.64x64x16.F32.BF16 Racc, gdesc[..]``, a
+    register-A step ``HGMMA.64xNx16.F32.BF16 Racc, Ra, gdesc[..]``."""
+    out = []
+    for a, b in loops:
+        ss, rs = 0, {}
+        for i in range(a, b + 1):
+            m = re.search(r"HGMMA\.64x\d+x16\.F32\.BF16 (R\d+), (R\d+), gdesc", text[i])
+            if m:
+                rs[m.group(1)] = rs.get(m.group(1), 0) + 1
+            elif re.search(r"HGMMA\.64x64x16\.F32\.BF16 R\d+, gdesc", text[i]):
+                ss += 1
+        out.append((ss, rs))
+    return out
+
+
 def _assert_lean_score_loops(text: list[str], loops: list[tuple[int, int]], branches: bool = False) -> None:
     """The score work of the tensor-core loops (results/lead12.md, change 1): 2^x is MUFU.EX2 alone
     (latch::awg::ex2; exp2f's range check around it is an FSETP against -126 and a squaring, 4 more
@@ -310,6 +327,12 @@ def test_wgmma_backward_is_hgmma_fed_by_tma_without_spills(builds, d, causal, gl
     assert not local, local[:8]
     if body == "wgmma":  # (wgmma2, not used, keeps its per-element branches)
         _assert_lean_score_loops(text, loops, branches=True)
+    # dK and dV in one pass over the query blocks at both head dims: one loop holds S^T and dP^T once
+    # (2 x d/16 steps of 64x64 from shared memory) and the register-A products into both
+    # accumulators, 4 steps each. (Head dim 128's former two passes, a dV loop and then a dK loop
+    # recomputing S^T, had no loop with two register-A accumulators.)
+    kv = [(ss, rs) for ss, rs in _loop_products(text, loops) if len(rs) == 2]
+    assert len(kv) == 1 and kv[0][0] == 2 * (d // 16) and sorted(kv[0][1].values()) == [4, 4], kv
     r = sass_report(out / "program.so")
     # backward: S (dQ half) and S^T (dK/dV half) and their dP: 4 x d/16 steps of 64x64 from shared
     # memory; dQ, dV, dK: 3 x 4 steps of 64xd with register A

@@ -7,10 +7,12 @@
 // [r0, r1)). It computes, in this order:
 //   dQ  of its query rows, per query head and block of 64 rows: S = Q K^T, dP = dO V^T over the key
 //       blocks the rows see, dS = P (dP - dterm), dQ += dS K (register A = dS);
-//   dK, dV of its key rows (latch_ops.attention.key_block) per key/value head and block of 64 keys:
-//       S^T = K Q^T, dP^T = V dO^T over the (query head, query block) pairs of the group (heads in
-//       order, blocks ascending; causal: from the key block's own), dV += P^T dO, dK += dS^T Q
-//       (register A = P^T, dS^T).
+//   dK, dV of its key rows (latch_ops.attention.key_block) per key/value head and block of 64 keys,
+//       both in one pass over the (query head, query block) pairs of the group (heads in order,
+//       blocks ascending; causal: from the key block's own): S^T = K Q^T, dP^T = V dO^T,
+//       dV += P^T dO, dK += dS^T Q (register A = P^T, dS^T). Both FP32 accumulators stay in registers
+//       for the whole pass; at D = 128 that leaves room beside them for S^T or dP^T and P^T's BF16
+//       fragments, not for both FP32 products (BwdShape::SEQ: dS^T is computed from the BF16 P^T).
 // Blocks are always 64 rows. The two consumer warpgroups split the loop of a block between them: the
 // even key blocks (dQ) or (head, query block) pairs (dK/dV) go to warpgroup 0, the odd ones to
 // warpgroup 1; at the end warpgroup 1 hands its FP32 partial sums to warpgroup 0 through shared memory
@@ -18,12 +20,11 @@
 // bits on every run. A warpgroup still waits for, and releases, the stages of the other's blocks.
 //
 // Stages (the producer's order is the consumers'):
-//   query block (bh, qb): Q | dO | O | lse | glse for D = 64; for D = 128 Q | dO | lse | glse and,
-//     where the block needs dO . O (dQ, dK), a second stage O. Q, dO, O as D/64 3-D boxes of (64
-//     columns, 64 rows, 1 head) of [B*H][T][D]
-//     (rows past T read as zeros), lse and glse as 1-D boxes of 68 floats of the flat [B*H*Tq]
-//     tensors starting at bh * Tq + qb rounded down to 16 bytes (BwdShape::LSE_BOX; rows past Tq
-//     read the next head's values: the body ignores them);
+//   query block (bh, qb): Q | dO | O | lse | glse for D = 64; for D = 128 Q | dO | lse | glse and a
+//     second stage O (both halves need dO . O). Q, dO, O as D/64 3-D boxes of (64 columns, 64 rows,
+//     1 head) of [B*H][T][D] (rows past T read as zeros), lse and glse as 1-D boxes of 68 floats of
+//     the flat [B*H*Tq] tensors starting at bh * Tq + qb rounded down to 16 bytes (BwdShape::LSE_BOX;
+//     rows past Tq read the next head's values: the body ignores them);
 //   key block (bkv, kb): K | V, D/64 boxes each.
 // The fixed operands of a block (Q and dO for dQ, K and V for dK/dV) are copied from their stage into
 // the body's scratch and the stage is released at once, so no stage is held across the loop (a ring
@@ -53,33 +54,32 @@ template <int D> struct BwdShape {
   static constexpr int LSE_BOX = B + 4, LSE_BYTES = 4 * LSE_BOX, LSE_ROOM = (LSE_BYTES + 127) / 128 * 128;
   static constexpr int LSE_OFF = SPLIT ? 2 * TILE : 3 * TILE, GLSE_OFF = LSE_OFF + LSE_ROOM;  // in its first
   static constexpr int STAGE = GLSE_OFF + LSE_ROOM;   // bytes of a stage the body needs
-  // stages of a query block: 1, or 2 where the block needs O (dO . O) and O has its own stage
-  __device__ __forceinline__ static constexpr int qstages(bool with_o) { return SPLIT && with_o ? 2 : 1; }
+  static constexpr int QSTAGES = SPLIT ? 2 : 1;  // stages of a query block (O in its own at D = 128)
   static constexpr int RT_OFF = 2 * TILE;        // scratch: two blocks, then the row terms
   static constexpr int SCRATCH = RT_OFF + 2 * 2 * 2 * 64 * 4;  // [wg][buffer][lse2, dterm][64]
   static_assert(2 * TILE <= STAGE, "a key block (K, V) fits one stage");
   static_assert(LSE_BYTES % 16 == 0, "a 1-D box is whole 16-byte chunks");
   static_assert(B * D * 4 <= 2 * TILE, "a warpgroup's FP32 partial block fits the two scratch blocks");
+  // The products of a dK/dV pair. The loop holds both FP32 accumulators (2 x D/2 registers a thread)
+  // beside S^T and dP^T (32 each). D = 64: S^T and dP^T are issued together, P^T and dS^T computed
+  // from them in FP32. D = 128 (SEQ): 128 + 64 leave too few of the consumers' 224 registers for the
+  // rest of the loop (ptxas put 68 local loads/stores in it, with bwd_ss_first), so S^T is issued
+  // alone, P^T packed into the BF16 fragments of the dV product (32 -> 16 registers) before dP^T's
+  // accumulators exist (they take S^T's registers), dP^T issued with dV += P^T dO, and dS^T computed
+  // from those BF16 fragments (bwd_dkdv_ds; peak 128 + 32 + 16): 4 products a pair, P^T rounded once
+  // more in dS^T (the FP64 gate's dk error 2.4e-3 -> 2.9e-3 on the CPU model).
+  static constexpr bool SEQ = D == 128;
 };
 
 // The body's variants (``attention_body`` "wgmma" = 1, "wgmma2" = 2). Both compute the same sums in
 // the same order (the same bits); 2 overlaps a warpgroup's elementwise work with its own products:
 // S and dP are committed as two groups, P = exp2(S - lse) is computed while dP is still on the
-// tensor cores (wgmma_wait<1>), and in the one-pass dK/dV loop dV += P^T dO is issued before
+// tensor cores (wgmma_wait<1>), and in the D = 64 dK/dV loop dV += P^T dO is issued before
 // dS^T = P^T (dP^T - dterm) is computed (it runs under that work). Variant 1 waits for both products
 // and runs the elementwise work between them with the tensor cores idle (the other warpgroup's work
-// may fill them).
+// may fill them). The D = 128 dK/dV loop (BwdShape::SEQ) is the same in both: its products run one
+// after another by construction.
 constexpr int BWD_VARIANTS = 2;
-
-// dK and dV of a key block in one pass over the queries, or in two (dV, then dK: S recomputed) where
-// the accumulators of both would not fit the registers beside S and dP.
-template <int D> struct BwdPasses {
-#ifdef LATCH_BWD_ONE_PASS
-  static constexpr int N = 1;
-#else
-  static constexpr int N = D == 128 ? 2 : 1;
-#endif
-};
 
 #ifndef LATCH_EMULATED_WGMMA
 // One 1-D box (no swizzle) of tensor map ``map`` at element ``c0`` into shared memory at ``dst``.
@@ -130,9 +130,9 @@ struct BwdMaps {
   const void *q, *k, *v, *go, *o, *lse, *glse;  // glse may be null (no gradient of lse)
 };
 
-// A query block's stage(s); ``with_o``: the block needs O (D = 64 always loads it: one stage).
+// A query block's stage(s) (BwdShape::QSTAGES).
 template <int D>
-__device__ __forceinline__ bool bwd_load_query_block(Pipe& p, const BwdMaps& m, int bh, int qb, int Tq, bool with_o) {
+__device__ __forceinline__ bool bwd_load_query_block(Pipe& p, const BwdMaps& m, int bh, int qb, int Tq) {
   typedef BwdShape<D> S;
   const bool o_here = !S::SPLIT;  // O in the first stage
   {
@@ -150,7 +150,7 @@ __device__ __forceinline__ bool bwd_load_query_block(Pipe& p, const BwdMaps& m, 
     if (m.glse) tma_load_1d(st + S::GLSE_OFF, m.glse, full, lse_box_start(bh * Tq + qb));
     p.advance();
   }
-  if (S::qstages(with_o) == 2) {
+  if (S::QSTAGES == 2) {
     if (!pipe_wait(&p.empty[p.stage], p.phase ^ 1u, p)) return false;
     char* st = p.at(p.stage);
     uint64_t* full = &p.full[p.stage];
@@ -188,19 +188,18 @@ __device__ __forceinline__ bool bwd_produce(Pipe& p, const Task* t, const BwdMap
     for (int h = t->lo[1]; h < t->hi[1]; ++h)
       for (int r = r0; r < r1; r += S::B) {
         const int re = r + S::B < r1 ? r + S::B : r1, bkv = b * Hkv + h / G;
-        if (!bwd_load_query_block<D>(p, m, b * H + h, r, Tq, true)) return false;
+        if (!bwd_load_query_block<D>(p, m, b * H + h, r, Tq)) return false;
         const int kend = bwd_dq_key_end<CAUSAL>(re, Tk);
         for (int kb = 0; kb < kend; kb += S::B)
           if (!bwd_load_key_block<D>(p, m, bkv, kb)) return false;
       }
     for (int g = t->lo[1] / G; g < (t->hi[1] + G - 1) / G; ++g)
-      for (int kb = k0; kb < k1; kb += S::B)
-        for (int pass = 0; pass < BwdPasses<D>::N; ++pass) {
-          if (!bwd_load_key_block<D>(p, m, b * Hkv + g, kb)) return false;
-          for (int hh = 0; hh < G; ++hh)
-            for (int qb = bwd_q_start<CAUSAL>(kb); qb < Tq; qb += S::B)
-              if (!bwd_load_query_block<D>(p, m, b * H + g * G + hh, qb, Tq, pass == BwdPasses<D>::N - 1)) return false;
-        }
+      for (int kb = k0; kb < k1; kb += S::B) {
+        if (!bwd_load_key_block<D>(p, m, b * Hkv + g, kb)) return false;
+        for (int hh = 0; hh < G; ++hh)
+          for (int qb = bwd_q_start<CAUSAL>(kb); qb < Tq; qb += S::B)
+            if (!bwd_load_query_block<D>(p, m, b * H + g * G + hh, qb, Tq)) return false;
+      }
   }
   return true;
 }
@@ -323,24 +322,25 @@ __device__ __forceinline__ void bwd_dq_ds(float (&s)[32], const float (&dp)[32],
     }
 }
 
-// P^T into ``s`` and (DK) dS^T = P^T (dP^T - dterm) into ``dp`` of a dK/dV pair: this thread's key
+// P^T into ``s`` and (DS) dS^T = P^T (dP^T - dterm) into ``dp`` of a dK/dV pair: this thread's key
 // rows a and b, query columns from ``qb`` with their row terms at ``rt`` (lse2[64], dterm[64]).
-// MASK as in bwd_dq_ds (queries past Tq, keys past Tk, causal: keys above the diagonal).
-template <bool MASK, bool CAUSAL, bool DK>
+// MASK as in bwd_dq_ds (queries past Tq, keys past Tk, causal: keys above the diagonal). ``dp`` is
+// not read or written without DS (the caller may pass ``s``).
+template <bool MASK, bool CAUSAL, bool DS>
 __device__ __forceinline__ void bwd_dkdv_p(float (&s)[32], float (&dp)[32], uint32_t rt, float c2, int qb, int key_a,
                                            int key_b, int t4, int Tq, int Tk) {
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const int lq = 8 * j + 2 * t4;  // this thread's query columns lq, lq + 1 (rows: keys a, b)
     const float2 l2 = ld_shared_f32x2(rt + 4 * lq);
-    const float2 dt = DK ? ld_shared_f32x2(rt + 256 + 4 * lq) : make_float2(0.f, 0.f);
+    const float2 dt = DS ? ld_shared_f32x2(rt + 256 + 4 * lq) : make_float2(0.f, 0.f);
 #pragma unroll
     for (int e2 = 0; e2 < 2; ++e2)
 #pragma unroll
       for (int hb = 0; hb < 2; ++hb) {
         const int e = 2 * hb + e2;
         float pr = ex2(s[4 * j + e] * c2 - (e2 ? l2.y : l2.x));
-        float ds = DK ? pr * (dp[4 * j + e] - (e2 ? dt.y : dt.x)) : 0.f;
+        float ds = DS ? pr * (dp[4 * j + e] - (e2 ? dt.y : dt.x)) : 0.f;
         if (MASK) {
           const int qi = qb + lq + e2, key = hb ? key_b : key_a;
           const bool vis = qi < Tq && key < Tk && (!CAUSAL || key <= qi);
@@ -348,9 +348,46 @@ __device__ __forceinline__ void bwd_dkdv_p(float (&s)[32], float (&dp)[32], uint
           ds = vis ? ds : 0.f;
         }
         s[4 * j + e] = pr;
-        if (DK) dp[4 * j + e] = ds;  // dS^T
+        if (DS) dp[4 * j + e] = ds;  // dS^T
       }
   }
+}
+
+// dS^T = P^T (dP^T - dterm) of a dK/dV pair from P^T as the BF16 fragments ``fp`` of its dV product
+// (bwd_pack's layout: fp[j / 2][2 (j % 2) + h] holds accumulator elements 4 j + 2 h and + 1: key row
+// h, query columns 8 j + 2 t4 and + 1), straight into the fragments ``fd`` of the dK product. No
+// mask: a masked P^T is 0 and dP^T - dterm is finite there (rows past Tq or Tk are zero-filled,
+// their row terms 0), so its dS^T is 0 as well.
+__device__ __forceinline__ void bwd_dkdv_ds(uint32_t (&fd)[4][4], const uint32_t (&fp)[4][4], const float (&dp)[32],
+                                            uint32_t rt, int t4) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float2 dt = ld_shared_f32x2(rt + 256 + 4 * (8 * j + 2 * t4));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int i = 4 * j + 2 * h, kk = j >> 1, e = 2 * (j & 1) + h;
+      const float2 pr = bf2_to_f2(fp[kk][e]);
+      fd[kk][e] = pack_bf16(pr.x * (dp[i] - dt.x), pr.y * (dp[i + 1] - dt.y));
+    }
+  }
+}
+
+// The first K step of an S-like product, scale-d 0, with the accumulators as outputs only. The
+// generated wgmma (latch_wgmma.cuh) reads them ("+f"), which makes the previous pair's values of
+// the array (P^T) live around the whole loop into the next pair's first step: ptxas then keeps
+// S^T's and dP^T's registers apart and the D = 128 dK/dV loop does not fit (C7512, spills in the
+// loop). Used at D = 128 only: at D = 64 everything fits either way, and this form moved ptxas's
+// choices there (more stack outside the loops, a longer wgmma2 dK/dV loop).
+__device__ __forceinline__ void bwd_ss_first(float (&d)[32], uint64_t a, uint64_t b) {
+#ifdef LATCH_EMULATED_WGMMA
+  WgmmaSs<64>::run(d, a, b, 0);
+#else
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, 0, 0;\n\t"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n\t}"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
+      : "l"(a), "l"(b));
+#endif
 }
 
 // S-like product of two 64-row K-major blocks: d (m64 n64) = A B^T over D (issued, not committed).
@@ -359,7 +396,8 @@ template <int D> __device__ __forceinline__ void bwd_issue_ss(float (&d)[32], co
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk) {
     const uint32_t off = (kk >> 2) * 8192 + 32 * (kk & 3);
-    WgmmaSs<64>::run(d, desc_at(da, off), desc_at(db, off), kk == 0 ? 0 : 1);
+    if (kk == 0 && D == 128) bwd_ss_first(d, desc_at(da, off), desc_at(db, off));
+    else WgmmaSs<64>::run(d, desc_at(da, off), desc_at(db, off), kk == 0 ? 0 : 1);
   }
 }
 
@@ -474,9 +512,10 @@ __device__ __forceinline__ bool bwd_dq_block(Pipe& p, __nv_bfloat16* dq, int bh,
   return true;
 }
 
-// dK (DK) and/or dV (DV) of keys [kb, kend) of key/value head bkv, summed over its G query heads and
-// their query blocks (stages: the key block, then the query blocks in the producer's order).
-template <int D, bool CAUSAL, bool DK, bool DV, int V>
+// dK and dV of keys [kb, kend) of key/value head bkv, summed over its G query heads and their query
+// blocks in one pass (stages: the key block, then the query blocks in the producer's order; the
+// products of a pair as BwdShape::SEQ says).
+template <int D, bool CAUSAL, int V>
 __device__ __forceinline__ bool bwd_dkdv_block(Pipe& p, __nv_bfloat16* dk, __nv_bfloat16* dv, int bkv, int G,
                                                int kb, int kend, int Tq, int Tk, float scale, bool glse, char* smem) {
   typedef BwdShape<D> S;
@@ -484,7 +523,7 @@ __device__ __forceinline__ bool bwd_dkdv_block(Pipe& p, __nv_bfloat16* dk, __nv_
   const float c2 = scale * LOG2E;
   sm90::named_sync(1, 256);  // the scratch's previous readers are done
   if (!bwd_copy_block<D>(p, smem)) return false;  // K | V
-  float ak[D / 2], av[D / 2];  // (the pass's unused one is dead code)
+  float ak[D / 2], av[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) ak[i] = av[i] = 0.f;
   const int key_a = kb + 16 * warp + g, key_b = key_a + 8;
@@ -493,7 +532,7 @@ __device__ __forceinline__ bool bwd_dkdv_block(Pipe& p, __nv_bfloat16* dk, __nv_
   bool fail = false;
 #pragma unroll 1
   for (int pi = 0; pi < total; ++pi) {
-    constexpr bool TWO = S::qstages(DK) == 2;  // (dV alone needs no O)
+    constexpr bool TWO = S::QSTAGES == 2;
     const uint32_t sa = p.stage;
     bool ok = pipe_wait_warp(&p.full[p.stage], p.phase, p);
     if (TWO) {
@@ -509,45 +548,72 @@ __device__ __forceinline__ bool bwd_dkdv_block(Pipe& p, __nv_bfloat16* dk, __nv_
         fail = true;
         break;
       }
-      float s[32], dp[32];  // (written whole by their first product: scale-d 0)
-      if (DK) fence_regs(ak);
-      if (DV) fence_regs(av);
-      sm90::wgmma_fence();
-      bwd_issue_ss<D>(s, smem, st);  // S^T = K Q^T
-      if (V == 2 && DK) sm90::wgmma_commit();  // S^T its own group (no empty group: ptxas adds a dummy wgmma)
-      if (DK) bwd_issue_ss<D>(dp, smem + S::TILE, st + S::TILE);  // dP^T = V dO^T
-      sm90::wgmma_commit();
-      bwd_row_terms<D, DK>(rt, st, p.at(sb), bkv * G + pi / nq, qb, Tq, glse);  // query head b H + g G + hh
-      sm90::named_sync(2 + wg, 128);  // the warpgroup's row terms are written
       const bool edge = qb + S::B > Tq || kb + S::B > Tk || (CAUSAL && qb < kb + S::B - 1);
-      if (V == 2) {
-        // S^T landed (dP^T may still run): P^T, then dV += P^T dO issued, then dS^T under it
-        if (DK) sm90::wgmma_wait<1>();
-        else sm90::wgmma_wait<0>();
+      fence_regs(ak);
+      fence_regs(av);
+      if (S::SEQ) {
+        // S^T alone; P^T -> BF16 fragments; dP^T and dV += P^T dO; dS^T from the fragments; dK
+        float s[32];  // (written whole by its first product: scale-d 0)
+        sm90::wgmma_fence();
+        bwd_issue_ss<D>(s, smem, st);  // S^T = K Q^T
+        sm90::wgmma_commit();
+        bwd_row_terms<D, true>(rt, st, p.at(sb), bkv * G + pi / nq, qb, Tq, glse);  // query head b H + g G + hh
+        sm90::named_sync(2 + wg, 128);  // the warpgroup's row terms are written
+        sm90::wgmma_wait<0>();
         fence_regs(s);
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-          for (int e2 = 0; e2 < 2; ++e2) {
-            const int lq = 8 * j + 2 * t4 + e2, qi = qb + lq;
-            const float l2 = ld_shared_f32(rt + 4 * lq);
-#pragma unroll
-            for (int hb = 0; hb < 2; ++hb) {
-              const int e = 2 * hb + e2, key = hb ? key_b : key_a;
-              const bool vis = !edge || (qi < Tq && key < Tk && (!CAUSAL || key <= qi));
-              s[4 * j + e] = vis ? ex2(s[4 * j + e] * c2 - l2) : 0.f;
-            }
-          }
+        if (edge) bwd_dkdv_p<true, CAUSAL, false>(s, s, rt, c2, qb, key_a, key_b, t4, Tq, Tk);
+        else bwd_dkdv_p<false, CAUSAL, false>(s, s, rt, c2, qb, key_a, key_b, t4, Tq, Tk);
         uint32_t fp[4][4];
-        if (DV) {
+        bwd_pack(fp, s);  // (s is dead from here: dP^T may take its registers)
+        float dp[32];
+        sm90::wgmma_fence();
+        bwd_issue_ss<D>(dp, smem + S::TILE, st + S::TILE);  // dP^T = V dO^T
+        bwd_issue_rs<D>(av, fp, st + S::TILE);             // dV += P^T dO
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+        fence_regs(dp);
+        fence_regs(av);
+        fence_frags(fp);
+        uint32_t fd[4][4];
+        bwd_dkdv_ds(fd, fp, dp, rt, t4);  // dS^T
+        sm90::wgmma_fence();
+        bwd_issue_rs<D>(ak, fd, st);  // dK += dS^T Q
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+        fence_regs(ak);
+        fence_frags(fd);
+      } else {
+        float s[32], dp[32];  // (written whole by their first product: scale-d 0)
+        sm90::wgmma_fence();
+        bwd_issue_ss<D>(s, smem, st);  // S^T = K Q^T
+        if (V == 2) sm90::wgmma_commit();  // S^T its own group
+        bwd_issue_ss<D>(dp, smem + S::TILE, st + S::TILE);  // dP^T = V dO^T
+        sm90::wgmma_commit();
+        bwd_row_terms<D, true>(rt, st, p.at(sb), bkv * G + pi / nq, qb, Tq, glse);  // query head b H + g G + hh
+        sm90::named_sync(2 + wg, 128);  // the warpgroup's row terms are written
+        uint32_t fp[4][4], fd[4][4];
+        if (V == 2) {
+          // S^T landed (dP^T may still run): P^T, then dV += P^T dO issued, then dS^T under it
+          sm90::wgmma_wait<1>();
+          fence_regs(s);
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e2 = 0; e2 < 2; ++e2) {
+              const int lq = 8 * j + 2 * t4 + e2, qi = qb + lq;
+              const float l2 = ld_shared_f32(rt + 4 * lq);
+#pragma unroll
+              for (int hb = 0; hb < 2; ++hb) {
+                const int e = 2 * hb + e2, key = hb ? key_b : key_a;
+                const bool vis = !edge || (qi < Tq && key < Tk && (!CAUSAL || key <= qi));
+                s[4 * j + e] = vis ? ex2(s[4 * j + e] * c2 - l2) : 0.f;
+              }
+            }
           bwd_pack(fp, s);
           sm90::wgmma_fence();
           bwd_issue_rs<D>(av, fp, st + S::TILE);  // dV += P^T dO
           sm90::wgmma_commit();
-        }
-        if (DK) {
-          if (DV) sm90::wgmma_wait<1>();  // dP^T landed; dV may still run
-          else sm90::wgmma_wait<0>();
+          sm90::wgmma_wait<1>();  // dP^T landed; dV may still run
           fence_regs(dp);
           fence_regs(s);
 #pragma unroll
@@ -558,43 +624,27 @@ __device__ __forceinline__ bool bwd_dkdv_block(Pipe& p, __nv_bfloat16* dk, __nv_
 #pragma unroll
               for (int hb = 0; hb < 2; ++hb) dp[4 * j + 2 * hb + e2] = s[4 * j + 2 * hb + e2] * (dp[4 * j + 2 * hb + e2] - dt);
             }
-          uint32_t fd[4][4];
           bwd_pack(fd, dp);
           sm90::wgmma_fence();
           bwd_issue_rs<D>(ak, fd, st);  // dK += dS^T Q
-          sm90::wgmma_commit();
-          sm90::wgmma_wait<0>();
-          fence_regs(ak);
-          fence_frags(fd);
         } else {
           sm90::wgmma_wait<0>();
+          fence_regs(s);
+          fence_regs(dp);
+          if (edge) bwd_dkdv_p<true, CAUSAL, true>(s, dp, rt, c2, qb, key_a, key_b, t4, Tq, Tk);
+          else bwd_dkdv_p<false, CAUSAL, true>(s, dp, rt, c2, qb, key_a, key_b, t4, Tq, Tk);
+          bwd_pack(fp, s);
+          bwd_pack(fd, dp);
+          sm90::wgmma_fence();
+          bwd_issue_rs<D>(av, fp, st + S::TILE);  // dV += P^T dO
+          bwd_issue_rs<D>(ak, fd, st);            // dK += dS^T Q
         }
-        if (DV) {
-          fence_regs(av);
-          fence_frags(fp);
-        }
-      } else {
-      sm90::wgmma_wait<0>();
-      fence_regs(s);
-      if (DK) fence_regs(dp);
-      if (edge) bwd_dkdv_p<true, CAUSAL, DK>(s, dp, rt, c2, qb, key_a, key_b, t4, Tq, Tk);
-      else bwd_dkdv_p<false, CAUSAL, DK>(s, dp, rt, c2, qb, key_a, key_b, t4, Tq, Tk);
-      uint32_t fp[4][4], fd[4][4];
-      if (DV) bwd_pack(fp, s);
-      if (DK) bwd_pack(fd, dp);
-      sm90::wgmma_fence();
-      if (DV) bwd_issue_rs<D>(av, fp, st + S::TILE);  // dV += P^T dO
-      if (DK) bwd_issue_rs<D>(ak, fd, st);            // dK += dS^T Q
-      sm90::wgmma_commit();
-      sm90::wgmma_wait<0>();
-      if (DK) {
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
         fence_regs(ak);
         fence_frags(fd);
-      }
-      if (DV) {
         fence_regs(av);
         fence_frags(fp);
-      }
       }
     } else if (sm90::named_sync_or(2 + wg, 128, !ok)) {  // the other warpgroup's block: vote the waits
       fail = true;
@@ -609,14 +659,10 @@ __device__ __forceinline__ bool bwd_dkdv_block(Pipe& p, __nv_bfloat16* dk, __nv_
   }
   if (sm90::named_sync_or(1, 256, fail)) return false;
   const int rend = kend < Tk ? kend : Tk;
-  if (DV) {
-    bwd_combine(av, smem);
-    if (wg == 0) bwd_store<D>(dv + (long long)bkv * Tk * D, av, 1.f, kb, rend);
-  }
-  if (DK) {
-    bwd_combine(ak, smem);
-    if (wg == 0) bwd_store<D>(dk + (long long)bkv * Tk * D, ak, scale, kb, rend);
-  }
+  bwd_combine(av, smem);
+  if (wg == 0) bwd_store<D>(dv + (long long)bkv * Tk * D, av, 1.f, kb, rend);
+  bwd_combine(ak, smem);
+  if (wg == 0) bwd_store<D>(dk + (long long)bkv * Tk * D, ak, scale, kb, rend);
   return true;
 }
 
@@ -640,18 +686,8 @@ __device__ __forceinline__ bool bwd_consume(Pipe& p, const Task* t, __nv_bfloat1
     for (int g = t->lo[1] / G; g < (t->hi[1] + G - 1) / G; ++g)
       for (int kb = k0; kb < k1; kb += S::B) {
         const int ke = kb + S::B < k1 ? kb + S::B : k1;
-        if (BwdPasses<D>::N == 1) {
-          if (!bwd_dkdv_block<D, CAUSAL, true, true, V>(p, dk, dv, b * Hkv + g, G, kb, ke, Tq, Tk, scale,
-                                                     glse, smem))
-            return false;
-        } else {
-          if (!bwd_dkdv_block<D, CAUSAL, false, true, V>(p, dk, dv, b * Hkv + g, G, kb, ke, Tq, Tk, scale,
-                                                      glse, smem))
-            return false;
-          if (!bwd_dkdv_block<D, CAUSAL, true, false, V>(p, dk, dv, b * Hkv + g, G, kb, ke, Tq, Tk, scale,
-                                                      glse, smem))
-            return false;
-        }
+        if (!bwd_dkdv_block<D, CAUSAL, V>(p, dk, dv, b * Hkv + g, G, kb, ke, Tq, Tk, scale, glse, smem))
+          return false;
       }
   }
   return true;
