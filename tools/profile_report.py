@@ -37,9 +37,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-sm", action="store_true", help="also print every SM's row")
     ap.add_argument("--trace-dir", default=None, help="write trace.json, timeline.png and summary.json here")
     ap.add_argument("--trace-updates", type=int, default=1, help="updates drawn in the trace and PNG (the last ones)")
+    ap.add_argument("--phases", default=None, metavar="FILE",
+                    help="with --trace-dir: write tools/trace_phases.py's analysis of the trace against the planned "
+                         "document (saved beside the trace as planned.latch.json) to FILE: where the waiting comes from")
     args = ap.parse_args(argv)
     if args.updates < 1:
         ap.error("--updates must be at least 1")
+    if args.phases and not args.trace_dir:
+        ap.error("--phases analyses the trace: give --trace-dir too")
 
     import torch
 
@@ -83,7 +88,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.trace_dir:
         write_timeline(doc, records, reps, Path(args.trace_dir), updates=args.trace_updates,
                        launches_per_update=max(1, len(records) // args.updates))
+        if args.phases:
+            from latch_core.document import to_json_obj
+
+            write_phases(to_json_obj(doc), Path(args.trace_dir), Path(args.phases))
     return 0
+
+
+def write_phases(doc: dict, trace_dir: Path, out: Path) -> None:
+    """tools/trace_phases.py on the trace just written (one launch: --trace-updates 1 of a one-program
+    update) and the planned document (``doc``, its JSON object), saved beside it; its tables go to ``out``."""
+    import contextlib
+    import importlib.util
+    import json
+
+    plan = trace_dir / "planned.latch.json"
+    plan.write_text(json.dumps(doc))
+    spec = importlib.util.spec_from_file_location("trace_phases", Path(__file__).with_name("trace_phases.py"))
+    tp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tp)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w") as f, contextlib.redirect_stdout(f):
+        tp.main([str(trace_dir / "trace.json"), str(plan)])
+    print(f"PHASES written to {out}")
 
 
 def write_timeline(doc, records, reps, out: Path, *, updates: int = 1, launches_per_update: int = 1) -> None:

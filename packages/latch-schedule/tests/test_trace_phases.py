@@ -72,3 +72,18 @@ def test_the_queue_can_be_kept_to_data_dependent_intervals():
     assert any("data-dependent" in n for n in names)
     plan.body.update({t: "b/0" for t in plan.body})
     assert tp.data_intervals(plan) == set()
+
+
+def test_profile_report_writes_the_analysis_of_its_trace(tmp_path):
+    """tools/profile_report.py --phases: the planned document saved beside the trace and
+    trace_phases' tables written to the file named."""
+    import json
+
+    spec2 = importlib.util.spec_from_file_location("profile_report", ROOT / "tools" / "profile_report.py")
+    pr = importlib.util.module_from_spec(spec2)
+    spec2.loader.exec_module(pr)
+    (tmp_path / "trace.json").write_text(json.dumps(_trace([20.0, 20.0, 4.0, 5.0])))
+    pr.write_phases(_doc(), tmp_path, tmp_path / "out" / "phases.txt")
+    text = (tmp_path / "out" / "phases.txt").read_text()
+    assert (tmp_path / "planned.latch.json").exists()
+    assert text.startswith("4 tasks, 1 barriers, 2 SMs") and "total wait caused" in text, text
