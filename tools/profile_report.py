@@ -106,6 +106,7 @@ def write_phases(doc: dict, trace_dir: Path, out: Path) -> None:
     plan.write_text(json.dumps(doc))
     spec = importlib.util.spec_from_file_location("trace_phases", Path(__file__).with_name("trace_phases.py"))
     tp = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("trace_phases", tp)  # its dataclasses look their module up while it loads
     spec.loader.exec_module(tp)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w") as f, contextlib.redirect_stdout(f):
