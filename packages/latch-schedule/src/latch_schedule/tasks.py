@@ -286,13 +286,15 @@ def build(graph: Graph, ops: Registry | None, *, fuse_ops: bool = True, num_sms:
         # one op differ (causal attention), so the assignment balances what the SMs really do
         share = [float(volume(b)) for b in boxes] if tiling.weight is None else [tiling.weight(b) for b in boxes]
         total = sum(share) or 1.0
+        # what every task of the group reads whatever its box (a scatter node's walk of its index)
+        walk = sum(t.task_bytes for t in tiler.tilings) / cost.sm_bytes
         for box, part in zip(boxes, share):
             r, w = tiler.footprint(box)
             group_of.append(gi)
             tiles.append(box)
             reads.append(tuple(access(v, b) for v, b in r.items()))
             writes.append(tuple(access(v, b) for v, b in w.items()))
-            costs.append(seconds * part / total + cost.task_overhead)
+            costs.append(seconds * part / total + cost.task_overhead + walk)
     depsets, depset_value, task_deps = _dependencies(graph, plans, group_of, reads, writes)
     tg = TaskGraph(graph.name, groups, plans, group_of, tiles, reads, writes, costs, depsets, depset_value,
                    task_deps, [])

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import attrs as _attrs  # (the tilings take a parameter named attrs)
+
 from latch_core.ir import TensorType
 
 from .boxes import Box, broadcast_box, full_box
@@ -234,6 +236,15 @@ def scatter_like(ins, outs, attrs) -> Tiling:
     return Tiling(_rows(len(P)), fp, kind="scatter")
 
 
+def scatter_walk(ins, outs, attrs) -> Tiling:
+    """index_add, scatter, scatter_add: scatter_like's tiles, each of which walks every index
+    (ins[1]) to find the sources that land in it, so a task costs that walk whatever its size."""
+    t = scatter_like(ins, outs, attrs)
+    if t is None or len(ins) < 2 or ins[1] is None:
+        return t
+    return _attrs.evolve(t, task_bytes=float(ins[1].nbytes))
+
+
 def nll_loss_backward(ins, outs, attrs) -> Tiling:
     """grad_input[N, C] row by row: each row needs its target, the scalar grad and total weight."""
     P = outs[0].shape
@@ -270,9 +281,9 @@ BY_NAME: dict[str, Callable] = {
     "latch::gather": gather,
     "latch::nll_loss_backward": nll_loss_backward,
     "latch::embedding_backward": scatter_like,
-    "latch::index_add": scatter_like,
-    "latch::scatter": scatter_like,
-    "latch::scatter_add": scatter_like,
+    "latch::index_add": scatter_walk,
+    "latch::scatter": scatter_walk,
+    "latch::scatter_add": scatter_walk,
 }
 
 # Views that read each input element at most once per output element and never broadcast: an
