@@ -241,6 +241,7 @@ class Program:
         self._needed: dict[str, set[str]] = {}
         self._bindings: dict[str, OrderedDict] = {}  # program -> key -> _Binding, the most recent last
         self._hyper_cache: dict[str, tuple[Any, torch.Tensor]] = {}
+        self._captured: list = []  # bindings launched inside a CUDA-graph capture (kept for its replays)
 
     @property
     def weight_copies(self) -> dict[str, str]:
@@ -427,6 +428,8 @@ class Program:
         if bnd.prepared is None:
             self._prepare(prog, bnd)
         _table, _tmaps, a, a_ptr, copies = bnd.prepared
+        if torch.cuda.is_current_stream_capturing():
+            self._captured.append(bnd)  # a graph holds its table's address: never evicted, never freed
         stream = self._stream()
         if self.profiling:
             code = self._launch_profiled(prog, a, stream)
