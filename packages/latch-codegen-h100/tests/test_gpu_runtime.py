@@ -68,14 +68,18 @@ def _rel(a, b):
     return ((a.double().cpu() - b.double().cpu()).norm() / b.double().cpu().norm()).item()
 
 
-@pytest.mark.parametrize("strategy", ["barrier", "dataflow"])
-def test_sgd_updates_in_place_with_one_launch_per_update(strategy, tmp_path):
+def _sgd_program(tmp_path, steps: int, strategy: str = "barrier"):
+    """The SGD program built on 6 SMs, its data on the GPU and the FP64 reference of ``steps``
+    updates at lr 0.1: (program, (w, b, x, t) on the GPU, (w, b, losses) of the reference)."""
     g = sgd_graph()
     build(H.planned([g], [g.value("w"), g.value("b")], strategy=strategy, num_sms=6, tiles=3), tmp_path)
-    prog = Program.load(tmp_path)
     w, b, x, t = _data()
-    ref_w, ref_b, ref_losses = sgd_reference(w, b, x, t, 0.1, 10)
-    wd, bd, xd, td = (a.cuda() for a in (w, b, x, t))
+    return Program.load(tmp_path), tuple(a.cuda() for a in (w, b, x, t)), sgd_reference(w, b, x, t, 0.1, steps)
+
+
+@pytest.mark.parametrize("strategy", ["barrier", "dataflow"])
+def test_sgd_updates_in_place_with_one_launch_per_update(strategy, tmp_path):
+    prog, (wd, bd, xd, td), (ref_w, ref_b, ref_losses) = _sgd_program(tmp_path, 10, strategy)
     ptrs = (wd.data_ptr(), bd.data_ptr())
     losses = []
     for _ in range(10):
@@ -114,12 +118,7 @@ def test_a_schedule_double_buffered_batches_and_swapped_storage_follow_the_calle
 
 
 def test_a_prepared_launcher_runs_the_same_updates(tmp_path):
-    g = sgd_graph()
-    build(H.planned([g], [g.value("w"), g.value("b")], num_sms=6, tiles=3), tmp_path)
-    prog = Program.load(tmp_path)
-    w, b, x, t = _data()
-    ref_w, ref_b, _ = sgd_reference(w, b, x, t, 0.1, 5)
-    wd, bd, xd, td = (a.cuda() for a in (w, b, x, t))
+    prog, (wd, bd, xd, td), (ref_w, ref_b, _) = _sgd_program(tmp_path, 5)
     go = prog.launcher("update", {"w": wd, "b": bd}, {}, {"x": xd, "t": td}, {"lr": 0.1})
     for _ in range(5):
         go()
@@ -134,12 +133,7 @@ def test_launches_captured_into_a_cuda_graph_replay_as_updates(strategy, tmp_pat
     """The epoch lives on the device, so a captured launch replays as a new launch: ten updates,
     one launched, one captured (capture does not run it), nine replays, equal the FP64 reference of
     ten; a capture of a binding's first launch is refused by name."""
-    g = sgd_graph()
-    build(H.planned([g], [g.value("w"), g.value("b")], strategy=strategy, num_sms=6, tiles=3), tmp_path)
-    prog = Program.load(tmp_path)
-    w, b, x, t = _data()
-    ref_w, ref_b, _ = sgd_reference(w, b, x, t, 0.1, 10)
-    wd, bd, xd, td = (a.cuda() for a in (w, b, x, t))
+    prog, (wd, bd, xd, td), (ref_w, ref_b, _) = _sgd_program(tmp_path, 10, strategy)
     args = ({"w": wd, "b": bd}, {}, {"x": xd, "t": td}, {"lr": 0.1})
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())

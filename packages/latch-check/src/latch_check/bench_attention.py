@@ -344,6 +344,14 @@ def run_case(prog, c: Case, iters: int, seed: int, bodies: tuple = ("mma",)) -> 
     return rows
 
 
+def _pair_line(r: dict, latch: str, torch: str, ratio: str) -> str:
+    """One row's forward and f+b figures of one kind: latch_{fwd,fwdbwd}_<latch> against
+    torch_{fwd,fwdbwd}_<torch>, and {fwd,fwdbwd}_<ratio>."""
+    return (f"  {r['case']:<34} fwd {r['latch_fwd_' + latch]:7.3f} ms (torch {r['torch_fwd_' + torch]:.3f}) "
+            f"{100 * r['fwd_' + ratio]:6.1f}%   f+b {r['latch_fwdbwd_' + latch]:7.3f} ms "
+            f"(torch {r['torch_fwdbwd_' + torch]:.3f}) {100 * r['fwdbwd_' + ratio]:6.1f}%")
+
+
 def format_table(rows: list[dict]) -> str:
     head = (f"{'case':<36} {'worst rel L2':>12} {'torch':>9} {'bits':>5} {'fwd ms':>9} {'torch':>8} {'ratio':>7} "
             f"{'f+b ms':>9} {'torch':>8} {'ratio':>7} {'f+b TF':>7}")
@@ -360,16 +368,12 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"back to back ({B2B} launches between two CUDA events; the host's work for one overlaps the GPU's "
                      f"for the one before):")
         for r in b2b:
-            lines.append(f"  {r['case']:<34} fwd {r['latch_fwd_b2b_ms']:7.3f} ms (torch {r['torch_fwd_b2b_ms']:.3f}) "
-                         f"{100 * r['fwd_b2b_ratio']:6.1f}%   f+b {r['latch_fwdbwd_b2b_ms']:7.3f} ms "
-                         f"(torch {r['torch_fwdbwd_b2b_ms']:.3f}) {100 * r['fwdbwd_b2b_ratio']:6.1f}%")
+            lines.append(_pair_line(r, "b2b_ms", "b2b_ms", "b2b_ratio"))
     graph = [r for r in rows if "latch_fwd_graph_ms" in r]
     if graph:
         lines.append("alone, both replayed from a CUDA graph (the control's own terms):")
         for r in graph:
-            lines.append(f"  {r['case']:<34} fwd {r['latch_fwd_graph_ms']:7.3f} ms (torch {r['torch_fwd_ms']:.3f}) "
-                         f"{100 * r['fwd_graph_ratio']:6.1f}%   f+b {r['latch_fwdbwd_graph_ms']:7.3f} ms "
-                         f"(torch {r['torch_fwdbwd_ms']:.3f}) {100 * r['fwdbwd_graph_ratio']:6.1f}%")
+            lines.append(_pair_line(r, "graph_ms", "ms", "graph_ratio"))
     host = [r for r in rows if "latch_fwd_host_us" in r]
     if host:
         lines.append("host time per forward call (perf_counter over 20 calls the GPU queue absorbs), and the "
