@@ -261,7 +261,7 @@ def test_the_profile_reads_the_list_end_once():
     from latch_codegen_h100.codegen import CUDA_DIR
 
     src = (CUDA_DIR / "latch_kernel_main.cuh").read_text()
-    body = src[src.index("__device__ __forceinline__ void consumers("):]
+    body = src[src.index("__device__ __forceinline__ bool consumers("):]
     body = body[:body.index("}  // namespace latch")]
     loop = body[body.index("for (;; q = q + 1"):]
     assert "a.sm_begin[a.num_lists]" not in loop and "const int lists_end = a.sm_begin[a.num_lists];" in body
