@@ -166,7 +166,7 @@ struct Slot {
   char* ops[LATCH_MAX_OPERANDS];
 };
 
-struct WorkerShared {
+struct __align__(16) WorkerShared {  // (16: the consumers read a slot in 16-byte loads)
   Slot slot[LATCH_QUEUE];  // handed over through named barriers LATCH_BAR_FULL + q / LATCH_BAR_EMPTY + q
   uint64_t stage_full[LATCH_STAGES > 0 ? LATCH_STAGES : 1], stage_empty[LATCH_STAGES > 0 ? LATCH_STAGES : 1];
 };
