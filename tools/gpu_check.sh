@@ -486,7 +486,7 @@ if { want full || want fullprof; } && [ "${LATCH_GPU_FULL:-1}" = 1 ] && [ "$LEFT
     # --set microbatches=1": the 32 x 1024 profile); LATCH_GPU_FULL_TRACE=0: the summary, no trace
     TRACE_ARGS=(--trace-dir "$OUT/timeline-tinymoe")
     [ "${LATCH_GPU_FULL_TRACE:-1}" = 1 ] || TRACE_ARGS=()
-    # LATCH_GPU_FULL_PHASES=1: tools/trace_phases.py on the trace, on the device (phases-tinymoe.txt); the
+    # LATCH_GPU_FULL_PHASES=1: tools/trace_phases.py on the trace, on the device (phases-tinymoe.txt, every table in .json); the
     # trace and the planned document then stay there (at 32 x 1024 they pass what a call returns)
     [ "${LATCH_GPU_FULL_PHASES:-0}" = 1 ] && TRACE_ARGS=(--trace-dir "$WORK/timeline-tinymoe" --phases "$OUT/phases-tinymoe.txt")
     run_profile "$LEFT" "tinymoe-200M-$FSCHED" tinymoe --scheduler "$FSCHED" --policy --updates 2 \

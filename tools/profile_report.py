@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def write_phases(doc: dict, trace_dir: Path, out: Path) -> None:
     """tools/trace_phases.py on the trace just written (one launch: --trace-updates 1 of a one-program
-    update) and the planned document (``doc``, its JSON object), saved beside it; its tables go to ``out``."""
+    update) and the planned document (``doc``, its JSON object), saved beside it; its printed tables go
+    to ``out``, all of them (every interval) to ``out`` with the suffix .json."""
     import contextlib
     import importlib.util
     import json
@@ -109,9 +110,10 @@ def write_phases(doc: dict, trace_dir: Path, out: Path) -> None:
     sys.modules.setdefault("trace_phases", tp)  # its dataclasses look their module up while it loads
     spec.loader.exec_module(tp)
     out.parent.mkdir(parents=True, exist_ok=True)
+    tables = out.with_suffix(".json")  # every interval, not only the printed top ones
     with open(out, "w") as f, contextlib.redirect_stdout(f):
-        tp.main([str(trace_dir / "trace.json"), str(plan)])
-    print(f"PHASES written to {out}")
+        tp.main([str(trace_dir / "trace.json"), str(plan), "--json", str(tables)])
+    print(f"PHASES written to {out} and {tables}")
 
 
 def write_timeline(doc, records, reps, out: Path, *, updates: int = 1, launches_per_update: int = 1) -> None:

@@ -90,3 +90,5 @@ def test_profile_report_writes_the_analysis_of_its_trace(tmp_path, monkeypatch):
     text = (tmp_path / "out" / "phases.txt").read_text()
     assert (tmp_path / "planned.latch.json").exists()
     assert text.startswith("4 tasks, 1 barriers, 2 SMs") and "total wait caused" in text, text
+    tables = json.loads((tmp_path / "out" / "phases.json").read_text())
+    assert [r["interval"] for r in tables["intervals"]] == [0, 1]
