@@ -110,10 +110,10 @@ class _Binding:
     """One program bound to one set of tensors (:meth:`Program._binding`): the checked tensors by
     buffer name and, from its first launch, what the launch needs (:meth:`Program._prepare`)."""
 
-    __slots__ = ("key", "bound", "prepared")
+    __slots__ = ("bound", "prepared")
 
-    def __init__(self, key, bound: dict):
-        self.key, self.bound, self.prepared = key, bound, None
+    def __init__(self, bound: dict):
+        self.bound, self.prepared = bound, None
 
 
 class _ProgramTables:
@@ -358,7 +358,7 @@ class Program:
         if hit is not None:
             cache.move_to_end(key)
         else:
-            specs = {b["name"]: b for b in self.buffers if b["name"] in needed and b["role"] != "hyper"}
+            specs = self._input_specs(needed)
             absent = [c for c in self.weight_copies if c in needed and c not in given]
             if absent:
                 c = absent[0]
@@ -380,15 +380,18 @@ class Program:
                     continue
                 bound[name] = self._check_tensor(name, given[name], b)
             bound.update(hyper_bound)
-            hit = _Binding(key, bound)
+            hit = _Binding(bound)
             if key is not None:
                 cache[key] = hit
                 if len(cache) > BINDINGS_KEPT:
                     cache.popitem(last=False)
         if guard.finite_wanted(self):  # opt-in: reads every element
-            specs = {b["name"]: b for b in self.buffers if b["name"] in needed and b["role"] != "hyper"}
-            guard.check_inputs(self, prog, specs, given, {}, finite=True, error=ProgramError)
+            guard.check_inputs(self, prog, self._input_specs(needed), given, {}, finite=True, error=ProgramError)
         return hit
+
+    def _input_specs(self, needed: set[str]) -> dict[str, dict]:
+        """The manifest's buffers of the tensors a program takes (hyper-parameters aside), by name."""
+        return {b["name"]: b for b in self.buffers if b["name"] in needed and b["role"] != "hyper"}
 
     def _prepare(self, prog: str, bnd: "_Binding") -> None:
         """A binding's device pointer table (the arena, then every buffer; 0 where the program takes
@@ -572,7 +575,8 @@ class Program:
                 self._prepare(prog, bnd)
 
         def go() -> None:
-            self._launch(prog, bnd)
+            with self._on_device():  # (the library's launch sets the device and leaves it set)
+                self._launch(prog, bnd)
         return go
 
     def outputs(self, prog: str, params=None, state=None, batch=None, hyper=None) -> dict[str, torch.Tensor]:
