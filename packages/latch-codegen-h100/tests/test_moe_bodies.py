@@ -178,3 +178,73 @@ def test_routing_bodies_match_their_references_exactly(tmp_path):
     token, pos, off = route_order_math(ids, E)
     assert torch.equal(outs["offsets"].cpu(), off)
     assert torch.equal(outs["token"].cpu(), token) and torch.equal(outs["pos"].cpu(), pos)
+
+
+def _split_doc(N=2048, E=16, k=2, num_sms=8):
+    """route_order split over chunks of pairs (latch_ops.moe.route_split), scheduled by the real
+    scheduler (the chunk granules of route_place and route_rows are its to keep)."""
+    from latch_core.document import Document
+    from latch_core.passes import run_pass
+    from latch_core.plugins import registries
+    from latch_core.ir import GraphSection
+    from latch_ops.moe import route_split as rs
+
+    P = N * k
+    chunk = rs.plan_chunks(P, E)
+    C = -(-P // chunk)
+    a = {"num_experts": E, "chunk": chunk}
+    values = [Value("ids", (N, k), "i64", "batch"), Value("counts", (C, E), "i32"), Value("token", (P,), "i64"),
+              Value("pos", (P,), "i64"), Value("pairs", (P,), "i64"), Value("offsets", (E + 1,), "i64")]
+    nodes = [("count", rs.ROUTE_COUNT, ("ids",), ("counts",), dict(a)),
+             ("place", rs.ROUTE_PLACE, ("ids", "counts"), ("pos",), dict(a)),
+             ("rows", rs.ROUTE_ROWS, ("ids", "counts"), ("token", "pairs"), dict(a)),
+             ("offs", rs.ROUTE_OFFSETS, ("counts",), ("offsets",), {"num_experts": E})]
+    g = H.graph("update", values, nodes, [("batch", ["ids"])], [("metrics", ["counts", "token", "pos", "pairs", "offsets"])])
+    passes = registries().passes
+    doc = run_pass(passes.get("schedule"), Document(graph=GraphSection([g], (), {})), num_sms=num_sms)
+    return run_pass(passes.get("memory.plan"), doc), C
+
+
+@needs_tools
+def test_the_split_routing_bodies_compile_and_spread_over_the_sms(tmp_path, cache):
+    doc, C = _split_doc()
+    sched = doc.schedule.program("update")
+    groups = {grp.id: grp.nodes for grp in sched.groups}
+    per = {}
+    for t in sched.tasks:
+        for n in groups[t.group]:
+            per[n] = per.get(n, 0) + 1
+    assert per["count"] == C and per["place"] == C and per["rows"] == C and per["offs"] == 1, per
+    out = tmp_path / "s"
+    doc = build(doc, out, jobs=2)
+    assert dict(doc.build.stats).get("spill_stores", 0) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("N", [2048, 32768])
+def test_the_split_routing_bodies_equal_route_order_bit_for_bit(tmp_path, N):
+    """The split route_order at TinyMoE's 2 x 1024 and 32 x 1024 tokens, skewed routing (an expert
+    nobody picks): the same sort as route_order, pairs its inverse, twice the same bits."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from latch_codegen_h100.runtime import Program
+    from latch_ops.moe.reference import route_count_math, route_order_math
+
+    E, k = 16, 2
+    doc, _C = _split_doc(N, E, k, num_sms=132)
+    build(doc, tmp_path / "s")
+    prog = Program.load(tmp_path / "s")
+    gen = torch.Generator().manual_seed(5)
+    ids = torch.multinomial(torch.tensor([4.0] + [1.0] * (E - 2) + [0.0]), N * k, replacement=True,
+                            generator=gen).view(N, k)
+    outs = prog.run_program("update", batch={"ids": ids.cuda()})
+    token, pos, off = route_order_math(ids, E)
+    chunk = dict(doc.graph.program("update").nodes[0].attrs)["chunk"]
+    assert torch.equal(outs["counts"].cpu(), route_count_math(ids, E, chunk))
+    assert torch.equal(outs["offsets"].cpu(), off)
+    assert torch.equal(outs["token"].cpu(), token) and torch.equal(outs["pos"].cpu(), pos)
+    assert torch.equal(outs["pairs"].cpu(), torch.argsort(pos))
+    again = prog.run_program("update", batch={"ids": ids.cuda()})
+    assert all(torch.equal(again[n], outs[n]) for n in outs)

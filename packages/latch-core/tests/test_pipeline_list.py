@@ -11,7 +11,7 @@ from latch_core.registry import Registry
 
 def test_the_list_reads_top_to_bottom():
     assert pipeline.NAMES == ("capture", "memory.policy", "memory.fuse_cross_entropy", "moe.store_operands",
-                              "moe.fixed_order_scatters", "ops.embedding_grad_sum", "memory.weight_copies", "memory.remat",
+                              "moe.route_split", "moe.fixed_order_scatters", "ops.embedding_grad_sum", "memory.weight_copies", "memory.remat",
                               "schedule.matmul_layouts",
                               "schedule.split_reductions", "schedule.matmul_configs", "schedule.fuse_views", "schedule.alias_views",
                               "schedule",
@@ -19,13 +19,13 @@ def test_the_list_reads_top_to_bottom():
     r = pipeline.Request("ex.py")
     assert r.passes() == [n for n in pipeline.NAMES if n != "memory.remat"]
     assert pipeline.Request("ex.py", policy=False, build=False, split_reductions=False, remat_budget=10).passes() == [
-        "capture", "memory.fuse_cross_entropy", "moe.fixed_order_scatters", "ops.embedding_grad_sum",
+        "capture", "memory.fuse_cross_entropy", "moe.route_split", "moe.fixed_order_scatters", "ops.embedding_grad_sum",
         "memory.weight_copies", "memory.remat",
         "schedule.matmul_layouts",
         "schedule.matmul_configs", "schedule.fuse_views", "schedule.alias_views", "schedule", "memory.plan",
         "schedule.validate"]
     assert pipeline.Request("ex.py", matmul_layouts=False, matmul_configs=False, fuse_cross_entropy=False,
-                            alias_views=False, fuse_views=False, weight_copies=False).passes() == [
+                            alias_views=False, fuse_views=False, weight_copies=False, route_split=False).passes() == [
         "capture", "memory.policy", "moe.store_operands", "moe.fixed_order_scatters", "ops.embedding_grad_sum",
         "schedule.split_reductions",
         "schedule", "memory.plan", "schedule.validate",

@@ -77,3 +77,52 @@ def test_an_index_out_of_range_is_reported(lib, which):
     ids[123, 1] = 16
     *_, err = _run(lib, which, ids, 16)
     assert err.tolist() == [4, 16, 16], err  # ERR_INDEX_RANGE, the index, the bound
+
+
+# ---- the split route_order (latch_ops.moe.route_split): route_count per chunk, then route_place,
+# route_rows and route_offsets, each task run as its own block, in chunks and row tiles that do not
+# line up with each other, the warps' ranges or the experts' segments
+
+def _run_split(lib, idx, E, chunk, rows):
+    n, k = idx.shape
+    P = n * k
+    C = -(-P // chunk)
+    idx = idx.contiguous().long()
+    counts = torch.full((C * E,), -7, dtype=torch.int32)
+    token, pos, pairs = (torch.full((P,), -7, dtype=torch.int64) for _ in range(3))
+    off = torch.full((E + 1,), -7, dtype=torch.int64)
+    err = torch.zeros(3, dtype=torch.int64)
+    p = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
+    ll = ctypes.c_longlong
+    rc = lib.route_split_emulated(ll(n), k, ll(E), ll(chunk), ll(rows), p(idx), p(counts), p(token), p(pos), p(pairs),
+                                  p(off), p(err))
+    assert rc == 0, f"a body wrote past its shared memory (code {rc})"
+    return counts.view(C, E), token, pos, pairs, off, err
+
+
+SPLIT_CASES = [(2048, 2, 16, False, 512, 512), (2048, 2, 16, True, 512, 300), (32768, 2, 16, True, 512, 512),
+               (1000, 2, 8, False, 256, 97), (7, 3, 5, True, 6, 4), (3000, 2, 33, True, 768, 1000),
+               (257, 1, 2, False, 64, 1), (500, 2, 64, True, 256, 128), (300, 2, 16, False, 4096, 600)]
+
+
+@pytest.mark.parametrize("n,k,E,skew,chunk,rows", SPLIT_CASES)
+def test_the_split_route_order_equals_the_reference_bit_for_bit(lib, n, k, E, skew, chunk, rows):
+    ids = _ids(n, k, E, seed=n + 7 * E, skew=skew)
+    counts, token, pos, pairs, off, err = _run_split(lib, ids, E, chunk, rows)
+    assert int(err[0]) == 0, err
+    flat = ids.reshape(-1)
+    want = torch.stack([torch.bincount(flat[c:c + chunk], minlength=E) for c in range(0, n * k, chunk)])
+    assert torch.equal(counts.long(), want)
+    rt, rp, ro = route_order_math(ids, E)
+    assert torch.equal(off, ro), (off, ro)
+    assert torch.equal(token, rt)
+    assert torch.equal(pos, rp)
+    assert torch.equal(pairs, torch.argsort(rp)), "pairs is the inverse of position"
+    assert torch.equal(pairs // k, token)
+
+
+def test_the_split_route_count_reports_an_index_out_of_range(lib):
+    ids = _ids(300, 2, 16, seed=3)
+    ids[123, 1] = -1
+    *_, err = _run_split(lib, ids, 16, 128, 128)
+    assert err.tolist() == [4, -1, 16], err

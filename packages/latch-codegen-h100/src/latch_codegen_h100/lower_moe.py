@@ -25,6 +25,7 @@ from .lowering import BodyContext, Lowering, LoweringError, OnlyWhen, TensorMap
 HEADER = "latch_moe.cuh"
 MAX_EXPERTS = 8192  # route_order keeps one counter per expert in shared memory
 FAST_EXPERTS = 256  # = latch::ROUTE_FAST_EXPERTS: route_order_warps scans the counts one thread per expert
+SPLIT_EXPERTS = 64  # = latch::ROUTE_SPLIT_EXPERTS = latch_ops.moe.route_split.MAX_EXPERTS
 
 
 def _round(ctx: BodyContext) -> int:
@@ -79,6 +80,75 @@ def _route_order(ctx: BodyContext) -> str:
 def _route_smem(ctx: BodyContext) -> int:
     E = int(ctx.attr("num_experts"))
     return 4 * (ctx.threads // 32) * (E + 1) if E <= FAST_EXPERTS else 4 * (E + ctx.threads)
+
+
+# route_order over many SMs (latch_ops.moe.route_split; the bodies in latch_route.cuh)
+
+def _split_geometry(ctx: BodyContext) -> tuple[int, int, int, int, int]:
+    """(N, k, E, chunk, C) of a route_split node, checked against what the bodies take."""
+    idx = ctx.inputs[0]
+    N, k = idx.shape
+    E, chunk = int(ctx.attr("num_experts")), int(ctx.attr("chunk"))
+    if E > SPLIT_EXPERTS:
+        raise LoweringError(f"{ctx.op}: {E} experts exceed {SPLIT_EXPERTS}, the most the split route_order bodies "
+                            "take (moe.route_split leaves such a route_order whole)")
+    return N, k, E, chunk, -(-N * k // chunk)
+
+
+def _route_count(ctx: BodyContext) -> str:
+    idx = ctx.inputs[0]
+    counts = ctx.outputs[0]
+    N, k, E, chunk, _C = _split_geometry(ctx)
+    P = N * k
+    return "\n".join([
+        "for (long long q = c.t->lo[0]; q < c.t->hi[0]; ++q) {  // chunk q's row of counts",
+        f"  latch::route_count<{idx.ctype}, {counts.ctype}>({idx.ptr}, {counts.ptr} + q * {E}LL, q * {chunk}LL, "
+        f"min({P}LL, (q + 1) * {chunk}LL), {E}LL, (int*){ctx.smem});",
+        "  latch::block_sync();  // the counters are free for the next chunk",
+        "}"])
+
+
+def _route_place(ctx: BodyContext) -> str:
+    idx, counts = ctx.inputs
+    position = ctx.outputs[0]
+    N, k, E, chunk, C = _split_geometry(ctx)
+    return (f"latch::route_place<{idx.ctype}, {counts.ctype}, {position.ctype}>({idx.ptr}, {counts.ptr}, "
+            f"{position.ptr}, {N * k}LL, {chunk}LL, {C}LL, {E}LL, c.t->lo[0] / {chunk}LL, "
+            f"(c.t->hi[0] + {chunk - 1}LL) / {chunk}LL, (int*){ctx.smem});")
+
+
+def _route_rows(ctx: BodyContext) -> str:
+    idx, counts = ctx.inputs
+    token, pairs = ctx.outputs
+    if not (token.present and pairs.present):
+        raise LoweringError(f"{ctx.op}: both outputs (token, pairs) must reach memory")
+    N, k, E, chunk, C = _split_geometry(ctx)
+    return (f"latch::route_rows<{idx.ctype}, {counts.ctype}, {token.ctype}>({idx.ptr}, {counts.ptr}, {token.ptr}, "
+            f"{pairs.ptr}, {N * k}LL, {k}, {chunk}LL, {C}LL, {E}LL, c.t->lo[0], c.t->hi[0], (int*){ctx.smem});")
+
+
+def _route_offsets(ctx: BodyContext) -> str:
+    (counts,) = ctx.inputs
+    offsets = ctx.outputs[0]
+    C, E = counts.shape
+    if E > SPLIT_EXPERTS:
+        raise LoweringError(f"{ctx.op}: {E} experts exceed {SPLIT_EXPERTS}, the most the split route_order bodies take")
+    return (f"latch::route_offsets<{counts.ctype}, {offsets.ctype}>({counts.ptr}, {offsets.ptr}, {C}LL, {E}LL, "
+            f"(int*){ctx.smem});")
+
+
+def _split_smem(which: str):
+    """Scratch of a split body: route_prefix's (cum, off, seg), and route_place's warp counts."""
+    def smem(ctx: BodyContext) -> int:
+        if which == "count":
+            return 4 * int(ctx.attr("num_experts"))
+        if which == "offsets":
+            C, E = ctx.inputs[0].shape
+        else:
+            _N, _k, E, _chunk, C = _split_geometry(ctx)
+        ints = (C + 1) * E + E + 1 + ctx.threads + (ctx.threads // 32 * E if which == "place" else 0)
+        return 4 * ints
+    return smem
 
 
 def _ragged(mode: int):
@@ -243,6 +313,16 @@ def lowerings() -> list[Lowering]:
                  doc="one block: up to 256 experts, each warp counts its contiguous pairs (warp match), a "
                      "block scan gives the offsets and each warp's first rows, a second pass ranks; beyond "
                      "256 experts, 256 pairs at a time with a scan of the chunk"),
+        Lowering("latch::route_count", body=_route_count, headers=h, smem=_split_smem("count"),
+                 doc="a chunk of pairs per task: warp match groups add to per-expert shared counters"),
+        Lowering("latch::route_place", body=_route_place, headers=h, smem=_split_smem("place"),
+                 doc="a chunk per task: the counts give each expert's first row in the chunk; each warp "
+                     "counts, a scan over the warps, a second pass ranks"),
+        Lowering("latch::route_rows", body=_route_rows, headers=h, smem=_split_smem("rows"),
+                 doc="sorted rows per task: the counts' column sums say which chunks hold the rows' ranks; "
+                     "a warp walks one (expert, chunk) with a ballot"),
+        Lowering("latch::route_offsets", body=_route_offsets, headers=h, smem=_split_smem("offsets"), whole=True,
+                 doc="one task: column sums of the counts and their scan"),
         _ragged_lowering("latch::ragged_mm", _ragged(0)),
         _ragged_lowering("latch::ragged_mm_grad_x", _ragged(1)),
         _ragged_lowering("latch::ragged_mm_grad_w", _ragged_grad_w),

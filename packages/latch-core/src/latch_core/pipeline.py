@@ -6,6 +6,7 @@ to a built program.
     memory.policy               latch-memory         numerical policy: BF16 operands of matmul/attention
     memory.fuse_cross_entropy   latch-memory         graph rewrite: the LM head's cross-entropy, logits stored BF16
     moe.store_operands          latch-ops            graph rewrite: BF16 operands of the ragged expert products
+    moe.route_split             latch-ops            graph rewrite: route_order over many SMs (chunk counts first)
     moe.fixed_order_scatters    latch-ops            graph rewrite: MoE scatters to tokens as fixed-order gathers
     ops.embedding_grad_sum      latch-ops            graph rewrite: a tied embedding's two gradients summed by its backward
     memory.weight_copies        latch-memory         graph rewrite: each weight's BF16 copy is optimizer state
@@ -56,6 +57,8 @@ PIPELINE: tuple[Stage, ...] = (
           "graph rewrite: the LM head's cross-entropy as one op pair over logits stored BF16", "fuse_cross_entropy"),
     Stage("moe.store_operands", "latch-ops", "graph rewrite: BF16 operands of the ragged expert products stored",
           "policy"),
+    Stage("moe.route_split", "latch-ops",
+          "graph rewrite: route_order over many SMs (per-chunk counts, then place, rows and offsets)", "route_split"),
     Stage("moe.fixed_order_scatters", "latch-ops",
           "graph rewrite: MoE scatters back to tokens as gathers summed in a fixed order (no atomics)"),
     Stage("ops.embedding_grad_sum", "latch-ops",
@@ -103,6 +106,7 @@ class Request:
     policy: bool = True
     remat_budget: int | None = None
     fuse_cross_entropy: bool = True
+    route_split: bool = True  # moe.route_split: route_order over many SMs where it has two chunks or more
     split_reductions: bool = True
     matmul_layouts: bool = True
     matmul_configs: bool = True
@@ -122,7 +126,7 @@ class Request:
         on = {"policy": self.policy, "fuse_cross_entropy": self.fuse_cross_entropy, "remat_budget": self.remat_budget is not None,
               "split_reductions": self.split_reductions, "matmul_layouts": self.matmul_layouts,
               "matmul_configs": self.matmul_configs, "alias_views": self.alias_views, "fuse_views": self.fuse_views,
-              "build": self.build, "weight_copies": self.weight_copies}
+              "build": self.build, "weight_copies": self.weight_copies, "route_split": self.route_split}
         return [s.name for s in PIPELINE if not s.switch or on[s.switch]]
 
     def options(self) -> dict[str, dict[str, Any]]:

@@ -57,3 +57,50 @@ extern "C" int route_emulated(int which, long long n, int k, long long e, const 
     if (smem[i] != guard) return 3;  // the body wrote past its shared memory
   return 0;
 }
+
+// The split route_order (route_count, route_place, route_rows, route_offsets), each task a block run
+// of its own in task order: chunks of `chunk` pairs, row tiles of `rows` rows. counts: C * E int32
+// (poisoned by the caller), the other outputs as route_emulated's, pairs[N * k]. Returns 0, or 3 when
+// a body wrote past its shared memory ((C + 1) * E + E + 1 + 256 + 8 * E ints at most: route_place).
+struct SplitArgs {
+  int step, k;
+  long long n, e, chunk, c, lo, hi;
+  const long long* idx;
+  int* counts;
+  long long *token, *position, *pairs, *offsets;
+  int* smem;
+};
+
+static void split_job(void* p) {
+  const SplitArgs& a = *(const SplitArgs*)p;
+  const long long P = a.n * a.k;
+  if (a.step == 0) latch::route_count<long long, int>(a.idx, a.counts + a.lo / a.chunk * a.e, a.lo, a.hi, a.e, a.smem);
+  else if (a.step == 1)
+    latch::route_place<long long, int, long long>(a.idx, a.counts, a.position, P, a.chunk, a.c, a.e, a.lo, a.hi, a.smem);
+  else if (a.step == 2)
+    latch::route_rows<long long, int, long long>(a.idx, a.counts, a.token, a.pairs, P, a.k, a.chunk, a.c, a.e, a.lo, a.hi,
+                                                 a.smem);
+  else latch::route_offsets<int, long long>(a.counts, a.offsets, a.c, a.e, a.smem);
+}
+
+extern "C" int route_split_emulated(long long n, int k, long long e, long long chunk, long long rows, const long long* idx,
+                                    int* counts, long long* token, long long* position, long long* pairs,
+                                    long long* offsets, long long* err) {
+  const long long P = n * k, C = (P + chunk - 1) / chunk;
+  const long long ints = (C + 1) * e + e + 1 + 256 + 8 * e;  // route_place's, the most of the four
+  std::vector<int> smem((size_t)ints + 64, 0x5a5a5a5a);
+  const int guard = 0x5a5a5a5a;
+  g_err[0] = g_err[1] = g_err[2] = 0;
+  auto run = [&](int step, long long lo, long long hi) {
+    SplitArgs a{step, k, n, e, chunk, C, lo, hi, idx, counts, token, position, pairs, offsets, smem.data()};
+    emu::run_block(split_job, &a);
+  };
+  for (long long c = 0; c < C; ++c) run(0, c * chunk, std::min(P, (c + 1) * chunk));
+  for (long long c = 0; c < C; ++c) run(1, c, c + 1);  // route_place's tile: whole chunks
+  for (long long r = 0; r < P; r += rows) run(2, r, std::min(P, r + rows));
+  run(3, 0, 0);
+  for (int i = 0; i < 3; ++i) err[i] = g_err[i];
+  for (size_t i = (size_t)ints; i < smem.size(); ++i)
+    if (smem[i] != guard) return 3;
+  return 0;
+}

@@ -1,7 +1,7 @@
 // A CPU model of the few CUDA features latch_route.cuh uses, for the CPU test
 // (test_route_emulated.py): the block's 256 consumer threads are fibers on one OS thread
 // (attention_emulator/fibers.h: switched only where a thread waits, so a run is deterministic),
-// warp collectives (__match_any_sync, __shfl_up_sync, __syncwarp) meet at a per-warp barrier and
+// warp collectives (__match_any_sync, __ballot_sync, __shfl_up_sync, __syncwarp) meet at a per-warp barrier and
 // exchange values through a per-warp buffer, latch::block_sync is a barrier of all 256, and
 // latch_report records the first error. Written from the CUDA programming guide's definitions of
 // those intrinsics, independently of the bodies.
@@ -37,6 +37,16 @@ inline unsigned __match_any_sync(unsigned, int v) {
   emu::warp_barrier();
   unsigned m = 0;
   for (int l = 0; l < 32; ++l) m |= (s[l] == v ? 1u : 0u) << l;
+  emu::warp_barrier();
+  return m;
+}
+inline unsigned __ballot_sync(unsigned, bool v) {
+  long long* s = emu::warp_slots();
+  const int lane = threadIdx.x & 31;
+  s[lane] = v ? 1 : 0;
+  emu::warp_barrier();
+  unsigned m = 0;
+  for (int l = 0; l < 32; ++l) m |= (s[l] ? 1u : 0u) << l;
   emu::warp_barrier();
   return m;
 }

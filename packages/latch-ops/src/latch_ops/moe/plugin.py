@@ -1,7 +1,7 @@
 """The `moe` entry point (group ``latch.plugins``): registers the MoE op specs exactly as a
 third-party package would, through the ``latch_register_ops`` hook, and the passes
-``moe.store_operands`` (BF16 operands of the ragged products, ``policy``) and
-``moe.fixed_order_scatters`` (``scatter``) through ``latch_register_passes``. Each differentiable op's derivative is the autograd formula registered
+``moe.store_operands`` (BF16 operands of the ragged products, ``policy``), ``moe.route_split``
+(``route_split``) and ``moe.fixed_order_scatters`` (``scatter``) through ``latch_register_passes``. Each differentiable op's derivative is the autograd formula registered
 with its torch custom op (``torch_ops``), which capture traces through. Importing this module
 never imports torch."""
 
@@ -27,6 +27,18 @@ def _fixed_order_scatters(doc, **options):
     return fixed_order_scatters_pass(doc, **options)
 
 
+def _route_split(doc, **options):
+    from .route_split import route_split_pass
+
+    return route_split_pass(doc, **options)
+
+
+ROUTE_SPLIT = Pass(
+    "moe.route_split", _route_split, requires={"graph"}, ensures={"graph"},
+    doc="graph rewrite: route_order over many SMs (per-chunk counts, then place, rows and offsets side by side)",
+)
+
+
 FIXED_ORDER_SCATTERS = Pass(
     "moe.fixed_order_scatters", _fixed_order_scatters, requires={"graph"}, ensures={"graph"},
     doc="graph rewrite: index_add back to tokens by route_order's outputs as gathers summed in a fixed order",
@@ -35,13 +47,15 @@ FIXED_ORDER_SCATTERS = Pass(
 
 @hookimpl
 def latch_register_ops(register):
+    from .route_split import SPECS as SPLIT_SPECS
     from .specs import SPECS
 
-    for spec in SPECS:
+    for spec in SPECS + SPLIT_SPECS:
         register(spec)
 
 
 @hookimpl
 def latch_register_passes(register):
     register(STORE_OPERANDS)
+    register(ROUTE_SPLIT)
     register(FIXED_ORDER_SCATTERS)

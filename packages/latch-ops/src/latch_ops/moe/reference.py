@@ -83,3 +83,60 @@ def ragged_mm_grad_w_math(x: torch.Tensor, grad: torch.Tensor, offsets: torch.Te
     for e, lo, hi in _segments("latch::ragged_mm_grad_w", offsets, x.shape[0]):
         dw[e] = x[lo:hi].to(cd).transpose(0, 1) @ grad[lo:hi].to(cd)
     return dw.to(x.dtype)
+
+
+# ---- route_order over many SMs (route_split): the same sort from per-chunk counts
+
+def _chunks(n_pairs: int, chunk: int) -> int:
+    return -(-n_pairs // chunk)
+
+
+def route_count_math(indices: torch.Tensor, num_experts: int, chunk: int) -> torch.Tensor:
+    """counts[c, e]: the pairs of expert e among the flat pairs [c * chunk, (c + 1) * chunk), int32."""
+    _check_experts(indices, num_experts)
+    flat = indices.reshape(-1).long()
+    c = torch.div(torch.arange(flat.numel(), device=flat.device), chunk, rounding_mode="floor")
+    C = _chunks(flat.numel(), chunk)
+    counts = torch.zeros(C * num_experts, dtype=torch.int64, device=flat.device)
+    counts.index_add_(0, c * num_experts + flat, torch.ones_like(flat))
+    return counts.view(C, num_experts).to(torch.int32)
+
+
+def _bases(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(offsets[E + 1], before[C, E]): expert e's first sorted row, and its pairs in the chunks before c."""
+    counts = counts.long()
+    tot = counts.sum(0)
+    offsets = torch.cat([tot.new_zeros(1), torch.cumsum(tot, 0)])
+    before = torch.cumsum(counts, 0) - counts
+    return offsets, before
+
+
+def route_place_math(indices: torch.Tensor, counts: torch.Tensor, num_experts: int, chunk: int) -> torch.Tensor:
+    """position[p]: the sorted row of pair p, from its chunk's own pairs and the counts only (what
+    one task of route_place reads): offsets[e] + the pairs of e in earlier chunks + its rank in
+    its chunk among the pairs of e."""
+    _check_experts(indices, num_experts)
+    flat = indices.reshape(-1).long()
+    P = flat.numel()
+    c = torch.div(torch.arange(P, device=flat.device), chunk, rounding_mode="floor")
+    key = c * num_experts + flat
+    order = torch.sort(key, stable=True).indices
+    sorted_key = key[order]
+    start = torch.searchsorted(sorted_key, sorted_key, right=False)  # first slot of each key group
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(P, device=flat.device) - start
+    offsets, before = _bases(counts)
+    return offsets[flat] + before[c, flat] + rank
+
+
+def route_rows_math(indices: torch.Tensor, counts: torch.Tensor, num_experts: int, chunk: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token[r], pairs[r]): the source token and the pair of sorted row r (pairs is position's inverse)."""
+    _check_experts(indices, num_experts)
+    k = indices.shape[1]
+    pairs = torch.sort(indices.reshape(-1).long(), stable=True).indices
+    return torch.div(pairs, k, rounding_mode="floor").contiguous(), pairs.contiguous()
+
+
+def route_offsets_math(counts: torch.Tensor) -> torch.Tensor:
+    return _bases(counts)[0]

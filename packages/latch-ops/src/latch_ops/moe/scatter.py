@@ -11,7 +11,8 @@ permutation of the N*k (token, slot) pairs:
         token n's k rows of g, in slot order, summed over the slot axis (each token's contributions in
         their own slots, summed in a fixed order);
     index_add(zeros[P, ...], 0, position, g)  ->  index_select(g, 0, scatter(zeros_i64[P], 0, position, arange(P)))
-        position is a permutation, so the sum has one term per row: a gather by its inverse.
+        position is a permutation, so the sum has one term per row: a gather by its inverse; where
+        ``moe.route_split`` ran first, route_rows' ``pairs`` is that inverse and the gather reads it.
 
 An ``index_add`` onto anything but a ``latch::full`` of zeros, along another dim, or by an index
 that is not a route_order output, is left alone. No torch: the pass runs on the document only.
@@ -24,7 +25,7 @@ import attrs
 from latch_core.document import Document
 from latch_core.ir import Graph, Node, Value, fresh_name
 
-from . import specs
+from . import route_split, specs
 
 INDEX_ADD, INDEX_SELECT, FULL = "latch::index_add", "latch::index_select", "latch::full"
 
@@ -32,11 +33,19 @@ INDEX_ADD, INDEX_SELECT, FULL = "latch::index_add", "latch::index_select", "latc
 def rewrite_scatters(g: Graph) -> tuple[Graph, int]:
     """(new graph, index_add nodes replaced) for one program."""
     producers = {o: n for n in g.nodes for o in n.outputs}
-    routes: dict[str, tuple[str, Node]] = {}
+    # value -> (kind, indices, position, pairs): route_order's outputs, or route_split's (whose
+    # route_rows also gives position's inverse, ``pairs``, so the combine needs no scatter)
+    routes: dict[str, tuple[str, str, str, str | None]] = {}
     for n in g.nodes:
         if n.op == specs.ROUTE_ORDER and len(n.outputs) == 3:
-            routes[n.outputs[0]] = ("token", n)
-            routes[n.outputs[1]] = ("position", n)
+            routes[n.outputs[0]] = ("token", n.inputs[0], n.outputs[1], None)
+            routes[n.outputs[1]] = ("position", n.inputs[0], n.outputs[1], None)
+    for n in g.nodes:
+        if n.op == route_split.ROUTE_PLACE:
+            for m in g.nodes:
+                if m.op == route_split.ROUTE_ROWS and m.inputs == n.inputs:
+                    routes[m.outputs[0]] = ("token", n.inputs[0], n.outputs[0], m.outputs[1])
+                    routes[n.outputs[0]] = ("position", n.inputs[0], n.outputs[0], m.outputs[1])
 
     def zeros(v: str | None) -> bool:
         p = producers.get(v)
@@ -56,20 +65,22 @@ def rewrite_scatters(g: Graph) -> tuple[Graph, int]:
         if not eligible(n):
             nodes.append(n)
             continue
-        kind, route = routes[n.inputs[1]]
+        kind, indices, position, pairs = routes[n.inputs[1]]
         src, out = n.inputs[2], n.outputs[0]
         sv = g.value(src)
         if kind == "token":
-            N, k = g.value(route.inputs[0]).shape
+            N, k = g.value(indices).shape
             slots = fresh_name(names, f"{out}.slots")
             by_token = fresh_name(names, f"{out}.by_token")
             shape = (N, k) + tuple(sv.shape[1:])
             values += [Value(slots, sv.shape, sv.dtype), Value(by_token, shape, sv.dtype)]
-            nodes += [Node(fresh_name(names, f"gather.{out}"), INDEX_SELECT, (src, route.outputs[1]), (slots,), {"dim": 0},
+            nodes += [Node(fresh_name(names, f"gather.{out}"), INDEX_SELECT, (src, position), (slots,), {"dim": 0},
                            source=n.source),
                       Node(fresh_name(names, f"slots.{out}"), "latch::reshape", (slots,), (by_token,),
                            {"shape": list(shape)}, source=n.source),
                       Node(n.name, "latch::sum", (by_token,), (out,), {"dims": [1], "keepdim": False}, source=n.source)]
+        elif pairs is not None:  # the inverse is route_rows' own output
+            nodes.append(Node(n.name, INDEX_SELECT, (src, pairs), (out,), {"dim": 0}, source=n.source))
         else:
             P = g.value(n.inputs[1]).shape[0]
             base, ar, inv = (fresh_name(names, f"{out}.{s}") for s in ("inv_base", "rows", "inverse"))
