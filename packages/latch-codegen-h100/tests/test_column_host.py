@@ -68,6 +68,14 @@ template <class S> inline void gld4(const S* p, i64 i, S (&r)[4]) {
   __atomic_add_fetch(&vec4_, 1, __ATOMIC_RELAXED);
   for (int j = 0; j < 4; ++j) r[j] = p[i + j];
 }
+// the line-head L2 prefetch (lower_reduce's short path): addresses logged, no data moved
+static uintptr_t pf4_log_[1 << 16];
+static long long pf4_n_ = 0;
+template <class S> inline void gpf4(const S* p, i64 i) {
+  if ((reinterpret_cast<uintptr_t>(p + i) & 127) >= 4 * sizeof(S)) return;
+  const long long k = __atomic_fetch_add(&pf4_n_, 1, __ATOMIC_RELAXED);
+  if (k < (long long)(sizeof(pf4_log_) / sizeof(pf4_log_[0]))) pf4_log_[k] = reinterpret_cast<uintptr_t>(p + i);
+}
 template <class Acc, class Op, class... A> inline void reduce_warp_per_output(A...) { abort(); }  // the test takes the vector path
 struct SumOp {
   template <class T> static T init() { return T(0); }
@@ -157,6 +165,12 @@ extern "C" void run(char** ops, const int* lo, const int* hi) {
   for (auto* x : wb) delete x;
 }
 extern "C" long long vec4() { long long v = latch::vec4_; latch::vec4_ = 0; return v; }
+extern "C" long long prefetches(uintptr_t* out, long long cap) {
+  const long long n = latch::pf4_n_;
+  for (long long k = 0; k < n && k < cap && k < (1 << 16); ++k) out[k] = latch::pf4_log_[k];
+  latch::pf4_n_ = 0;
+  return n;
+}
 """
 
 

@@ -67,6 +67,10 @@ template <class S> inline void gpf(const S* p, i64 i) {
   if (pf_n < (long long)(sizeof(pf_log) / sizeof(pf_log[0]))) pf_log[pf_n] = reinterpret_cast<uintptr_t>(p + i);
   ++pf_n;
 }
+// the line-head prefetch (fuse.py's row-tile path): logged as gpf when the group opens its line
+template <class S> inline void gpf4(const S* p, i64 i) {
+  if ((reinterpret_cast<uintptr_t>(p + i) & 127) < 4 * sizeof(S)) gpf(p, i);
+}
 template <class S> inline void gld4(const S* p, i64 i, S (&r)[4]) { ld4(p, i, r); }
 template <class S, class V> inline void gst4(S* p, i64 i, const V (&v)[4]) { st4(p, i, v); }
 namespace ew { inline float sqrt_(float x) { return std::sqrt(x); } }

@@ -334,12 +334,13 @@ def reduce_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> list[str]:
     acc = lower_reduce.acc_type(red.op, x.dtype)
     flat = flat_spec(spec, lowerings, shape=tuple(x.shape), skip_last=True)
     load = [f"auto load = [&](long long i) -> {acc} {{"]
-    load4, vec_cond, pre = None, "false", []
+    load4, vec_cond, pre, pf4 = None, "false", [], None
     if flat is not None:
         p = _Puller(flat, lowerings, names, "  ")
         v = p.pull(xi, ["i"])
         load4, vec_cond, pre = _load4(flat, lowerings, names, xi, acc)
         load4 = load4 + _load4(flat, lowerings, names, xi, compute_type(x.dtype), "load4v")[0]
+        pf4 = _pf4(flat, names, [(i, "i") for i in _regs(flat)[0]])
     else:
         p = _Puller(spec, lowerings, names, "  ")
         coords = []
@@ -349,9 +350,9 @@ def reduce_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> list[str]:
             coords.append(f"x{d}")
         v = p.pull(xi, broadcast_coords(x.shape, x.shape, coords))
         if len(x.shape) >= 1 and x.shape[-1] % 4 == 0 and math.prod(x.shape) < 2**31:
-            load4, vec_cond = _load4_pulled(spec, lowerings, names, xi, acc)
+            load4, vec_cond, pf4 = _load4_pulled(spec, lowerings, names, xi, acc)
     load += p.lines + [f"  return ({acc})({v});", "};"]
-    stmts = lower_reduce.reduce_statements(red.op.split("::")[-1], ctx, load, load4, vec_cond)
+    stmts = lower_reduce.reduce_statements(red.op.split("::")[-1], ctx, load, load4, vec_cond, pf4)
     return decl + pre + ["  {"] + ["    " + s if s else s for s in stmts.splitlines()] + ["  }"]
 
 
@@ -371,11 +372,12 @@ def _load4_pulled(spec: BodySpec, lowerings: dict[str, Lowering], names: dict[in
     v = p.pull_st(xi, lane, VEC_)
     L = [f"auto load4v = [&](long long i, {ct} (&o4_)[4]) {{", "  constexpr int u_ = 0;",
          "  const int l_ = (int)i;"]
-    acc_ = 1
+    acc_, dec = 1, []
     for d in reversed(range(1, r)):
-        L.append(f"  const int x{d} = ({'l_' if acc_ == 1 else f'l_ / {acc_}'}) % {x.shape[d]};")
+        dec.append(f"  const int x{d} = ({'l_' if acc_ == 1 else f'l_ / {acc_}'}) % {x.shape[d]};")
         acc_ *= x.shape[d]
-    L.append(f"  const int x0 = {'l_' if acc_ == 1 else f'l_ / {acc_}'};")
+    dec.append(f"  const int x0 = {'l_' if acc_ == 1 else f'l_ / {acc_}'};")
+    L += dec
     vec = []
     for k, reg, vi, off in p.loads.values():
         st = storage_type(spec.values[vi].dtype)
@@ -393,12 +395,31 @@ def _load4_pulled(spec: BodySpec, lowerings: dict[str, Lowering], names: dict[in
                                           f"auto load4 = [&](long long i, {acc} (&o4_)[4]) {{",
                                           f"  {ct} t_[4];", "  load4v(i, t_);", "  #pragma unroll",
                                           f"  for (int j_ = 0; j_ < 4; ++j_) o4_[j_] = ({acc})t_[j_];", "};"]
+    # the prefetch of the lines load4v(i) reads with 16-byte accesses (its VEC operands)
+    pf = _pf4(spec, names, [(vi, off) for k, _, vi, off in p.loads.values() if k == VEC_],
+              ["  const int l_ = (int)i;"] + dec)
     if all(math.prod(v.shape) < 2**31 for v in spec.values):  # 32-bit index math (fuse.ilp_lines alike)
         from .fuse import _LONG
 
         L = [_LONG.sub(r"\1", x) for x in L]
+        pf = None if pf is None else [_LONG.sub(r"\1", x) for x in pf]
     cond = " && ".join(f"latch::aligned4({n}, 0)" for n in dict.fromkeys(vec)) or "true"
-    return L, cond
+    return L, cond, pf
+
+
+def _pf4(spec: BodySpec, names: dict[int, str], accesses, head: list[str] = ()) -> list[str] | None:
+    """Statements defining ``pf4v(long long i)``: the L2 prefetch (``latch::gpf4``: one thread per
+    128-byte line) of each (input, offset) of ``accesses`` whose input has at least
+    lower_reduce.PREFETCH_MIN_BYTES (smaller tables stay in L2), the offsets in terms of the
+    coordinates ``head`` decodes from ``i``; None when none is that large."""
+    from .lower_reduce import PREFETCH_MIN_BYTES
+
+    big = [(vi, off) for vi, off in dict.fromkeys(accesses)
+           if _numel(spec.values[vi].shape) * _SIZE.get(spec.values[vi].dtype, 4) >= PREFETCH_MIN_BYTES]
+    if not big:
+        return None
+    return (["auto pf4v = [&](long long i) {"] + list(head)
+            + [f"  latch::gpf4({names[vi]}, {off});" for vi, off in big] + ["};"])
 
 
 def _load4(flat: BodySpec, lowerings: dict[str, Lowering], names: dict[int, str], xi: int, acc: str,

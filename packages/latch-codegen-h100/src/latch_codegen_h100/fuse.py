@@ -301,6 +301,9 @@ def fused_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> list[str]:
 
 VEC_, BCAST_, GEN_ = "vec", "bcast", "gen"
 ILP_IN_FLIGHT, ILP_MIN_U, ILP_MAX_U = 192, 2, 12
+# L2 prefetch distance of the row-tile path, in iterations: at least ILP_PREFETCH_AHEAD (0: none),
+# at most ILP_PREFETCH_MAX (ilp_lines: enough for ~2 x ILP_IN_FLIGHT bytes per thread ahead)
+ILP_PREFETCH_AHEAD, ILP_PREFETCH_MAX = 2, 8
 # Ops whose accurate float forms carry a slow path with a local array (sinf/cosf/tanf's Payne-Hanek
 # argument reduction, erff, powf's exact cases) take U = ILP_MIN_U: each group unrolls that code U x W
 # times. TinyMoE-200M's RoPE tables (arange, exp, cos, sin; no loads) took U = 12: 9,504 SASS
@@ -734,6 +737,61 @@ def ilp_lines(spec: BodySpec, lowerings: dict[str, Lowering], names: dict[int, s
                 loads.append(f"{i2}    {'} else ' if k else ''}if ({g or 'true'}) {{ {load(a[0], r, a[2], a[3])}")
             loads.append(f"{i2}    }}")
 
+    # L2 prefetch ahead (flat.py's, for the row-tile path): the lines of each 16-byte access whose
+    # every source is a full-size input (at least lower_reduce.PREFETCH_MIN_BYTES: a small table
+    # such as RoPE's cos/sin stays in L2), for the groups ILP_PREFETCH_AHEAD iterations ahead (at
+    # least two; more where the iteration moves few bytes, so that ~2 x ILP_IN_FLIGHT bytes per
+    # thread are requested ahead of the register loads), never past the tile. TinyMoE-200M's RoPE
+    # backward (U = 4 groups of four bf16, 8 bytes from HBM each: 8 KiB in flight per SM) ran at
+    # 39% of its bytes floor without it (run 53).
+    from .lower_reduce import PREFETCH_MIN_BYTES
+
+    def big(vi):
+        return math.prod(spec.values[vi].shape) * _BYTES.get(spec.values[vi].dtype, 4) >= PREFETCH_MIN_BYTES
+
+    # no slot whose source inputs are among an earlier prefetched slot's: two accesses of the same inputs in one group are at the
+    # same output coordinates through views (RoPE's element and its rotate-half partner, 32
+    # elements apart in one 128-byte row), so the first's lines are, as a rule, the second's too;
+    # the address math of each prefetched slot costs as much as its load's (a hint: a line left out
+    # is still read by the register load)
+    pf_slots, seen = [], set()
+    for keys in slots:
+        ins = frozenset(p.loads[k][2] for k in keys)
+        if W == 4 and p.loads[keys[0]][0] == VEC_ and all(big(vi) for vi in ins) \
+                and not any(ins <= had for had in seen):
+            seen.add(ins)
+            pf_slots.append(keys)
+    pf_bytes = sum(W * _BYTES.get(spec.values[p.loads[keys[0]][2]].dtype, 4) for keys in pf_slots) * U
+    ahead = 0 if not pf_slots or ILP_PREFETCH_AHEAD <= 0 else \
+        max(ILP_PREFETCH_AHEAD, min(ILP_PREFETCH_MAX, -(-2 * ILP_IN_FLIGHT // pf_bytes)))
+    pf = []
+    for keys in pf_slots:
+        srcs: dict = {}
+        for k in keys:
+            srcs.setdefault((p.loads[k][2], p.loads[k][3]), []).append(_guard_text(p.guards[k]))
+        if len(srcs) == 1:
+            (svi, soff), = srcs
+            pf.append(f"{i2}    latch::gpf4({names[svi]}, {soff});")
+            continue
+        vi0 = p.loads[keys[0]][2]
+        st = storage_type(spec.values[vi0].dtype)
+        pf.append(f"{i2}    {{")
+        for k, ((svi, soff), gs) in enumerate(srcs.items()):
+            cond = " || ".join(f"({x})" if x else "true" for x in gs)
+            pf += [f"{i2}      const {st}* const s{k}_ = {names[svi]} + ({soff});",
+                   f"{i2}      const bool g{k}_ = {cond};"]
+        sel = " : ".join(f"g{k}_ ? s{k}_" for k in range(len(srcs))) + " : nullptr"
+        pf += [f"{i2}      const {st}* s_ = {sel};", f"{i2}      if (s_) latch::gpf4(s_, 0); }}"]
+
+    def prefetch() -> list[str]:
+        if not ahead:
+            return []
+        return ([f"{i2}// L2 prefetch of iteration +{ahead}'s lines (gpf4: one thread per 128-byte line)",
+                 f"{i2}#pragma unroll", f"{i2}for (int u_ = 0; u_ < {U}; ++u_) {{",
+                 f"{i2}  if (q_ + {ahead * step} * LATCH_THREADS + u_ * {W} * LATCH_THREADS < n_) {{",
+                 f"{i2}    const {itype} l_ = base_ + q_ + {ahead * step} * LATCH_THREADS + u_ * {W} * LATCH_THREADS;"]
+                + dec + pf + [f"{i2}  }}", f"{i2}}}"])
+
     def iteration(guarded: bool) -> list[str]:
         """One iteration over the thread's U groups: the load phase (every access of every group,
         nothing computed yet), the arithmetic lane by lane in registers, the stores. Unguarded
@@ -766,10 +824,10 @@ def ilp_lines(spec: BodySpec, lowerings: dict[str, Lowering], names: dict[int, s
         # iterations run without guards (shared index math), the partial one after them guarded
         L.append(f"{ind}{itype} q_ = {W} * ({itype})threadIdx.x;")
         L.append(f"{ind}for (; q_ + {(U - 1) * W} * LATCH_THREADS < n_; q_ += {step} * LATCH_THREADS) {{")
-        L += iteration(False) + [f"{ind}}}", f"{ind}if (q_ < n_) {{"] + iteration(True) + [f"{ind}}}"]
+        L += prefetch() + iteration(False) + [f"{ind}}}", f"{ind}if (q_ < n_) {{"] + iteration(True) + [f"{ind}}}"]
     else:
         L.append(f"{ind}for ({itype} q_ = {W} * ({itype})threadIdx.x; q_ < n_; q_ += {step} * LATCH_THREADS) {{")
-        L += iteration(True) + [f"{ind}}}"]
+        L += prefetch() + iteration(True) + [f"{ind}}}"]
     if not wide:  # every index fits in 32 bits: the view maps' 64-bit constants would widen the math
         L = [_LONG.sub(r"\1", x) for x in L]
     vec = [(names[vi], "0") for k, _, vi, _ in p.loads.values() if k == VEC_] + [(names[i], "0") for i in outs]

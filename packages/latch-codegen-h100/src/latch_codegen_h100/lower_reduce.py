@@ -43,12 +43,15 @@ def row_reduction(dims, rank: int) -> bool:
 
 
 def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None,
-                      load4: list[str] | None = None, vec_cond: str = "false") -> str:
+                      load4: list[str] | None = None, vec_cond: str = "false",
+                      pf4: list[str] | None = None) -> str:
     """The body's statements. ``load``: statements defining the lambda ``load(long long i)`` (element
     ``i`` of the input in its row-major order, as the accumulator type ``acc_type``), replacing the
     load from ``ctx.inputs[0].ptr``. ``load4``: statements defining ``load4(long long i, acc (&v)[4])``
     (elements i..i+3): a row reduction whose row length is a multiple of 4 then runs the vector
-    path (``latch::reduce_rows_vec4_*``) when ``vec_cond`` holds at run time (the operands aligned)."""
+    path (``latch::reduce_rows_vec4_*``) when ``vec_cond`` holds at run time (the operands aligned).
+    ``pf4``: statements defining ``pf4v(long long i)``, the L2 prefetch of the lines that ``load4v(i)``
+    reads from memory (the short path's prefetch ahead; a plain input defines its own)."""
     x, out = ctx.inputs[0], ctx.outputs[0]
     dims = tuple(ctx.attr("dims"))
     keepdim = bool(ctx.attr("keepdim"))
@@ -121,7 +124,7 @@ def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None
         generic = f"latch::reduce_thread_per_output<{acc}, {op}>(n_out, {R}LL, base, off, load, store);"
         vector = None
         short = None if load is not None and load4 is None else \
-            short_vec_statements(name, ctx, acc, op, dims, load4, vec_cond)
+            short_vec_statements(name, ctx, acc, op, dims, load4, vec_cond, pf4)
         if short is not None:
             pre, cond, stmts = short
             lines += pre
@@ -150,21 +153,45 @@ def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None
     return "\n".join(lines)
 
 
-SHORT_LOADS = 8  # 16-byte loads per thread in flight in the short vector path (U groups x R rows)
+# 16-byte loads per thread a short reduction's vector path keeps in flight in registers (U groups x
+# R rows; software pipelined: the next U groups' rows load while the current ones are reduced, so
+# twice as many registers hold data). TinyMoE-200M's combine (R = 2, one 16-byte row load and one
+# 4-byte weight per row) ran at 38% of its bytes floor with 8 and no pipelining or prefetch (run 53:
+# 186 us a task against a 71 us floor): every iteration waited a whole loaded HBM latency.
+SHORT_LOADS = 12
+# L2 prefetch distance of the short vector path, in iterations (flat.PREFETCH_AHEAD's rule: two
+# batches requested ahead of the register loads, no register cost); 0 switches it off.
+SHORT_PREFETCH_AHEAD = 2
+# An input smaller than this is not prefetched: a table every task reads stays in the 60 MB L2
+PREFETCH_MIN_BYTES = 1 << 20
+
+
+def exact_in_float(name: str, R: int, acc: str, ct: str, out_ct: str) -> bool:
+    """Does a sum of ``R`` <= 2 values of compute type float, accumulated in ``acc`` = double from
+    the identity and rounded to float, give the bits of the same sum in float? Yes: 0 + a is exact
+    in both (+0 for a = -0 in both), and for two floats RN24(RN53(a + b)) = RN24(a + b) (double
+    rounding is innocuous when 53 >= 2 x 24 + 2, Figueroa 1995; subnormal sums of two floats are
+    exact in both, a float overflow rounds to the same infinity). The short path then skips the
+    double conversions (two F2F per element at a quarter of the FP32 rate)."""
+    return name == "sum" and R <= 2 and acc == "double" and ct == "float" and out_ct == "float"
 
 
 def short_vec_statements(name: str, ctx: BodyContext, acc: str, op: str, dims, load4: list[str] | None,
-                         vec_cond: str):
+                         vec_cond: str, pf4: list[str] | None = None):
     """A short reduction (R <= THREAD_THRESHOLD) whose kept innermost dim is the input's innermost
     (the reduced dims are not last) and a multiple of 4, over a tile that is one contiguous range
     of the output (row tiles): (statements before, run-time condition, statements), or None where
     it does not apply. Thread t takes groups of four consecutive outputs (t, t + LATCH_THREADS, ...,
     U at a time): their coordinates decoded with constant extents (no run-time division), each of
     the R rows read with one 16-byte access (``load4v``: the input, or the fused prologue, at four
-    consecutive elements) for all U groups before any is accumulated, each output reduced in index
-    order from the operator's identity in ``acc``, as ``reduce_thread_per_output`` does (the same
-    operations in the same order: the same bits), and written with one 16-byte store. ``load4``: a
-    fused prologue's statements (defining ``load4v``), or None for a plain input."""
+    consecutive elements), each output reduced in index order from the operator's identity in
+    ``acc``, as ``reduce_thread_per_output`` does (the same operations in the same order: the same
+    bits; :func:`exact_in_float` where float gives them too), and written with one 16-byte store.
+    Software pipelined as flat.py's loop: the rows of the thread's next U groups are loaded before
+    the current ones are reduced and stored, and at the top of each iteration the lines of the groups
+    SHORT_PREFETCH_AHEAD iterations ahead are prefetched into L2 (``pf4v``: the plain input's, or
+    the prologue's full-size vector operands'; never past the tile). ``load4``: a fused prologue's
+    statements (defining ``load4v``), or None for a plain input; ``pf4``: its ``pf4v``."""
     x, out = ctx.inputs[0], ctx.outputs[0]
     rank = x.rank
     red = {d % rank for d in dims}
@@ -185,13 +212,19 @@ def short_vec_statements(name: str, ctx: BodyContext, acc: str, op: str, dims, l
     out_dim = {d: (d if keepdim else k) for k, d in enumerate(kept)}
     xst, ost = cgen.strides(x.shape), cgen.strides(out.shape)
     ct = compute_type(x.dtype)
+    out_ct = compute_type(out.dtype)
     pre = list(load4 or [])  # a fused prologue's load4 / load4v (flat.reduce_body)
     if load4 is None:
         pre.append(f"auto load4v = [&](long long i, {ct} (&o4_)[4]) {{ latch::gld4({x.ptr}, i, o4_); }};")
         vec_cond = f"latch::aligned4({x.ptr}, 0)"
+        big = cgen_numel(x.shape) * {"double": 8, "float": 4}.get(ct, 4) >= PREFETCH_MIN_BYTES
+        pf4 = [f"auto pf4v = [&](long long i) {{ latch::gpf4({x.ptr}, i); }};"] if big else None
+    ahead = SHORT_PREFETCH_AHEAD if pf4 else 0
+    pre += list(pf4 or []) if ahead else []
     U = max(1, SHORT_LOADS // R)
-    init = f"{op}::template init<{acc}>()"
-    val = f"a_[j_] / ({acc}){R}" if name == "mean" else "a_[j_]"
+    av = ct if exact_in_float(name, R, acc, ct, out_ct) else acc  # the accumulator's type here
+    init = f"{op}::template init<{av}>()"
+    val = f"a_[j_] / ({av}){R}" if name == "mean" else "a_[j_]"
     # input offset of each row of the reduced dims (their merged index r: row-major over them)
     rsizes = [x.shape[d] for d in sorted(red)]
     rstr = [xst[d] for d in sorted(red)]
@@ -209,33 +242,66 @@ def short_vec_statements(name: str, ctx: BodyContext, acc: str, op: str, dims, l
         acc_ *= out.shape[d]
     dec.append(f"const {it} y0 = {'l_' if acc_ == 1 else f'l_ / {acc_}'};")
     bexpr = " + ".join(f"y{out_dim[d]} * {xst[d]}" if xst[d] != 1 else f"y{out_dim[d]}" for d in kept)
+
+    def at(g: str, what: list[str], ind: str, clamp: bool = False) -> list[str]:
+        """``what`` for the group at index ``g``, given its input row base b_: skipped past the tile,
+        or (``clamp``: the register loads) done at the tile's last group instead, a valid address
+        whose values are not used. Clamped, the loads of every group sit in one straight line, so
+        ptxas issues them all before the first use of any (a fused prologue computes right after
+        its loads: guarded by a branch per group, each group's loads waited for the previous
+        group's arithmetic, two 16-byte loads in flight per thread instead of 2 U)."""
+        if clamp:
+            head = [f"{ind}{{", f"{ind}  const {it} gc_ = {g} < n4_ ? {g} : n4_ - 1;",
+                    f"{ind}  const {it} l_ = first_ + 4 * gc_;"]
+        else:
+            head = [f"{ind}if ({g} < n4_) {{", f"{ind}  const {it} l_ = first_ + 4 * ({g});"]
+        return (head + [f"{ind}  {d}" for d in dec] + [f"{ind}  const long long b_ = {bexpr};"]
+                + [f"{ind}  {w}" for w in what] + [f"{ind}}}"])
+
+    loads = lambda dst: [f"load4v(b_ + {roff[r]}LL, {dst}[u_][{r}]);" for r in range(R)]  # noqa: E731
     stmts = [
         "{",
         f"  const {it} n4_ = {count} / 4, first_ = {first};",
-        f"  for ({it} g0_ = threadIdx.x; g0_ < n4_; g0_ += {U} * LATCH_THREADS) {{",
-        f"    {ct} v_[{U}][{R}][4];",
+        f"  {ct} v_[{U}][{R}][4];  // the next groups' rows: loads in flight",
+        "  if (n4_ > 0) {",
         "    #pragma unroll",
         f"    for (int u_ = 0; u_ < {U}; ++u_) {{",
-        f"      if (g0_ + u_ * LATCH_THREADS < n4_) {{",
-        f"        const {it} l_ = first_ + 4 * (g0_ + u_ * LATCH_THREADS);",
-    ] + ["        " + d for d in dec] + [
-        f"        const long long b_ = {bexpr};",
-    ] + [f"        load4v(b_ + {roff[r]}LL, v_[u_][{r}]);" for r in range(R)] + [
+    ] + at(f"({it})threadIdx.x + u_ * LATCH_THREADS", loads("v_"), "      ", clamp=True) + [
+        "    }",
+        "  }",
+        f"  for ({it} g0_ = threadIdx.x; g0_ < n4_; g0_ += {U} * LATCH_THREADS) {{",
+    ]
+    if ahead:
+        stmts += [f"    // L2 prefetch of iteration +{ahead}'s rows (pf4v: one thread per 128-byte line)",
+                  "    #pragma unroll",
+                  f"    for (int u_ = 0; u_ < {U}; ++u_) {{"]
+        stmts += at(f"g0_ + ({ahead * U} + u_) * LATCH_THREADS",
+                    [f"pf4v(b_ + {roff[r]}LL);" for r in range(R)], "      ")
+        stmts += ["    }"]
+    stmts += [
+        f"    {ct} c_[{U}][{R}][4];",
+        "    #pragma unroll",
+        f"    for (int u_ = 0; u_ < {U}; ++u_) {{",
+        "      #pragma unroll",
+        f"      for (int r_ = 0; r_ < {R}; ++r_) {{",
+        "        #pragma unroll",
+        "        for (int j_ = 0; j_ < 4; ++j_) c_[u_][r_][j_] = v_[u_][r_][j_];",
         "      }",
+    ] + at(f"g0_ + ({U} + u_) * LATCH_THREADS", loads("v_"), "      ", clamp=True) + [
         "    }",
         "    #pragma unroll",
         f"    for (int u_ = 0; u_ < {U}; ++u_) {{",
-        f"      if (g0_ + u_ * LATCH_THREADS < n4_) {{",
-        f"        {acc} a_[4] = {{{init}, {init}, {init}, {init}}};",
+        "      if (g0_ + u_ * LATCH_THREADS < n4_) {",
+        f"        {av} a_[4] = {{{init}, {init}, {init}, {init}}};",
         "        #pragma unroll",
         f"        for (int r_ = 0; r_ < {R}; ++r_) {{",
         "          #pragma unroll",
-        f"          for (int j_ = 0; j_ < 4; ++j_) a_[j_] = {op}::apply(a_[j_], ({acc})v_[u_][r_][j_]);",
+        f"          for (int j_ = 0; j_ < 4; ++j_) a_[j_] = {op}::apply(a_[j_], ({av})c_[u_][r_][j_]);",
         "        }",
-        f"        {compute_type(out.dtype)} o_[4];",
+        f"        {out_ct} o_[4];",
         "        #pragma unroll",
-        f"        for (int j_ = 0; j_ < 4; ++j_) o_[j_] = ({compute_type(out.dtype)})({val});",
-        f"        latch::gst4({out.ptr}, first_ + 4 * (g0_ + u_ * LATCH_THREADS), o_);",
+        f"        for (int j_ = 0; j_ < 4; ++j_) o_[j_] = ({out_ct})({val});",
+        "        latch::gst4(" + f"{out.ptr}, first_ + 4 * (g0_ + u_ * LATCH_THREADS), o_);",
         "      }",
         "    }",
         "  }",

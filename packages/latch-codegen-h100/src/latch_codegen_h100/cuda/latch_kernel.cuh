@@ -181,5 +181,15 @@ template <class S, class V> __device__ __forceinline__ void gst4(S* p, i64 i, co
 template <class S> __device__ __forceinline__ void gpf(const S* p, i64 i) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(__cvta_generic_to_global(p + i)));
 }
+// The L2 prefetch of the line holding the group of four elements p + i .. p + i + 3, issued only by
+// the thread whose group opens the line (its first byte is the line's: groups are aligned to their
+// size, 4 * sizeof(S) <= 128, so no group straddles a line). Where each line's groups are spread
+// over threads in an order the generator does not know (a view's index map: fuse.py's row-tile
+// path, the short reductions of lower_reduce.py), this requests every line whose first group some
+// thread prefetches exactly once, with no lane arithmetic; a line whose first group is outside the
+// range prefetched is skipped (the prefetch is a hint: its register loads still read it).
+template <class S> __device__ __forceinline__ void gpf4(const S* p, i64 i) {
+  if ((reinterpret_cast<uintptr_t>(p + i) & 127) < 4 * sizeof(S)) gpf(p, i);
+}
 
 }  // namespace latch
