@@ -30,10 +30,10 @@ def _residual(ops):
     w = b.input("params", "w", (32, 32), dtype="bf16")
     (a,) = b.node("add", [x, y], name="a")
     (h,) = b.node("relu", [a], name="h")
-    r = b.input("batch", "r", (64, 32), role="batch")
-    # another reader of h; it reads no input of h's group (were it x, horizontal fusion would merge
-    # it into that group too: test_fusion_horizontal.py)
-    (z,) = b.node("add", [h, r], name="z")
+    # another reader of h, not pointwise (were it an add of h's shape, h's group would join it:
+    # the first-reader rule, test_fusion_first_reader.py; were it reading x, horizontal fusion
+    # would merge them: test_fusion_horizontal.py)
+    (z,) = b.node("sum", [h], {"dims": (1,), "keepdim": False}, name="z")
     (hb,) = b.node("cast", [h], {"dtype": "bf16"}, name="h_bf16")
     (m,) = b.node("matmul", [hb, w], name="mm")
     return b, b.graph({"loss": [m, z]})

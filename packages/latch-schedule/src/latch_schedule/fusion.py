@@ -44,6 +44,15 @@ sink's output is written at the tile's index like a sibling's, having the primar
 a value all of whose readers are now in the group, which becomes internal. A merged group is
 bounded to ``HORIZONTAL_MAX_NODES`` nodes.
 
+Producer fusion into the first reader: a pointwise group P (every node pointwise, every value
+of one shape) whose outputs are read by several groups joins the earliest of them, L, when L is a
+pointwise group of the same shape and every other reader runs after L (TinyMoE's expert
+activation: ``silu(gate)`` is read by the SwiGLU product ``silu * up`` and again by the backward;
+it was a phase of its own, its output written and read back by the next phase). P's values read
+outside L stay group outputs, written at the tile's index (they have L's primary shape); P then
+runs where L's sink runs, which no reader precedes, and its inputs exist earlier still. A merged
+group is bounded to ``HORIZONTAL_MAX_NODES`` nodes.
+
 Alias prefixes (option ``alias_views``; issue 11): a view whose output is a contiguous byte range
 of its operand (``latch_core.aliasing``: a reshape, a leading-dims select or slice, a permute or
 expand of size-1 dims only; the offset a multiple of 256 bytes) and that is not a program output
@@ -234,6 +243,51 @@ def _siblings(graph: Graph, nodes, pointwise, view, find, parent, consumers, int
 HORIZONTAL_MAX_NODES = 64  # a merged body's size bound (code size, registers)
 
 
+def _into_first_reader(graph: Graph, nodes, pointwise, find, parent, consumers, internal: set[str]) -> int:
+    """Producer fusion into the first reader (module docstring). Returns how many groups joined."""
+    def groups():
+        members: dict[int, list[int]] = {}
+        for i in range(len(nodes)):
+            members.setdefault(find(i), []).append(i)
+        return members
+
+    def flat(m) -> tuple | None:  # the one shape of a pointwise group's values, else None
+        if not all(pointwise[i] and len(nodes[i].outputs) == 1 for i in m):
+            return None
+        shape = graph.value(nodes[m[-1]].outputs[0]).shape
+        if not shape or any(graph.value(nodes[i].outputs[0]).shape != shape for i in m):
+            return None
+        return shape
+
+    members = groups()
+    outputs = set(graph.output_names())
+    joined = 0
+    for r in sorted(members):
+        m = members.get(r)
+        if m is None or find(r) != r:
+            continue
+        shape = flat(m)
+        if shape is None:
+            continue
+        readers = sorted({find(c) for i in m for c in consumers.get(nodes[i].outputs[0], []) if find(c) != r})
+        if len(readers) < 2:
+            continue  # one reader: the main rule's case (it did not fuse, for its own reasons)
+        late = readers[0]
+        ml = members[late]
+        if flat(ml) != shape or len(m) + len(ml) > HORIZONTAL_MAX_NODES:
+            continue
+        parent[r] = late
+        members[late] = ml + m
+        del members[r]
+        for i in members[late]:
+            o = nodes[i].outputs[0]
+            if o not in outputs and all(find(c) == late for c in consumers.get(o, [])):
+                internal.add(o)
+        joined += 1
+    return joined
+
+
+
 def _horizontal(graph: Graph, nodes, pointwise, find, parent, consumers, internal: set[str]) -> int:
     """Horizontal fusion (module docstring): pointwise groups of one shape that read a common input
     of that shape merge, the earlier into the later, when nothing outside both reads the earlier
@@ -407,6 +461,7 @@ def fuse(graph: Graph, ops: Registry | None, enabled: bool = True,
     if enabled:
         _siblings(graph, nodes, pointwise, view, find, parent, consumers, internal)
         _horizontal(graph, nodes, pointwise, find, parent, consumers, internal)
+        _into_first_reader(graph, nodes, pointwise, find, parent, consumers, internal)
     members: dict[int, list[int]] = {}
     for i in range(len(nodes)):
         members.setdefault(find(i), []).append(i)
