@@ -26,6 +26,7 @@ def test_the_rewritten_update_matches_eager_pytorch(top_k):
     new, said = fixed_order_scatters_pass(doc)
     g = new.graph.program("update")
     assert said.startswith("2 MoE scatters") and not any(n.op == "latch::index_add" for n in g.nodes)
+    assert sum(n.op == "latch::gather_sum" for n in g.nodes) == 1  # the dispatch's gradient back to tokens
     assert lint_section(new.graph, registries().ops, require_known_ops=True) == []
     res = compare(ex, doc=new, steps=2)
     assert res.passed, res.format()

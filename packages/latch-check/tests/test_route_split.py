@@ -4,7 +4,8 @@ TinyMoE (small widths, enough tokens for several chunks of pairs) with the split
 fixed-order scatters, against eager PyTorch in FP64 and on the arena simulator (whose tasks see
 only their read boxes: a route_place task its chunk of indices and the counts), at top-2 and at
 top-3 (chunks that cut a token's slots apart). The split form leaves no route_order and no scatter:
-the combine's gradient gathers by route_rows' ``pairs``."""
+the combine's gradient gathers by route_rows' ``pairs``, and the dispatch's gradient is one
+``gather_sum`` per layer."""
 
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ def test_the_split_update_matches_eager_pytorch_and_the_simulator(top_k, seq):
     g = new.graph.program("update")
     ops = _ops(g)
     assert "latch::route_order" not in ops and "latch::scatter" not in ops and "latch::index_add" not in ops
+    # the dispatch's gradient back to tokens: one gather_sum, no N*k gathered rows written and summed
+    assert ops.count("latch::gather_sum") == 1
     for op in (route_split.ROUTE_COUNT, route_split.ROUTE_PLACE, route_split.ROUTE_ROWS, route_split.ROUTE_OFFSETS):
         assert ops.count(op) == 1, op
     counts = next(n for n in g.nodes if n.op == route_split.ROUTE_COUNT).outputs[0]

@@ -17,10 +17,12 @@ segments inside their tile (``latch_moe.cuh``). Two bodies per ragged product:
 
 from __future__ import annotations
 
+import math
+
 from latch_ops.moe import tilings
 
 from . import cgen
-from .lowering import BodyContext, Lowering, LoweringError, OnlyWhen, TensorMap
+from .lowering import BodyContext, Lowering, LoweringError, OnlyWhen, TensorMap, compute_type
 
 HEADER = "latch_moe.cuh"
 MAX_EXPERTS = 8192  # route_order keeps one counter per expert in shared memory
@@ -149,6 +151,76 @@ def _split_smem(which: str):
         ints = (C + 1) * E + E + 1 + ctx.threads + (ctx.threads // 32 * E if which == "place" else 0)
         return 4 * ints
     return smem
+
+
+GATHER_U = 4  # groups of four elements per thread per step: U * k 16-byte loads in flight
+
+
+def _gather_sum(ctx: BodyContext) -> str:
+    """latch::gather_sum (latch_ops.moe.gather_sum): thread t takes groups of four consecutive output
+    elements of the tile (rows r0..r1, every column), U groups a step: the k source rows' vectors
+    of all U groups are loaded (the index of each output row once per group, an L1 broadcast)
+    before any is summed, from zero in slot order in latch::sum's accumulator (double for floats of
+    32 bits and fewer), then rounded once and stored with one 16-byte store. Rows whose length is
+    not a multiple of four, or operands not 16-byte aligned, take one element a thread."""
+    src, index = ctx.inputs
+    out = ctx.outputs[0]
+    k = int(ctx.attr("k"))
+    R = src.shape[0]
+    D = math.prod(src.shape[1:])
+    ct, oct_ = compute_type(src.dtype), compute_type(out.dtype)
+    acc = "double" if ct == "float" else ct
+    U = GATHER_U
+    check = (f"if (t_ < 0 || t_ >= {R}LL) {{ latch_report(latch::ERR_INDEX_RANGE, t_, {R}LL); t_ = 0; bad_ = true; }}")
+    L = [f"const long long first_ = (long long)c.t->lo[0] * {D}LL, n_ = ((long long)c.t->hi[0] - c.t->lo[0]) * {D}LL;"]
+    if D % 4 == 0:
+        L += [f"if (latch::aligned4({src.ptr}, 0) && latch::aligned4({out.ptr}, 0)) {{",
+              "  const long long n4_ = n_ / 4;",
+              f"  for (long long g0_ = threadIdx.x; g0_ < n4_; g0_ += {U}LL * LATCH_THREADS) {{",
+              f"    {ct} v_[{U}][{k}][4];",
+              f"    bool bad_ = false;",
+              "    #pragma unroll",
+              f"    for (int u_ = 0; u_ < {U}; ++u_) {{",
+              "      const long long g_ = min(g0_ + u_ * LATCH_THREADS, n4_ - 1);  // past the tile: a valid group, unused",
+              f"      const long long e_ = first_ + 4 * g_, n = e_ / {D}LL, j = e_ - n * {D}LL;",
+              "      #pragma unroll",
+              f"      for (int s_ = 0; s_ < {k}; ++s_) {{",
+              f"        long long t_ = (long long){index.ptr}[n * {k}LL + s_];",
+              f"        {check}",
+              f"        latch::gld4({src.ptr}, t_ * {D}LL + j, v_[u_][s_]);",
+              "      }",
+              "    }",
+              "    if (bad_) continue;",
+              "    #pragma unroll",
+              f"    for (int u_ = 0; u_ < {U}; ++u_) {{",
+              "      const long long g_ = g0_ + u_ * LATCH_THREADS;",
+              "      if (g_ >= n4_) break;",
+              f"      {oct_} o_[4];",
+              "      #pragma unroll",
+              "      for (int q_ = 0; q_ < 4; ++q_) {",
+              f"        {acc} a_ = ({acc})0;",
+              "        #pragma unroll",
+              f"        for (int s_ = 0; s_ < {k}; ++s_) a_ += ({acc})v_[u_][s_][q_];",
+              f"        o_[q_] = ({oct_})a_;",
+              "      }",
+              f"      latch::gst4({out.ptr}, first_ + 4 * g_, o_);",
+              "    }",
+              "  }",
+              "} else {"]
+    L += ["  for (long long i_ = threadIdx.x; i_ < n_; i_ += LATCH_THREADS) {",
+          f"    const long long e_ = first_ + i_, n = e_ / {D}LL, j = e_ - n * {D}LL;",
+          f"    {acc} a_ = ({acc})0;",
+          "    bool bad_ = false;",
+          f"    for (int s_ = 0; s_ < {k}; ++s_) {{",
+          f"      long long t_ = (long long){index.ptr}[n * {k}LL + s_];",
+          f"      {check}",
+          f"      a_ += ({acc})latch::ld<{src.ctype}>({src.ptr}, t_ * {D}LL + j);",
+          "    }",
+          f"    if (!bad_) latch::st<{out.ctype}>({out.ptr}, e_, ({oct_})a_);",
+          "  }"]
+    if D % 4 == 0:
+        L.append("}")
+    return "\n".join(L)
 
 
 def _ragged(mode: int):
@@ -313,6 +385,9 @@ def lowerings() -> list[Lowering]:
                  doc="one block: up to 256 experts, each warp counts its contiguous pairs (warp match), a "
                      "block scan gives the offsets and each warp's first rows, a second pass ranks; beyond "
                      "256 experts, 256 pairs at a time with a scan of the chunk"),
+        Lowering("latch::gather_sum", body=_gather_sum, headers=h,
+                 doc="groups of four elements a thread, U groups a step: the k rows' 16-byte loads in flight "
+                     "together, summed from zero in slot order, one rounding, one 16-byte store"),
         Lowering("latch::route_count", body=_route_count, headers=h, smem=_split_smem("count"),
                  doc="a chunk of pairs per task: warp match groups add to per-expert shared counters"),
         Lowering("latch::route_place", body=_route_place, headers=h, smem=_split_smem("place"),

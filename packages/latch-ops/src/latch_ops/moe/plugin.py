@@ -47,10 +47,11 @@ FIXED_ORDER_SCATTERS = Pass(
 
 @hookimpl
 def latch_register_ops(register):
+    from .gather_sum import SPECS as GATHER_SPECS
     from .route_split import SPECS as SPLIT_SPECS
     from .specs import SPECS
 
-    for spec in SPECS + SPLIT_SPECS:
+    for spec in SPECS + SPLIT_SPECS + GATHER_SPECS:
         register(spec)
 
 

@@ -7,9 +7,10 @@ every source element and add with float atomics: one token's k contributions lan
 varies from run to run. Both have a gather form, because route_order's outputs are two views of one
 permutation of the N*k (token, slot) pairs:
 
-    index_add(zeros[N, ...], 0, token, g)     ->  sum(reshape(index_select(g, 0, position), [N, k, ...]), dims=[1])
-        token n's k rows of g, in slot order, summed over the slot axis (each token's contributions in
-        their own slots, summed in a fixed order);
+    index_add(zeros[N, ...], 0, token, g)     ->  gather_sum(g, position) {k}
+        token n's k rows of g, in slot order, summed from zero (each token's contributions in their
+        own slots, summed in a fixed order: the bits of sum(reshape(index_select(g, 0, position),
+        [N, k, ...]), dims=[1]), without writing the N*k gathered rows);
     index_add(zeros[P, ...], 0, position, g)  ->  index_select(g, 0, scatter(zeros_i64[P], 0, position, arange(P)))
         position is a permutation, so the sum has one term per row: a gather by its inverse; where
         ``moe.route_split`` ran first, route_rows' ``pairs`` is that inverse and the gather reads it.
@@ -25,7 +26,7 @@ import attrs
 from latch_core.document import Document
 from latch_core.ir import Graph, Node, Value, fresh_name
 
-from . import route_split, specs
+from . import gather_sum, route_split, specs
 
 INDEX_ADD, INDEX_SELECT, FULL = "latch::index_add", "latch::index_select", "latch::full"
 
@@ -68,17 +69,9 @@ def rewrite_scatters(g: Graph) -> tuple[Graph, int]:
         kind, indices, position, pairs = routes[n.inputs[1]]
         src, out = n.inputs[2], n.outputs[0]
         sv = g.value(src)
-        if kind == "token":
+        if kind == "token":  # each token's k rows of g, in slot order, summed: one gather_sum
             N, k = g.value(indices).shape
-            slots = fresh_name(names, f"{out}.slots")
-            by_token = fresh_name(names, f"{out}.by_token")
-            shape = (N, k) + tuple(sv.shape[1:])
-            values += [Value(slots, sv.shape, sv.dtype), Value(by_token, shape, sv.dtype)]
-            nodes += [Node(fresh_name(names, f"gather.{out}"), INDEX_SELECT, (src, position), (slots,), {"dim": 0},
-                           source=n.source),
-                      Node(fresh_name(names, f"slots.{out}"), "latch::reshape", (slots,), (by_token,),
-                           {"shape": list(shape)}, source=n.source),
-                      Node(n.name, "latch::sum", (by_token,), (out,), {"dims": [1], "keepdim": False}, source=n.source)]
+            nodes.append(Node(n.name, gather_sum.GATHER_SUM, (src, position), (out,), {"k": k}, source=n.source))
         elif pairs is not None:  # the inverse is route_rows' own output
             nodes.append(Node(n.name, INDEX_SELECT, (src, pairs), (out,), {"dim": 0}, source=n.source))
         else:
