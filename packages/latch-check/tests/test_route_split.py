@@ -53,6 +53,8 @@ def test_the_split_update_matches_eager_pytorch_and_the_simulator(top_k, seq):
     assert "latch::route_order" not in ops and "latch::scatter" not in ops and "latch::index_add" not in ops
     # the dispatch's gradient back to tokens: one gather_sum, no N*k gathered rows written and summed
     assert ops.count("latch::gather_sum") == 1
+    gs = next(n for n in g.nodes if n.op == "latch::gather_sum")
+    assert len(gs.inputs) == 3  # the residual stream's gradient folded in as its base (no add pass)
     for op in (route_split.ROUTE_COUNT, route_split.ROUTE_PLACE, route_split.ROUTE_ROWS, route_split.ROUTE_OFFSETS):
         assert ops.count(op) == 1, op
     counts = next(n for n in g.nodes if n.op == route_split.ROUTE_COUNT).outputs[0]

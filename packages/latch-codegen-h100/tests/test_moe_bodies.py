@@ -250,31 +250,36 @@ def test_the_split_routing_bodies_equal_route_order_bit_for_bit(tmp_path, N):
     assert all(torch.equal(again[n], outs[n]) for n in outs)
 
 
-def _gather_sum_doc(R=4096, N=2048, k=2, D=768, dtype=F):
+def _gather_sum_doc(R=4096, N=2048, k=2, D=768, dtype=F, base=False):
     from latch_ops.moe.gather_sum import GATHER_SUM
 
-    values = [Value("src", (R, D), dtype, "batch"), Value("index", (N * k,), "i64", "batch"), Value("out", (N, D), dtype)]
-    g = H.graph("update", values, [("gs", GATHER_SUM, ("src", "index"), ("out",), {"k": k})],
-                [("batch", ["src", "index"])], [("metrics", ["out"])])
+    values = [Value("src", (R, D), dtype, "batch"), Value("index", (N * k,), "i64", "batch"), Value("out", (N, D), dtype),
+              Value("base", (N, D), dtype, "batch")]
+    ins = ("src", "index", "base") if base else ("src", "index")
+    g = H.graph("update", values if base else values[:3], [("gs", GATHER_SUM, ins, ("out",), {"k": k})],
+                [("batch", list(ins))], [("metrics", ["out"])])
     return H.planned([g], tiles=4)
 
 
 @needs_tools
-def test_gather_sum_keeps_every_rows_loads_in_flight(tmp_path, cache):
+@pytest.mark.parametrize("base", [False, True])
+def test_gather_sum_keeps_every_rows_loads_in_flight(tmp_path, cache, base):
     """The MoE dispatch's gradient back to tokens (moe.fixed_order_scatters): the k rows of U groups
-    load as 16-byte vectors before any is summed, without local memory."""
+    (and base's, when the residual's gradient is folded in) load as 16-byte vectors before any is
+    summed, without local memory."""
     from latch_codegen_h100.lower_moe import GATHER_U
 
     out = tmp_path / "g"
-    build(_gather_sum_doc(), out, jobs=2)
+    build(_gather_sum_doc(base=base), out, jobs=2)
     r = sass_report(out / "program.so")
     assert r.local_loads == 0 and r.local_stores <= 16, r  # the kernel's own frame (test_sass.py's bound)
-    assert r.ldg128 >= GATHER_U * 2 and r.stg128 >= GATHER_U, r
+    assert r.ldg128 >= GATHER_U * (2 + base) and r.stg128 >= GATHER_U, r
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype,D", [(F, 768), (BF, 768), (F, 30)])
-def test_gather_sum_equals_the_gathered_rows_summed_in_slot_order(tmp_path, dtype, D):
+@pytest.mark.parametrize("dtype,D,base", [(F, 768, False), (BF, 768, False), (F, 30, False), (F, 768, True),
+                                         (F, 30, True)])
+def test_gather_sum_equals_the_gathered_rows_summed_in_slot_order(tmp_path, dtype, D, base):
     import torch
 
     if not torch.cuda.is_available():
@@ -282,12 +287,18 @@ def test_gather_sum_equals_the_gathered_rows_summed_in_slot_order(tmp_path, dtyp
     from latch_codegen_h100.runtime import Program
 
     R, N, k = 4096, 2048, 2
-    build(_gather_sum_doc(R, N, k, D, dtype), tmp_path / "g")
+    build(_gather_sum_doc(R, N, k, D, dtype, base), tmp_path / "g")
     prog = Program.load(tmp_path / "g")
     gen = torch.Generator().manual_seed(3)
     tdt = torch.float32 if dtype == F else torch.bfloat16
     src = torch.randn(R, D, generator=gen).to(tdt)
     index = torch.randperm(R, generator=gen)[: N * k]
-    got = prog.run_program("update", batch={"src": src.cuda(), "index": index.cuda()})["out"].cpu()
-    want = src.double()[index].view(N, k, D).sum(1).to(tdt)  # from zero in slot order, rounded once
+    b = torch.randn(N, D, generator=gen).to(tdt)
+    batch = {"src": src.cuda(), "index": index.cuda()} | ({"base": b.cuda()} if base else {})
+    got = prog.run_program("update", batch=batch)["out"].cpu()
+    rows = src.double()[index].view(N, k, D)
+    acc = b.double() if base else torch.zeros(N, D, dtype=torch.float64)
+    for s_ in range(k):  # from zero (or base) in slot order, rounded once
+        acc = acc + rows[:, s_]
+    want = acc.to(tdt)
     assert torch.equal(got, want)

@@ -163,7 +163,8 @@ def _gather_sum(ctx: BodyContext) -> str:
     before any is summed, from zero in slot order in latch::sum's accumulator (double for floats of
     32 bits and fewer), then rounded once and stored with one 16-byte store. Rows whose length is
     not a multiple of four, or operands not 16-byte aligned, take one element a thread."""
-    src, index = ctx.inputs
+    src, index, *rest = ctx.inputs
+    base = rest[0] if rest and rest[0] is not None and rest[0].present else None
     out = ctx.outputs[0]
     k = int(ctx.attr("k"))
     R = src.shape[0]
@@ -174,15 +175,18 @@ def _gather_sum(ctx: BodyContext) -> str:
     check = (f"if (t_ < 0 || t_ >= {R}LL) {{ latch_report(latch::ERR_INDEX_RANGE, t_, {R}LL); t_ = 0; bad_ = true; }}")
     L = [f"const long long first_ = (long long)c.t->lo[0] * {D}LL, n_ = ((long long)c.t->hi[0] - c.t->lo[0]) * {D}LL;"]
     if D % 4 == 0:
-        L += [f"if (latch::aligned4({src.ptr}, 0) && latch::aligned4({out.ptr}, 0)) {{",
+        al = f" && latch::aligned4({base.ptr}, 0)" if base is not None else ""
+        L += [f"if (latch::aligned4({src.ptr}, 0) && latch::aligned4({out.ptr}, 0){al}) {{",
               "  const long long n4_ = n_ / 4;",
               f"  for (long long g0_ = threadIdx.x; g0_ < n4_; g0_ += {U}LL * LATCH_THREADS) {{",
               f"    {ct} v_[{U}][{k}][4];",
+              *([f"    {compute_type(base.dtype)} b_[{U}][4];"] if base is not None else []),
               f"    bool bad_ = false;",
               "    #pragma unroll",
               f"    for (int u_ = 0; u_ < {U}; ++u_) {{",
               "      const long long g_ = min(g0_ + u_ * LATCH_THREADS, n4_ - 1);  // past the tile: a valid group, unused",
               f"      const long long e_ = first_ + 4 * g_, n = e_ / {D}LL, j = e_ - n * {D}LL;",
+              *([f"      latch::gld4({base.ptr}, e_, b_[u_]);"] if base is not None else []),
               "      #pragma unroll",
               f"      for (int s_ = 0; s_ < {k}; ++s_) {{",
               f"        long long t_ = (long long){index.ptr}[n * {k}LL + s_];",
@@ -198,7 +202,7 @@ def _gather_sum(ctx: BodyContext) -> str:
               f"      {oct_} o_[4];",
               "      #pragma unroll",
               "      for (int q_ = 0; q_ < 4; ++q_) {",
-              f"        {acc} a_ = ({acc})0;",
+              f"        {acc} a_ = " + (f"({acc})b_[u_][q_];" if base is not None else f"({acc})0;"),
               "        #pragma unroll",
               f"        for (int s_ = 0; s_ < {k}; ++s_) a_ += ({acc})v_[u_][s_][q_];",
               f"        o_[q_] = ({oct_})a_;",
@@ -209,7 +213,7 @@ def _gather_sum(ctx: BodyContext) -> str:
               "} else {"]
     L += ["  for (long long i_ = threadIdx.x; i_ < n_; i_ += LATCH_THREADS) {",
           f"    const long long e_ = first_ + i_, n = e_ / {D}LL, j = e_ - n * {D}LL;",
-          f"    {acc} a_ = ({acc})0;",
+          f"    {acc} a_ = " + (f"({acc})latch::ld<{base.ctype}>({base.ptr}, e_);" if base is not None else f"({acc})0;"),
           "    bool bad_ = false;",
           f"    for (int s_ = 0; s_ < {k}; ++s_) {{",
           f"      long long t_ = (long long){index.ptr}[n * {k}LL + s_];",

@@ -1,14 +1,16 @@
 """``latch::gather_sum``: each output row the sum of k gathered rows, in slot order.
 
-    gather_sum(src[R, *D], index[N*k]) {k} -> out[N, *D]
-        out[n] = src[index[n*k]] + src[index[n*k + 1]] + ... + src[index[n*k + k - 1]]
+    gather_sum(src[R, *D], index[N*k], base[N, *D]?) {k} -> out[N, *D]
+        out[n] = base[n] + src[index[n*k]] + src[index[n*k + 1]] + ... + src[index[n*k + k - 1]]
 
-summed from zero in slot order, in the accumulator ``latch::sum`` uses for the dtype (double for
+summed from zero (or from base's row) in slot order, in the accumulator ``latch::sum`` uses for the dtype (double for
 float32 and narrower floats), then rounded once: the same bits as
 ``sum(reshape(index_select(src, 0, index), [N, k, *D]), dims=[1])``, which it replaces in
 ``moe.fixed_order_scatters`` (the gradient of the MoE dispatch back to tokens). The fused form never
 writes the N*k gathered rows: at TinyMoE-200M's 32 x 1024 tokens that is 201 MB written and read back
-per layer (FP32 rows of 768), and one phase. No torch at import; the reference imports it lazily.
+per layer (FP32 rows of 768), and one phase. With ``base`` (:func:`fold_adds`: the residual stream's
+gradient added to the dispatch's) the add and its phase go too; the sum then starts from base's
+row, one rounding instead of two. No torch at import; the reference imports it lazily.
 """
 
 from __future__ import annotations
@@ -24,31 +26,36 @@ GATHER_SUM = "latch::gather_sum"
 
 
 def infer_gather_sum(inputs: Sequence[TensorType | None], attrs: dict[str, Any]) -> list[TensorType]:
-    src, index = inputs
+    src, index, *rest = inputs
     if src is None or len(src.shape) < 1:
         raise ShapeError(f"{GATHER_SUM}: src must be a tensor of rows [R, ...], got {src}")
     index = specs._need(GATHER_SUM, "index", index, 1, INT_DTYPES, "[N*k] row indices")
     k = specs._int_attr(GATHER_SUM, attrs, "k", 1)
     if index.shape[0] % k:
         raise ShapeError(f"{GATHER_SUM}: index has {index.shape[0]} entries, not a multiple of k={k}")
-    return [TensorType((index.shape[0] // k,) + tuple(src.shape[1:]), src.dtype)]
+    out = TensorType((index.shape[0] // k,) + tuple(src.shape[1:]), src.dtype)
+    base = rest[0] if rest else None
+    if base is not None and base != out:
+        raise ShapeError(f"{GATHER_SUM}: base must be {out} (the result's type), got {base}")
+    return [out]
 
 
 def cost_gather_sum(inputs, outputs, attrs):
-    src, index = inputs
+    src, index, *rest = inputs
     row = src.nbytes // max(1, src.shape[0])  # each index reads one row of src
-    return outputs[0].numel * int(attrs["k"]), index.shape[0] * row + index.nbytes + outputs[0].nbytes
+    base = sum(t.nbytes for t in rest if t is not None)
+    return outputs[0].numel * int(attrs["k"]), index.shape[0] * row + index.nbytes + base + outputs[0].nbytes
 
 
 def tiling_gather_sum(in_types, out_types, attrs):
     from latch_core.tiling import Tiling
 
-    src, index = in_types
+    src, index, *base = in_types
     k = int(attrs["k"])
 
     def footprint(box):  # the rows a tile reads are data: every row of src
-        (r0, r1), *rest = box
-        return [tuple((0, d) for d in src.shape), ((r0 * k, r1 * k),)], [box]
+        (r0, r1), *_ = box
+        return [tuple((0, d) for d in src.shape), ((r0 * k, r1 * k),)] + [box for b in base if b is not None], [box]
 
     return Tiling((0,), footprint, granule=(0,), kind="gather_sum")
 
@@ -56,7 +63,8 @@ def tiling_gather_sum(in_types, out_types, attrs):
 def _ref(inputs, attrs):
     import torch
 
-    src, index = inputs
+    src, index, *rest = inputs
+    base = rest[0] if rest else None
     k = int(attrs["k"])
     idx = index.reshape(-1).long()
     bad = (idx < 0) | (idx >= src.shape[0])
@@ -64,17 +72,66 @@ def _ref(inputs, attrs):
         i = int(bad.nonzero()[0])
         raise ValueError(f"{GATHER_SUM}: index[{i}] = {int(idx[i])} is not a row of src (it has {src.shape[0]})")
     rows = src.index_select(0, idx).reshape((idx.shape[0] // k, k) + tuple(src.shape[1:]))
-    if rows.is_floating_point() and rows.dtype in (torch.float32, torch.bfloat16, torch.float16):
-        return [rows.double().sum(1).to(src.dtype)]
-    return [rows.sum(1)]
+    wide = rows.is_floating_point() and rows.dtype in (torch.float32, torch.bfloat16, torch.float16)
+    acc = rows.double() if wide else rows
+    total = torch.zeros_like(acc[:, 0]) if base is None else (base.double() if wide else base).clone()
+    for s in range(k):  # from zero (or base) in slot order, as the body adds
+        total = total + acc[:, s]
+    return [total.to(src.dtype)]
 
 
 SPECS = [
     OpSpec(
         name=GATHER_SUM,
-        signature="gather_sum(src[R,*D], index[N*k]) {k: int} -> out[N,*D]",
-        infer=infer_gather_sum, tags={INDEXING}, num_inputs=(2, 2), cost=cost_gather_sum,
-        doc="out[n] = the sum of src's rows index[n*k .. n*k+k-1], in that order (a gather and a fixed-order sum)",
+        signature="gather_sum(src[R,*D], index[N*k], base[N,*D]?) {k: int} -> out[N,*D]",
+        infer=infer_gather_sum, tags={INDEXING}, num_inputs=(2, 3), cost=cost_gather_sum,
+        doc="out[n] = base[n] (or zero) plus src's rows index[n*k .. n*k+k-1], in that order (a gather and a "
+            "fixed-order sum)",
         extra={"reference": _ref, "tiling": tiling_gather_sum},
     ),
 ]
+
+
+def fold_adds(g) -> tuple[object, int]:
+    """``add(gather_sum(src, index), G)`` -> ``gather_sum(src, index, G)`` where the gather_sum has no
+    base, nothing else reads it, no program output names it, and G has the result's type (no
+    broadcast). The gather_sum moves to the add's place (after G's producer). (graph, adds folded)."""
+    import attrs as _attrs
+
+    producers = {o: n for n in g.nodes for o in n.outputs}
+    readers: dict[str, int] = {}
+    for n in g.nodes:
+        for i in n.inputs:
+            if i is not None:
+                readers[i] = readers.get(i, 0) + 1
+    outputs = set(g.output_names())
+
+    def folds(n):
+        if n.op != "latch::add" or len(n.inputs) != 2 or len(n.outputs) != 1 or n.attrs:
+            return None
+        out = g.value(n.outputs[0])
+        for mine, other in ((0, 1), (1, 0)):
+            e = producers.get(n.inputs[mine])
+            G = n.inputs[other]
+            if (e is None or e.op != GATHER_SUM or len(e.inputs) != 2 or readers.get(e.outputs[0]) != 1
+                    or e.outputs[0] in outputs or G == e.outputs[0]):
+                continue
+            if g.value(e.outputs[0]).type == out.type == g.value(G).type:
+                return G, e
+        return None
+
+    found = {n.name: f for n in g.nodes if (f := folds(n)) is not None}
+    if not found:
+        return g, 0
+    moved = {e.name for _, e in found.values()}
+    dead = {e.outputs[0] for _, e in found.values()}
+    nodes = []
+    for n in g.nodes:
+        if n.name in moved:
+            continue
+        if n.name in found:
+            G, e = found[n.name]
+            nodes.append(_attrs.evolve(e, inputs=(e.inputs[0], e.inputs[1], G), outputs=n.outputs))
+        else:
+            nodes.append(n)
+    return _attrs.evolve(g, values=[v for v in g.values if v.name not in dead], nodes=nodes), len(found)

@@ -31,8 +31,8 @@ from . import gather_sum, route_split, specs
 INDEX_ADD, INDEX_SELECT, FULL = "latch::index_add", "latch::index_select", "latch::full"
 
 
-def rewrite_scatters(g: Graph) -> tuple[Graph, int]:
-    """(new graph, index_add nodes replaced) for one program."""
+def rewrite_scatters(g: Graph) -> tuple[Graph, int, int]:
+    """(new graph, index_add nodes replaced, adds folded into a gather_sum) for one program."""
     producers = {o: n for n in g.nodes for o in n.outputs}
     # value -> (kind, indices, position, pairs): route_order's outputs, or route_split's (whose
     # route_rows also gives position's inverse, ``pairs``, so the combine needs no scatter)
@@ -58,7 +58,7 @@ def rewrite_scatters(g: Graph) -> tuple[Graph, int]:
 
     todo = [n for n in g.nodes if eligible(n)]
     if not todo:
-        return g, 0
+        return g, 0, 0
     names = {v.name for v in g.values} | {n.name for n in g.nodes}
     values = list(g.values)
     nodes: list[Node] = []
@@ -91,14 +91,16 @@ def rewrite_scatters(g: Graph) -> tuple[Graph, int]:
     gone = {o for n in nodes if n.name in dead for o in n.outputs}
     nodes = [n for n in nodes if n.name not in dead]
     values = [v for v in values if v.name not in gone]
-    return attrs.evolve(g, values=values, nodes=nodes), len(todo)
+    folded, adds = gather_sum.fold_adds(attrs.evolve(g, values=values, nodes=nodes))
+    return folded, len(todo), adds
 
 
 def fixed_order_scatters_pass(doc: Document, **_options) -> tuple[Document, str]:
-    programs, count = [], 0
+    programs, count, adds = [], 0, 0
     for p in doc.graph.programs:
-        p2, c = rewrite_scatters(p)
+        p2, c, a = rewrite_scatters(p)
         programs.append(p2)
         count += c
+        adds += a
     return (attrs.evolve(doc, graph=attrs.evolve(doc.graph, programs=programs)),
-            f"{count} MoE scatters back to tokens became fixed-order gathers")
+            f"{count} MoE scatters back to tokens became fixed-order gathers ({adds} add(s) folded into a gather_sum)")
