@@ -334,13 +334,14 @@ def reduce_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> list[str]:
     acc = lower_reduce.acc_type(red.op, x.dtype)
     flat = flat_spec(spec, lowerings, shape=tuple(x.shape), skip_last=True)
     load = [f"auto load = [&](long long i) -> {acc} {{"]
-    load4, vec_cond, pre, pf4 = None, "false", [], None
+    load4, vec_cond, pre, pf4, pfl = None, "false", [], None, None
     if flat is not None:
         p = _Puller(flat, lowerings, names, "  ")
         v = p.pull(xi, ["i"])
         load4, vec_cond, pre = _load4(flat, lowerings, names, xi, acc)
         load4 = load4 + _load4(flat, lowerings, names, xi, compute_type(x.dtype), "load4v")[0]
         pf4 = _pf4(flat, names, [(i, "i") for i in _regs(flat)[0]])
+        pfl = _pfl(flat, names)
     else:
         p = _Puller(spec, lowerings, names, "  ")
         coords = []
@@ -352,7 +353,8 @@ def reduce_body(spec: BodySpec, lowerings: dict[str, Lowering]) -> list[str]:
         if len(x.shape) >= 1 and x.shape[-1] % 4 == 0 and math.prod(x.shape) < 2**31:
             load4, vec_cond, pf4 = _load4_pulled(spec, lowerings, names, xi, acc)
     load += p.lines + [f"  return ({acc})({v});", "};"]
-    stmts = lower_reduce.reduce_statements(red.op.split("::")[-1], ctx, load, load4, vec_cond, pf4)
+    stmts = lower_reduce.reduce_statements(red.op.split("::")[-1], ctx, load, load4, vec_cond, pf4,
+                                           pfl=[] if pfl is None else pfl)
     return decl + pre + ["  {"] + ["    " + s if s else s for s in stmts.splitlines()] + ["  }"]
 
 
@@ -405,6 +407,20 @@ def _load4_pulled(spec: BodySpec, lowerings: dict[str, Lowering], names: dict[in
         pf = None if pf is None else [_LONG.sub(r"\1", x) for x in pf]
     cond = " && ".join(f"latch::aligned4({n}, 0)" for n in dict.fromkeys(vec)) or "true"
     return L, cond, pf
+
+
+def _pfl(flat: BodySpec, names: dict[int, str]) -> list[tuple[str, int]]:
+    """(pointer, element bytes) of each full-size input of a flat prologue (read at the reduced
+    input's flat index) with at least lower_reduce.PREFETCH_MIN_BYTES: what the contiguous row
+    path prefetches line by line (lower_reduce.rows_contig_statements)."""
+    from .lower_reduce import PREFETCH_MIN_BYTES
+
+    out = []
+    for i in _regs(flat)[0]:
+        size = _SIZE.get(flat.values[i].dtype, 4)
+        if _numel(flat.values[i].shape) * size >= PREFETCH_MIN_BYTES:
+            out.append((names[i], size))
+    return out
 
 
 def _pf4(spec: BodySpec, names: dict[int, str], accesses, head: list[str] = ()) -> list[str] | None:

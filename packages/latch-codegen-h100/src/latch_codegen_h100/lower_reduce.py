@@ -44,14 +44,17 @@ def row_reduction(dims, rank: int) -> bool:
 
 def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None,
                       load4: list[str] | None = None, vec_cond: str = "false",
-                      pf4: list[str] | None = None) -> str:
+                      pf4: list[str] | None = None, pfl: list[tuple[str, int]] | None = None) -> str:
     """The body's statements. ``load``: statements defining the lambda ``load(long long i)`` (element
     ``i`` of the input in its row-major order, as the accumulator type ``acc_type``), replacing the
     load from ``ctx.inputs[0].ptr``. ``load4``: statements defining ``load4(long long i, acc (&v)[4])``
     (elements i..i+3): a row reduction whose row length is a multiple of 4 then runs the vector
     path (``latch::reduce_rows_vec4_*``) when ``vec_cond`` holds at run time (the operands aligned).
     ``pf4``: statements defining ``pf4v(long long i)``, the L2 prefetch of the lines that ``load4v(i)``
-    reads from memory (the short path's prefetch ahead; a plain input defines its own)."""
+    reads from memory (the short path's prefetch ahead; a plain input defines its own). ``pfl``:
+    the (pointer, element bytes) of every operand the prologue reads at flat index ``i`` of the
+    reduced input (a flat prologue's full-size inputs), for the contiguous row path's L2 prefetch
+    (:func:`rows_contig_statements`; a plain input's is its own)."""
     x, out = ctx.inputs[0], ctx.outputs[0]
     dims = tuple(ctx.attr("dims"))
     keepdim = bool(ctx.attr("keepdim"))
@@ -144,7 +147,17 @@ def reduce_statements(name: str, ctx: BodyContext, load: list[str] | None = None
         vec_cond = f"latch::aligned4({x.ptr}, 0)"
     if vector is not None and R < BLOCK_THRESHOLD and load4 is not None and rows_ok and \
             compute_type(x.dtype) in ("float", "double"):
-        vector = "\n  ".join(rows_statements(acc, compute_type(x.dtype), op, R))
+        ct = compute_type(x.dtype)
+        vector = "\n  ".join(rows_statements(acc, ct, op, R))
+        # a tile that is one contiguous range of the output reads one contiguous range of the
+        # input (the reduced dims are the trailing ones): the straight-line, prefetched row path
+        if pfl is None and load is None:
+            big = cgen_numel(x.shape) * {"double": 8, "float": 4}.get(ct, 4) >= PREFETCH_MIN_BYTES
+            pfl = [(x.ptr, 8 if ct == "double" else 4)] if big else []
+        full, first, count = cgen.contiguous_tile(out.shape, "long long")
+        contig = "\n    ".join(rows_contig_statements(name, acc, ct, op, R, out, first, count,
+                                                     wide=cgen_numel(x.shape) >= 2**31, pfl=pfl or []))
+        vector = f"if ({full}) {{\n    {contig}\n  }} else {{\n  {vector}\n  }}"
     if vector is not None and load4 is not None and rows_ok:
         lines += load4
         lines += [f"if ({vec_cond}) {{", "  " + vector, "} else {", "  " + generic, "}"]
@@ -367,6 +380,119 @@ def rows_statements(acc: str, ct: str, op: str, R: int) -> list[str]:
         "}",
         "}",
     ]
+
+
+# The contiguous row path (rows_contig_statements): 16-byte loads per lane of one batch (RU rows x
+# PER groups, RU = ceil(ROW_CONTIG_ACCESSES / PER): 16 for rows of 512, 18 for rows of 768), all
+# issued in one straight line before the first arithmetic, and the L2 prefetch distance in
+# batches of the warp (the task's first ROW_PREFETCH_AHEAD batches are requested at its start).
+# rows_statements' loads sat behind the per-row base() (a run-time 64-bit division by the tile's
+# extents, branches): ptxas issued one row's PER loads, waited, squared, then the next row's, so
+# a lane had PER loads in flight (4 or 6: 16-24 KiB per SM) and each row cost one HBM round trip:
+# the clip's sum of squares ran at 30% (rows of 512) and 61% (rows of 768) of its bytes floor
+# (run 39: 20.6 us for 197 KB, 60.1 us for 1.18 MB a task).
+ROW_CONTIG_ACCESSES = 16
+ROW_PREFETCH_AHEAD = 2
+
+
+def rows_contig_statements(name: str, acc: str, ct: str, op: str, R: int, out, first: str, count: str,
+                           wide: bool, pfl: list[tuple[str, int]]) -> list[str]:
+    """The row reduction over a tile that is ONE contiguous range of the output (``first``,
+    ``count``: :func:`latch_codegen_h100.cgen.contiguous_tile`), so its rows are one contiguous
+    range of the input: output ``first + o`` reduces elements ``(first + o) * R`` .. ``+ R - 1``
+    (no per-row coordinate decode). Per row the same operations in the same order as
+    :func:`rows_statements` (a warp per row, lane l's groups at 4 l + 128 k, four accumulators in
+    k order from the identity, ``(a0 + a1) + (a2 + a3)``, the xor-shuffle warp reduction): the
+    same bits. Warp w's batch b is the RU consecutive rows from (b NW + w) RU:
+
+    - its RU x PER ``load4v`` in one straight line: the rows clamped to the tile's last row and
+      a lane's group past the row's end to its last group (valid addresses, values replaced by
+      the identity; only a row length that is not a multiple of 128 has such lanes), so ptxas
+      issues every load before the first square, F2F or DADD;
+    - at the top of each batch, the L2 prefetch (``latch::gpf``: one address per 128-byte line,
+      lanes striding the lines; never past the tile) of the warp's batch ROW_PREFETCH_AHEAD ahead,
+      of every operand of ``pfl`` ((pointer, element bytes), read at the flat index); before the
+      first batch the ones in between, so a short task requests all its bytes at its start;
+    - each row's result stored by lane 0 at ``first + o``."""
+    per = -(-R // 128)
+    ru = max(1, min(ROW_MAX_RU, -(-ROW_CONTIG_ACCESSES // per)))
+    it = "long long" if wide else "int"
+    init_c = f"{op}::template init<{ct}>()"
+    init = f"{op}::template init<{acc}>()"
+    ahead = ROW_PREFETCH_AHEAD if pfl else 0
+    val = f"t_ / ({acc}){R}" if name == "mean" else "t_"
+    L = [
+        "{",
+        "const int lane_ = threadIdx.x & 31, warp_ = threadIdx.x >> 5;",
+        "constexpr int NW_ = LATCH_THREADS / 32;",
+        f"const {it} n_ = ({it})({count}), first_ = ({it})({first});",
+    ]
+
+    def prefetch(batch: str, ind: str) -> list[str]:
+        """The L2 prefetch of the warp's rows from ``batch`` (a row index), RU of them."""
+        lines = [f"{ind}{{",
+                 f"{ind}  const {it} p0_ = {batch};",
+                 f"{ind}  const {it} pe_ = (n_ - p0_ < {ru} ? n_ - p0_ : {ru}) * {R};  // elements left in the batch",
+                 f"{ind}  const long long pb_ = (long long)(first_ + p0_) * {R}LL;"]
+        for ptr, size in pfl:
+            step = max(1, 128 // size)  # elements of one line
+            nl = -(-ru * R // step)
+            lines += [f"{ind}  #pragma unroll",
+                      f"{ind}  for (int m_ = 0; m_ < {-(-nl // 32)}; ++m_) {{",
+                      f"{ind}    const {it} e_ = (lane_ + 32 * m_) * {step};",
+                      f"{ind}    if (e_ < pe_) latch::gpf({ptr}, pb_ + e_);",
+                      f"{ind}  }}"]
+        return lines + [f"{ind}}}"]
+
+    if ahead:
+        L += ["// the task's first batches requested at its start (the loop prefetches the rest)",
+              f"for (int a_ = 1; a_ < {ahead}; ++a_) {{",
+              f"  if (({it})(warp_ + a_ * NW_) * {ru} < n_) {{"]
+        L += prefetch(f"({it})(warp_ + a_ * NW_) * {ru}", "    ")
+        L += ["  }", "}"]
+    L += [
+        f"if (n_ > 0) for ({it} o0_ = ({it})warp_ * {ru}; o0_ < n_; o0_ += ({it})NW_ * {ru}) {{",
+    ]
+    if ahead:
+        L += [f"  // L2 prefetch of batch +{ahead}'s rows: lanes striding its 128-byte lines",
+              f"  if (o0_ + ({it})NW_ * {ru * ahead} < n_) {{"]
+        L += prefetch(f"o0_ + ({it})NW_ * {ru * ahead}", "    ")
+        L += ["  }"]
+    L += [
+        f"  {ct} v_[{ru}][{per}][4];",
+        "  #pragma unroll",
+        f"  for (int u_ = 0; u_ < {ru}; ++u_) {{",
+        f"    const {it} oc_ = o0_ + u_ < n_ ? o0_ + u_ : n_ - 1;  // clamped: a valid row",
+        "    const long long b_ = (long long)(first_ + oc_) * " + f"{R}LL;",
+        "    #pragma unroll",
+        f"    for (int k_ = 0; k_ < {per}; ++k_) {{",
+        "      const int r_ = 4 * lane_ + 128 * k_;",
+    ]
+    if R % 128:
+        L += [f"      load4v(b_ + (r_ < {R} ? r_ : {R - 4}), v_[u_][k_]);",
+              f"      if (r_ >= {R}) {{ v_[u_][k_][0] = v_[u_][k_][1] = v_[u_][k_][2] = v_[u_][k_][3] = {init_c}; }}"]
+    else:
+        L += ["      load4v(b_ + r_, v_[u_][k_]);"]
+    L += [
+        "    }",
+        "  }",
+        "  #pragma unroll",
+        f"  for (int u_ = 0; u_ < {ru}; ++u_) {{",
+        f"    {acc} a_[4] = {{{init}, {init}, {init}, {init}}};",
+        "    #pragma unroll",
+        f"    for (int k_ = 0; k_ < {per}; ++k_) {{",
+        "      #pragma unroll",
+        f"      for (int j_ = 0; j_ < 4; ++j_) a_[j_] = {op}::apply(a_[j_], ({acc})v_[u_][k_][j_]);",
+        "    }",
+        f"    {acc} t_ = {op}::apply({op}::apply(a_[0], a_[1]), {op}::apply(a_[2], a_[3]));",
+        f"    t_ = latch::warp_reduce<{op}>(t_);",
+        f"    if (lane_ == 0 && o0_ + u_ < n_) latch::st<{out.ctype}>({out.ptr}, (long long)(first_ + o0_ + u_), "
+        f"({compute_type(out.dtype)})({val}));",
+        "  }",
+        "}",
+        "}",
+    ]
+    return L
 
 
 COLUMN_UNROLL = 8  # independent loads (and accumulators) per thread and iteration of a column reduction
