@@ -70,7 +70,7 @@ def test_the_row_path_is_chosen_for_the_tinymoe_gathers_and_the_scalar_loop_else
     src = body_sources(gen)
     for name in ("gb", "gf", "g2", "emb", "g3", "g30"):
         assert "// row path" in src[name], name
-        assert "__ldcg(reinterpret_cast<const uint4*>" in src[name] and "__stcg(" in src[name], name
+        assert "__ldcg((reinterpret_cast<const uint4*>" in src[name] and "__stcg(" in src[name], name
         # the index is loaded once per row, not per element: one load of in1 in the row path
         row = src[name].split("// row path", 1)[1].split("} else {", 1)[0]
         assert len(re.findall(r"latch::ld<long long>\(in1", row)) == 1, name
@@ -83,9 +83,10 @@ def test_the_row_path_is_chosen_for_the_tinymoe_gathers_and_the_scalar_loop_else
     assert "if (c.t->lo[2] == 0 && c.t->hi[2] == 40) {" in src["g30"]
     assert "for (long long i = threadIdx.x; i < n_tile" in src["g30"].split("} else {", 1)[1]
     assert "if (true) {" in src["g3"]
-    # the rows of 768: bf16 96 vectors of 16 bytes (3 per lane), two rows per warp step; f32 6 per lane, one row
-    assert "32 threads per row, 2 row(s) x 3 16-byte vector(s)" in src["gb"]
-    assert "32 threads per row, 1 row(s) x 6 16-byte vector(s)" in src["gf"]
+    # the rows of 768: bf16 96 vectors of 16 bytes (3 per lane), three rows per warp step; f32 6 per lane,
+    # four rows of 2 per pass, three passes (ROW_LOADS = 8 loads per lane at most; test_gather_ilp.py)
+    assert "a warp per row, 2 row(s) x 3 16-byte vector(s)" in src["gb"]
+    assert "a warp per row, 4 row(s) x 2 16-byte vector(s)" in src["gf"]
 
 
 def test_reshape_index_select_is_the_index_select_body_at_the_views_storage():
@@ -103,8 +104,8 @@ def test_reshape_index_select_is_the_index_select_body_at_the_views_storage():
 def test_row_plan():
     o = lambda dt: Operand("p", (4, 768), dt)  # noqa: E731
     assert _row_plan(o(B), o(B), 768) == (32, 3, 2, 8, True)
-    assert _row_plan(o(F), o(F), 768) == (32, 6, 1, 4, True)
-    assert _row_plan(o(F), o(B), 768) == (32, 6, 1, 4, False)  # converting: 4 elements per vector
+    assert _row_plan(o(F), o(F), 768) == (32, 2, 4, 4, True)
+    assert _row_plan(o(F), o(B), 768) == (32, 2, 4, 4, False)  # converting: 4 elements per vector
     g, u, rw, vw, raw = _row_plan(o(F), o(F), 49152)  # 192 KB rows: the block per row
     assert (g, u, rw) == (256, 8, 1)
     for dt in (B, F):
@@ -132,9 +133,9 @@ def _converting_doc():
 
 def test_a_converting_gather_uses_ld4_st4():
     src = body_sources(generate(_converting_doc(), jobs=1))["g"]
-    assert "// row path: 32 threads per row, 1 row(s) x 6 4-element vector(s)" in src
-    assert "latch::ld4<float>(src_[w_], v_ * 4, a_[w_][u_]);" in src
-    assert "latch::st4<__nv_bfloat16>(dst_[w_], v_ * 4, a_[w_][u_]);" in src
+    assert "// row path: a warp per row, 4 row(s) x 2 4-element vector(s)" in src
+    assert "latch::ld4<float>(src_[w_] + v0_ * 4, u_ * 128, a_[w_][u_]);" in src  # v0_ + 32 u
+    assert "latch::st4<__nv_bfloat16>(dst_[w_] + v0_ * 4, u_ * 128, a_[w_][u_]);" in src
 
 
 def _function_spills(build_log: str) -> list[str]:

@@ -48,7 +48,7 @@ def _embedding(ctx: BodyContext) -> str:
         return "\n".join(_row_gather(
             x=w, out=out, idx=idx, k=r - 2, bound=V,
             index_off=lambda ys: cgen.dot(ys, cgen.strides(idx.shape)),
-            x_row=lambda ys: f"t * {D}LL",
+            x_base=lambda ys: "0", x_stride=D,
             o_row=lambda ys: cgen.dot(ys, ost[:r - 1])))
     return "\n".join(_embedding_scalar(ctx))
 
@@ -71,112 +71,239 @@ def _embedding_scalar(ctx: BodyContext) -> list[str]:
 
 # ---- the row path of the gathers (index_select, embedding) -------------------------------------
 # An output row (the coordinates up to and including the indexed dim) takes ONE index; the dims
-# after it are copied as one contiguous run of x. A group of G threads (a warp, or the whole block
-# for rows of 16 KB and more) copies a row: the index loaded once per row (a broadcast load, every
-# lane of the group the same address), the run in 16-byte vectors where both row starts are aligned
-# (a raw copy when x and out have one dtype, as LDG/STG.E.128 through __ldcg/__stcg: the operands
-# are generic pointers, so plain accesses compile to generic LD/ST.128, and .cg reads L2, where other
-# SMs' writes are seen; 4-element ld4/st4 with the conversion when the dtypes differ), the scalar loop for the run's tail and for misaligned rows. Every lane issues the loads of RW rows x U
-# vectors before it stores any of them, so a task keeps ~LOADS_IN_FLIGHT 16-byte loads per thread in
-# flight (the H200 needs ~30-50 KB in flight per SM at its share of the bandwidth).
+# after it are copied as one contiguous run of x, in 16-byte vectors where both row starts are
+# aligned (a raw copy when x and out have one dtype, as LDG/STG.E.128 through __ldcg/__stcg: the
+# operands are generic pointers, so plain accesses compile to generic LD/ST.128, and .cg reads L2,
+# where other SMs' writes are seen; 4-element ld4/st4 with the conversion when the dtypes differ),
+# the scalar loop for the run's tail and for misaligned rows.
+#
+# A warp copies R rows a step, U vectors per lane per row: every lane issues its R x U loads before
+# it stores any of them. What kept the old body at ~40% of the floor (results/gr.md) was the chain in
+# front of each step's loads: per row the task record, its lo and then the index were loaded one
+# after another (a store might alias them), row after row. Now the task's box is read once, and the
+# indices of a CHUNK of KC = 32 // R steps arrive in one coalesced load, one lane per row, issued a
+# chunk ahead and range-checked before their chunk starts; each step takes its rows' offsets from
+# those lanes by shuffle. Registers bound the loads in flight (ptxas shares one allocation over the
+# noinline bodies of a kernel: at 9-12 loads per lane some bodies of test_gather_rows.py's
+# document spill, at 8 none), so the rows PREFETCH_AHEAD steps ahead are requested to L2 (latch::gpf, a hint
+# that holds no register) while this step's loads are in flight: HBM sees ~3 steps of rows per warp.
+# Rows of 16 KB and more take the whole block per row (_block_rows: the index loaded once per row).
 ROW_MIN = 32  # elements of a full run below which the row path is not taken (a warp would idle lanes)
-LOADS_IN_FLIGHT = 8  # vector loads per lane issued before the stores (ptxas spills the noinline body at 12)
+ROW_LOADS = 8  # vector loads per lane issued before the stores (9-12 spill in test_gather_rows' document)
+ROWS_MAX = 4  # rows per warp step (more rows: more 64-bit row pointers live, the same spills)
 BLOCK_ROW_VECTORS = 1024  # a run of this many vectors (16 KB) or more is copied by the whole block
+LOADS_IN_FLIGHT = ROW_LOADS  # the old name (tests)
 
 
 def _row_plan(x, out, run_full: int) -> tuple[int, int, int, int, bool]:
-    """(G threads per row, U vectors per lane per row, RW rows per group step, VW elements per
+    """(G threads per row, U vectors per lane per row, R rows per group step, VW elements per
     vector, raw) for a gather whose full run has ``run_full`` elements."""
     raw = x.dtype == out.dtype
     vw = 16 // _itemsize(x.dtype) if raw else 4
     nv = max(1, run_full // vw)
-    g = 256 if nv >= BLOCK_ROW_VECTORS else 32
-    u = max(1, min(8, -(-nv // g)))
-    rw = 1 if g == 256 else max(1, min(4, LOADS_IN_FLIGHT // u))
-    return g, u, rw, vw, raw
+    if nv >= BLOCK_ROW_VECTORS:
+        return 256, max(1, min(8, -(-nv // 256))), 1, vw, raw
+    # a lane holds n32 vectors of each row; (U, R) keeps the most loads in flight on average over a
+    # row's ceil(n32 / U) passes (a last pass short of U vectors holds fewer), then the larger U
+    n32 = -(-nv // 32)
+    u, r = max(((u, min(ROWS_MAX, ROW_LOADS // u)) for u in range(1, min(8, n32, ROW_LOADS) + 1)),
+               key=lambda p: (n32 * p[1] / -(-n32 // p[0]), p[0]))
+    return 32, u, r, vw, raw
 
 
 def _itemsize(dtype: str) -> int:
     return {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1, "u8": 1, "bool": 1}[dtype]
 
 
-def _row_gather(*, x, out, idx, k: int, bound: int, index_off, x_row, o_row) -> list[str]:
+def _copy_ops(x, out, raw: bool, R: int, U: int, step: int):
+    """(register declaration, aligned test, vector load, vector store, scalar copy) over ``src_[w_]``
+    / ``dst_[w_]``, vector ``v0_ + u_ * step`` (the row's pointer plus the pass's start, then a
+    constant: an immediate offset in the LDG/STG, no address register per access), element ``e_``."""
+    sx, so = x.ctype, out.ctype
+    if raw:
+        return (f"uint4 a_[{R}][{U}];",
+                "((reinterpret_cast<unsigned long long>(src_[w_]) | reinterpret_cast<unsigned long long>(dst_[w_]))"
+                " & 15ULL) == 0",
+                f"a_[w_][u_] = __ldcg((reinterpret_cast<const uint4*>(src_[w_]) + v0_) + u_ * {step});",
+                f"__stcg((reinterpret_cast<uint4*>(dst_[w_]) + v0_) + u_ * {step}, a_[w_][u_]);",
+                "dst_[w_][e_] = src_[w_][e_];")
+    return (f"typename latch::Compute<{sx}>::type a_[{R}][{U}][4];",
+            "latch::aligned4(src_[w_], 0) && latch::aligned4(dst_[w_], 0)",
+            f"latch::ld4<{sx}>(src_[w_] + v0_ * 4, u_ * {4 * step}, a_[w_][u_]);",
+            f"latch::st4<{so}>(dst_[w_] + v0_ * 4, u_ * {4 * step}, a_[w_][u_]);",
+            f"latch::st<{so}>(dst_[w_], e_, latch::ld<{sx}>(src_[w_], e_));")
+
+
+def _row_gather(*, x, out, idx, k: int, bound: int, index_off, x_base, x_stride: int, o_row) -> list[str]:
     """Statements copying the task's tile of ``out`` row by row. Rows are out's dims ``0..k`` (the
     tile's box there), the run its dims ``k+1..`` from ``lo[k+1]``: the caller guarantees (at run
     time) that the tile spans every dim after ``k+1`` whole. ``index_off(ys)``: the row's index offset
-    in ``idx``; ``x_row(ys)`` / ``o_row(ys)``: the row's first element in x (in terms of ``t``, the
-    index) and in out, before the run's offset."""
-    r = out.rank
-    ost = cgen.strides(out.shape)
+    in ``idx``; the row's first element in x is ``x_base(ys) + t * x_stride`` (``t`` its index), in out
+    ``o_row(ys)``, both before the run's offset."""
     run_full = math.prod(out.shape[k + 1:])
-    G, U, RW, VW, raw = _row_plan(x, out, run_full)
-    ext = lambda d: f"((long long)c.t->hi[{d}] - c.t->lo[{d}])"  # noqa: E731
+    G, U, R, VW, raw = _row_plan(x, out, run_full)
+    if G != 32:
+        return _block_rows(x=x, out=out, idx=idx, k=k, bound=bound, index_off=index_off, x_base=x_base,
+                           x_stride=x_stride, o_row=o_row, U=U, VW=VW, raw=raw)
+    ost = cgen.strides(out.shape)
+    KC = 32 // R
+    step_bytes = (THREADS // 32) * R * run_full * _itemsize(x.dtype)  # one step of every warp of the block
+    PF = max(1, min(PREFETCH_AHEAD, PREFETCH_BYTES // step_bytes))
+    PF = PF if KC > PF else 0
+    ext = lambda d: f"e{d}_"  # noqa: E731
     ys = [f"y{d}" for d in range(k + 1)]
-    nrows = " * ".join(ext(d) for d in range(k + 1)) or "1LL"
+    reg, vec_ok, ld, st, tail = _copy_ops(x, out, raw, R, U, 32)
+    it = "int" if run_full < 2**31 else "long long"  # vector counts of a row
     sx, so = x.ctype, out.ctype
-    valid = "src_[w_] != nullptr && v_ < nv_"
-    if raw:
-        vec_ok = ("((reinterpret_cast<unsigned long long>(src_[w_]) | reinterpret_cast<unsigned long long>(dst_[w_]))"
-                  " & 15ULL) == 0")
-        reg = f"uint4 a_[{RW}][{U}];"
-        ld = "a_[w_][u_] = __ldcg(reinterpret_cast<const uint4*>(src_[w_]) + v_);"
-        st = "__stcg(reinterpret_cast<uint4*>(dst_[w_]) + v_, a_[w_][u_]);"
-        tail = "dst_[w_][e_] = src_[w_][e_];"
-    else:
-        vec_ok = "latch::aligned4(src_[w_], 0) && latch::aligned4(dst_[w_], 0)"
-        reg = f"typename latch::Compute<{sx}>::type a_[{RW}][{U}][4];"
-        ld = f"latch::ld4<{sx}>(src_[w_], v_ * 4, a_[w_][u_]);"
-        st = f"latch::st4<{so}>(dst_[w_], v_ * 4, a_[w_][u_]);"
-        tail = f"latch::st<{so}>(dst_[w_], e_, latch::ld<{sx}>(src_[w_], e_));"
     lines = [
-        f"// row path: {G} threads per row, {RW} row(s) x {U} {'16-byte' if raw else '4-element'} vector(s) per lane in flight",
-        f"const long long nrows_ = {nrows};",
-        f"const long long run_ = {ext(k + 1)} * {ost[k + 1]}LL, ro_ = (long long)c.t->lo[{k + 1}] * {ost[k + 1]}LL;",
-        f"const long long nv_ = run_ / {VW};",
-        f"const int lane_ = threadIdx.x % {G}, grp_ = threadIdx.x / {G};",
-        f"for (long long rb_ = (long long)grp_ * {RW}; rb_ < nrows_; rb_ += (LATCH_THREADS / {G}) * {RW}) {{",
-        f"  const {sx}* src_[{RW}];",
-        f"  {so}* dst_[{RW}];",
-        "  bool vec_ = true;",
-        "#pragma unroll",
-        f"  for (int w_ = 0; w_ < {RW}; ++w_) {{",
-        "    src_[w_] = nullptr; dst_[w_] = nullptr;",
-        "    const long long r_ = rb_ + w_;",
-        "    if (r_ < nrows_) {",
+        f"// row path: a warp per row, {R} row(s) x {U} {'16-byte' if raw else '4-element'} vector(s) per lane in flight; "
+        f"the indices a chunk of {KC} steps ahead, the next step's rows prefetched to L2",
+        "const latch::Task* tk_ = c.t;  // the box read once (a store may alias the task record)",
     ]
-    if k >= 0:
-        lines.append("      long long q_ = r_;")
-        for d in reversed(range(1, k + 1)):
-            lines.append(f"      const long long y{d} = c.t->lo[{d}] + q_ % {ext(d)}; q_ /= {ext(d)};")
-        lines.append("      const long long y0 = c.t->lo[0] + q_;")
+    for d in range(k + 2):
+        lines.append(f"const long long l{d}_ = tk_->lo[{d}], e{d}_ = (long long)tk_->hi[{d}] - l{d}_;")
     lines += [
-        f"      long long t = (long long)latch::ld<{idx.ctype}>({idx.ptr}, {index_off(ys)});",
-        f"      if (t < 0 || t >= {bound}LL) {{ if (lane_ == 0) latch_report(latch::ERR_INDEX_RANGE, t, {bound}LL); t = 0; }}",
-        f"      src_[w_] = {x.ptr} + ({x_row(ys)}) + ro_;",
-        f"      dst_[w_] = {out.ptr} + ({o_row(ys)}) + ro_;",
-        f"      vec_ = vec_ && ({vec_ok});",
-        "    }",
+        f"const long long nrows_ = {' * '.join(ext(d) for d in range(k + 1))};",
+        f"const long long run_ = e{k + 1}_ * {ost[k + 1]}LL, ro_ = l{k + 1}_ * {ost[k + 1]}LL;",
+        f"const {it} nv_ = ({it})(run_ / {VW});",
+        "const int lane_ = threadIdx.x % 32, grp_ = threadIdx.x / 32;",
+        f"constexpr int R_ = {R}, KC_ = {KC};  // rows per step; steps per chunk (lane l: step l / R_, slot l % R_)",
+        "const long long stride_ = (LATCH_THREADS / 32) * R_;  // rows between a warp's steps",
+        "const long long first_ = (long long)grp_ * R_;",
+        "const long long nst_ = nrows_ > first_ ? (nrows_ - first_ + stride_ - 1) / stride_ : 0;  // warp-uniform",
+        "// the chunk loaded ahead: this lane's row's index (raw), x offset but the index's part, out offset (-1: no row)",
+        "long long nt_ = 0, nxb_ = 0, noo_ = -1;",
+        "auto load_ = [&](long long q_) {",
+        "  const long long r_ = first_ + (q_ * KC_ + lane_ / R_) * stride_ + lane_ % R_;",
+        "  nt_ = 0; nxb_ = 0; noo_ = -1;",
+        "  if (lane_ < KC_ * R_ && r_ < nrows_) {",
+        "    long long q2_ = r_;",
+    ]
+    for d in reversed(range(1, k + 1)):
+        lines.append(f"    const long long y{d} = l{d}_ + q2_ % e{d}_; q2_ /= e{d}_;")
+    lines += [
+        "    const long long y0 = l0_ + q2_;",
+        f"    nt_ = (long long)latch::ld<{idx.ctype}>({idx.ptr}, {index_off(ys)});",
+        f"    nxb_ = {x_base(ys)};",
+        f"    noo_ = {o_row(ys)};",
         "  }",
-        "  if (vec_) {",
-        f"    for (long long v0_ = lane_; v0_ < nv_; v0_ += {G * U}LL) {{",
+        "};",
+        "// the chunk's lane offsets (x and out, elements, run offset included; x -1: no row), the index checked",
+        "auto prep_ = [&](long long& cx, long long& co) {",
+        "  cx = -1; co = -1;",
+        "  if (noo_ >= 0) {",
+        "    long long t = nt_;",
+        f"    if (t < 0 || t >= {bound}LL) {{ latch_report(latch::ERR_INDEX_RANGE, t, {bound}LL); t = 0; }}",
+        f"    cx = nxb_ + t * {x_stride}LL + ro_; co = noo_ + ro_;",
+        "  }",
+        "};",
+        "long long cx_ = -1, co_ = -1, xx_ = -1, xo2_ = -1;  // this chunk's offsets; the next chunk's",
+        "if (nst_ > 0) { load_(0); prep_(cx_, co_); load_(1); }",
+        "for (long long k_ = 0, s_ = 0; k_ < nst_; ++k_, ++s_) {",
+        "  if (s_ == KC_) { s_ = 0; cx_ = xx_; co_ = xo2_; load_(k_ / KC_ + 1); }",
+        f"  if (s_ == KC_ - {max(1, PF)}) prep_(xx_, xo2_);  // the next chunk's indices (loaded a chunk ago) checked",
+    ]
+    if PF:
+        nb = f"run_ * {_itemsize(x.dtype)}LL"
+        lines += [
+            f"  // the rows {PF} step(s) ahead to L2 (a line per lane from the row's start, in the row's bytes)",
+            f"  if (k_ + {PF} < nst_) {{",
+            "#pragma unroll",
+            "    for (int w_ = 0; w_ < R_; ++w_) {",
+            f"      const long long px_ = __shfl_sync(0xffffffffu, s_ + {PF} < KC_ ? cx_ : xx_, "
+            f"(int)(s_ + {PF} < KC_ ? s_ + {PF} : s_ + {PF} - KC_) * R_ + w_);",
+            "      if (px_ >= 0) {",
+            f"        const char* pb_ = reinterpret_cast<const char*>({x.ptr} + px_);",
+            "        const long long mis_ = (long long)(reinterpret_cast<unsigned long long>(pb_) & 127ULL);",
+            "#pragma unroll 1",
+            f"        for (long long b_ = lane_ * 128LL - mis_; b_ < {nb}; b_ += 32 * 128LL) latch::gpf(pb_, b_ < 0 ? 0 : b_);",
+            "      }",
+            "    }",
+            "  }",
+        ]
+    lines += [
+        f"  const {sx}* src_[R_];",
+        f"  {so}* dst_[R_];",
+        "  bool ok_[R_], any_ = false;  // a row copied by vectors: both starts aligned (else element by element)",
+        "#pragma unroll",
+        "  for (int w_ = 0; w_ < R_; ++w_) {",
+        "    const long long xo_ = __shfl_sync(0xffffffffu, cx_, (int)s_ * R_ + w_);",
+        "    const long long oo_ = __shfl_sync(0xffffffffu, co_, (int)s_ * R_ + w_);",
+        f"    src_[w_] = xo_ >= 0 ? {x.ptr} + xo_ : nullptr;",
+        f"    dst_[w_] = xo_ >= 0 ? {out.ptr} + oo_ : nullptr;",
+        f"    ok_[w_] = src_[w_] != nullptr && ({vec_ok});",
+        "    any_ = any_ || ok_[w_];",
+        "  }",
+        "  if (any_) {",
+        f"    for ({it} v0_ = lane_; v0_ < nv_; v0_ += {32 * U}) {{",
+        f"      const {it} rem_ = nv_ - v0_;  // the lane's u-th vector of the pass: v0_ + 32 u, there if 32 u < rem_",
         f"      {reg}",
         "#pragma unroll",
-        f"      for (int w_ = 0; w_ < {RW}; ++w_)",
+        "      for (int w_ = 0; w_ < R_; ++w_)",
         "#pragma unroll",
-        f"        for (int u_ = 0; u_ < {U}; ++u_) {{ const long long v_ = v0_ + u_ * {G}; if ({valid}) {ld} }}",
+        f"        for (int u_ = 0; u_ < {U}; ++u_) if (ok_[w_] && u_ * 32 < rem_) {ld}",
         "#pragma unroll",
-        f"      for (int w_ = 0; w_ < {RW}; ++w_)",
+        "      for (int w_ = 0; w_ < R_; ++w_)",
         "#pragma unroll",
-        f"        for (int u_ = 0; u_ < {U}; ++u_) {{ const long long v_ = v0_ + u_ * {G}; if ({valid}) {st} }}",
+        f"        for (int u_ = 0; u_ < {U}; ++u_) if (ok_[w_] && u_ * 32 < rem_) {st}",
         "    }",
+        "  }",
+        "  // the vector rows' tails, the misaligned rows whole: element by element, not unrolled (cold)",
         "#pragma unroll",
-        f"    for (int w_ = 0; w_ < {RW}; ++w_)",
-        f"      if (src_[w_] != nullptr) for (long long e_ = nv_ * {VW} + lane_; e_ < run_; e_ += {G}) {tail}",
+        "  for (int w_ = 0; w_ < R_; ++w_) {",
+        "    if (src_[w_] == nullptr) continue;",
+        "#pragma unroll 1",
+        f"    for (long long e_ = (ok_[w_] ? nv_ * {VW} : 0LL) + lane_; e_ < run_; e_ += 32) {tail}",
+        "  }",
+        "}",
+    ]
+    return lines
+
+
+PREFETCH_AHEAD = 2  # the rows this many steps ahead requested to L2 while this step's loads are in flight
+PREFETCH_BYTES = 64 * 1024  # ... at most this many bytes of rows ahead per block (at least one step)
+THREADS = 256  # LATCH_THREADS
+
+
+def _block_rows(*, x, out, idx, k, bound, index_off, x_base, x_stride, o_row, U, VW, raw) -> list[str]:
+    """Rows of BLOCK_ROW_VECTORS vectors and more: the whole block copies one row at a time (U
+    vectors per thread per pass), the index loaded by every thread (one broadcast address)."""
+    ost = cgen.strides(out.shape)
+    ys = [f"y{d}" for d in range(k + 1)]
+    reg, vec_ok, ld, st, tail = _copy_ops(x, out, raw, 1, U, 256)
+    sx, so = x.ctype, out.ctype
+    lines = [f"// row path: the block per row, {U} {'16-byte' if raw else '4-element'} vector(s) per thread in flight",
+             "const latch::Task* tk_ = c.t;  // the box read once (a store may alias the task record)"]
+    for d in range(k + 2):
+        lines.append(f"const long long l{d}_ = tk_->lo[{d}], e{d}_ = (long long)tk_->hi[{d}] - l{d}_;")
+    lines += [
+        f"const long long nrows_ = {' * '.join(f'e{d}_' for d in range(k + 1))};",
+        f"const long long run_ = e{k + 1}_ * {ost[k + 1]}LL, ro_ = l{k + 1}_ * {ost[k + 1]}LL;",
+        f"const long long nv_ = run_ / {VW};",
+        "const int lane_ = threadIdx.x;",
+        "for (long long r_ = 0; r_ < nrows_; ++r_) {",
+        "  long long q_ = r_;",
+    ]
+    for d in reversed(range(1, k + 1)):
+        lines.append(f"  const long long y{d} = l{d}_ + q_ % e{d}_; q_ /= e{d}_;")
+    lines += [
+        "  const long long y0 = l0_ + q_;",
+        f"  long long t = (long long)latch::ld<{idx.ctype}>({idx.ptr}, {index_off(ys)});",
+        f"  if (t < 0 || t >= {bound}LL) {{ if (lane_ == 0) latch_report(latch::ERR_INDEX_RANGE, t, {bound}LL); t = 0; }}",
+        f"  const {sx}* src_[1] = {{{x.ptr} + ({x_base(ys)}) + t * {x_stride}LL + ro_}};",
+        f"  {so}* dst_[1] = {{{out.ptr} + ({o_row(ys)}) + ro_}};",
+        "  const int w_ = 0;",
+        f"  if ({vec_ok}) {{",
+        f"    for (long long v0_ = lane_; v0_ < nv_; v0_ += {256 * U}LL) {{",
+        f"      {reg}",
+        "#pragma unroll",
+        f"      for (int u_ = 0; u_ < {U}; ++u_) if (v0_ + u_ * 256 < nv_) {ld}",
+        "#pragma unroll",
+        f"      for (int u_ = 0; u_ < {U}; ++u_) if (v0_ + u_ * 256 < nv_) {st}",
+        "    }",
+        f"    for (long long e_ = nv_ * {VW} + lane_; e_ < run_; e_ += 256) {tail}",
         "  } else {",
-        "#pragma unroll",
-        f"    for (int w_ = 0; w_ < {RW}; ++w_)",
-        f"      if (src_[w_] != nullptr) for (long long e_ = lane_; e_ < run_; e_ += {G}) "
-        f"latch::st<{so}>(dst_[w_], e_, latch::ld<{sx}>(src_[w_], e_));",
+        f"    for (long long e_ = lane_; e_ < run_; e_ += 256) latch::st<{so}>(dst_[0], e_, latch::ld<{sx}>(src_[0], e_));",
         "  }",
         "}",
     ]
@@ -388,7 +515,7 @@ def _index_select(ctx: BodyContext) -> str:
     row = _row_gather(
         x=x, out=out, idx=idx, k=dim, bound=x.shape[dim],
         index_off=lambda ys: ys[dim],
-        x_row=lambda ys: cgen.dot(ys[:dim] + ["t"], xst[:dim + 1]),
+        x_base=lambda ys: cgen.dot(ys[:dim], xst[:dim]), x_stride=xst[dim],
         o_row=lambda ys: cgen.dot(ys, ost[:dim + 1]))
     # the row path needs one contiguous run per row: the tile spans every dim after dim + 1 whole
     full = " && ".join(f"c.t->lo[{d}] == 0 && c.t->hi[{d}] == {out.shape[d]}" for d in range(dim + 2, r)) or "true"
