@@ -338,6 +338,25 @@ ROW_ACCESSES = 16
 ROW_MAX_RU = 16  # rows one warp holds at once (short rows)
 
 
+def _warp_row_sums(acc: str, op: str, ru: int, per: int) -> list[str]:
+    """The row paths' reduction of the loaded ``v_[ru][per][4]``: per row, four accumulators in k
+    order from the identity, ``(a0 + a1) + (a2 + a3)``, the xor-shuffle warp reduction into ``t_``
+    (the caller's lines store it and close the row loop)."""
+    init = f"{op}::template init<{acc}>()"
+    return [
+        "  #pragma unroll",
+        f"  for (int u_ = 0; u_ < {ru}; ++u_) {{",
+        f"    {acc} a_[4] = {{{init}, {init}, {init}, {init}}};",
+        "    #pragma unroll",
+        f"    for (int k_ = 0; k_ < {per}; ++k_) {{",
+        "      #pragma unroll",
+        f"      for (int j_ = 0; j_ < 4; ++j_) a_[j_] = {op}::apply(a_[j_], ({acc})v_[u_][k_][j_]);",
+        "    }",
+        f"    {acc} t_ = {op}::apply({op}::apply(a_[0], a_[1]), {op}::apply(a_[2], a_[3]));",
+        f"    t_ = latch::warp_reduce<{op}>(t_);",
+    ]
+
+
 def rows_statements(acc: str, ct: str, op: str, R: int) -> list[str]:
     """A row reduction of rows of ``R`` contiguous elements (R % 4 == 0, R < BLOCK_THRESHOLD):
     a warp per row, each lane holding its PER = ceil(R / 128) groups of four of the row in
@@ -365,16 +384,7 @@ def rows_statements(acc: str, ct: str, op: str, R: int) -> list[str]:
         f"      else {{ v_[u_][k_][0] = v_[u_][k_][1] = v_[u_][k_][2] = v_[u_][k_][3] = {init_c}; }}",
         "    }",
         "  }",
-        "  #pragma unroll",
-        f"  for (int u_ = 0; u_ < {ru}; ++u_) {{",
-        f"    {acc} a_[4] = {{{init}, {init}, {init}, {init}}};",
-        "    #pragma unroll",
-        f"    for (int k_ = 0; k_ < {per}; ++k_) {{",
-        "      #pragma unroll",
-        f"      for (int j_ = 0; j_ < 4; ++j_) a_[j_] = {op}::apply(a_[j_], ({acc})v_[u_][k_][j_]);",
-        "    }",
-        f"    {acc} t_ = {op}::apply({op}::apply(a_[0], a_[1]), {op}::apply(a_[2], a_[3]));",
-        f"    t_ = latch::warp_reduce<{op}>(t_);",
+    ] + _warp_row_sums(acc, op, ru, per) + [
         "    if (lane_ == 0 && o0_ + u_ < n_out) store(o0_ + u_, t_);",
         "  }",
         "}",
@@ -476,16 +486,7 @@ def rows_contig_statements(name: str, acc: str, ct: str, op: str, R: int, out, f
     L += [
         "    }",
         "  }",
-        "  #pragma unroll",
-        f"  for (int u_ = 0; u_ < {ru}; ++u_) {{",
-        f"    {acc} a_[4] = {{{init}, {init}, {init}, {init}}};",
-        "    #pragma unroll",
-        f"    for (int k_ = 0; k_ < {per}; ++k_) {{",
-        "      #pragma unroll",
-        f"      for (int j_ = 0; j_ < 4; ++j_) a_[j_] = {op}::apply(a_[j_], ({acc})v_[u_][k_][j_]);",
-        "    }",
-        f"    {acc} t_ = {op}::apply({op}::apply(a_[0], a_[1]), {op}::apply(a_[2], a_[3]));",
-        f"    t_ = latch::warp_reduce<{op}>(t_);",
+    ] + _warp_row_sums(acc, op, ru, per) + [
         f"    if (lane_ == 0 && o0_ + u_ < n_) latch::st<{out.ctype}>({out.ptr}, (long long)(first_ + o0_ + u_), "
         f"({compute_type(out.dtype)})({val}));",
         "  }",

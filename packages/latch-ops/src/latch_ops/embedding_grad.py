@@ -21,50 +21,14 @@ import attrs
 from latch_core.document import Document
 from latch_core.ir import Graph
 
-EMB_BWD, ADD = "latch::embedding_backward", "latch::add"
+from .fold import fold_adds
+
+EMB_BWD = "latch::embedding_backward"
 
 
 def rewrite(g: Graph) -> tuple[Graph, int]:
     """(new graph, adds folded) for one program."""
-    producers = {o: n for n in g.nodes for o in n.outputs}
-    readers: dict[str, int] = {}
-    for n in g.nodes:
-        for i in n.inputs:
-            if i is not None:
-                readers[i] = readers.get(i, 0) + 1
-    outputs = set(g.output_names())
-
-    def folds(n) -> tuple[str, object] | None:
-        """(G, the embedding_backward node) when ``n`` is an add this pass folds."""
-        if n.op != ADD or len(n.inputs) != 2 or len(n.outputs) != 1 or n.attrs:
-            return None
-        out = g.value(n.outputs[0])
-        for mine, other in ((0, 1), (1, 0)):
-            e = producers.get(n.inputs[mine])
-            G = n.inputs[other]
-            if (e is None or e.op != EMB_BWD or len(e.inputs) != 2 or readers.get(e.outputs[0]) != 1
-                    or e.outputs[0] in outputs or G == e.outputs[0]):
-                continue
-            if g.value(e.outputs[0]).type == out.type == g.value(G).type:
-                return G, e
-        return None
-
-    found = {n.name: f for n in g.nodes if (f := folds(n)) is not None}
-    if not found:
-        return g, 0
-    moved = {e.name for _, e in found.values()}
-    dead = {e.outputs[0] for _, e in found.values()}
-    nodes = []
-    for n in g.nodes:
-        if n.name in moved:
-            continue  # re-emitted where its add was: after G's producer too
-        if n.name in found:
-            G, e = found[n.name]
-            nodes.append(attrs.evolve(e, inputs=(e.inputs[0], e.inputs[1], G), outputs=n.outputs))
-        else:
-            nodes.append(n)
-    values = [v for v in g.values if v.name not in dead]
-    return attrs.evolve(g, values=values, nodes=nodes), len(found)
+    return fold_adds(g, EMB_BWD, 2)
 
 
 def embedding_grad_sum_pass(doc: Document, **_options) -> tuple[Document, str]:

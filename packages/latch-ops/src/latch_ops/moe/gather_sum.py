@@ -93,45 +93,9 @@ SPECS = [
 
 
 def fold_adds(g) -> tuple[object, int]:
-    """``add(gather_sum(src, index), G)`` -> ``gather_sum(src, index, G)`` where the gather_sum has no
-    base, nothing else reads it, no program output names it, and G has the result's type (no
-    broadcast). The gather_sum moves to the add's place (after G's producer). (graph, adds folded)."""
-    import attrs as _attrs
+    """``add(gather_sum(src, index), G)`` -> ``gather_sum(src, index, G)`` (latch_ops.fold: nothing
+    else reads the gather_sum, no program output names it, G has the result's type); the
+    gather_sum moves to the add's place. (graph, adds folded)."""
+    from ..fold import fold_adds as fold
 
-    producers = {o: n for n in g.nodes for o in n.outputs}
-    readers: dict[str, int] = {}
-    for n in g.nodes:
-        for i in n.inputs:
-            if i is not None:
-                readers[i] = readers.get(i, 0) + 1
-    outputs = set(g.output_names())
-
-    def folds(n):
-        if n.op != "latch::add" or len(n.inputs) != 2 or len(n.outputs) != 1 or n.attrs:
-            return None
-        out = g.value(n.outputs[0])
-        for mine, other in ((0, 1), (1, 0)):
-            e = producers.get(n.inputs[mine])
-            G = n.inputs[other]
-            if (e is None or e.op != GATHER_SUM or len(e.inputs) != 2 or readers.get(e.outputs[0]) != 1
-                    or e.outputs[0] in outputs or G == e.outputs[0]):
-                continue
-            if g.value(e.outputs[0]).type == out.type == g.value(G).type:
-                return G, e
-        return None
-
-    found = {n.name: f for n in g.nodes if (f := folds(n)) is not None}
-    if not found:
-        return g, 0
-    moved = {e.name for _, e in found.values()}
-    dead = {e.outputs[0] for _, e in found.values()}
-    nodes = []
-    for n in g.nodes:
-        if n.name in moved:
-            continue
-        if n.name in found:
-            G, e = found[n.name]
-            nodes.append(_attrs.evolve(e, inputs=(e.inputs[0], e.inputs[1], G), outputs=n.outputs))
-        else:
-            nodes.append(n)
-    return _attrs.evolve(g, values=[v for v in g.values if v.name not in dead], nodes=nodes), len(found)
+    return fold(g, GATHER_SUM, 2)
