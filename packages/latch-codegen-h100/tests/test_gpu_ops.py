@@ -32,6 +32,8 @@ def _index_bound(node, pos, g):
     if op in ("latch::gather", "latch::scatter", "latch::scatter_add", "latch::index_select",
               "latch::index_add") and pos == 1:
         return shape(0)[a["dim"]]
+    if op == "latch::gather_sum" and pos == 1:
+        return shape(0)[0]
     if op in ("latch::nll_loss",) and pos == 1:
         return shape(0)[-1]
     if op == "latch::nll_loss_backward" and pos == 2:
@@ -60,8 +62,15 @@ def make_inputs(g, seed=0) -> dict[str, torch.Tensor]:
             elif n.op == "latch::token_topk_backward" and pos == 1:  # distinct experts per row
                 t = torch.stack([torch.randperm(n.attr("num_experts"), generator=gen)[:v.shape[1]]
                                  for _ in range(v.shape[0])])
-            elif n.op == "latch::route_order":
+            elif n.op in ("latch::route_order", "latch::route_count", "latch::route_place", "latch::route_rows") \
+                    and pos == 0:
                 t = torch.randint(0, n.attr("num_experts"), v.shape, generator=gen)
+            elif n.op in ("latch::route_place", "latch::route_rows") and pos == 1:  # the counts of its indices
+                from latch_ops.moe.reference import route_count_math
+
+                t = route_count_math(out[n.inputs[0]], n.attr("num_experts"), n.attr("chunk"))
+            elif n.op == "latch::route_offsets":
+                t = torch.randint(0, 40, v.shape, generator=gen)
             elif bound is not None:
                 if n.op == "latch::scatter":  # distinct targets per row: torch's scatter is order-dependent
                     rows = [torch.randperm(g.value(n.inputs[0]).shape[n.attr("dim")], generator=gen)[:v.shape[-1]]
