@@ -8,7 +8,7 @@ float32 and narrower floats), then rounded once: the same bits as
 ``sum(reshape(index_select(src, 0, index), [N, k, *D]), dims=[1])``, which it replaces in
 ``moe.fixed_order_scatters`` (the gradient of the MoE dispatch back to tokens). The fused form never
 writes the N*k gathered rows: at TinyMoE-200M's 32 x 1024 tokens that is 201 MB written and read back
-per layer (FP32 rows of 768), and one phase. With ``base`` (:func:`fold_adds`: the residual stream's
+per layer (FP32 rows of 768), and one phase. With ``base`` (``latch_ops.fold.fold_adds``: the residual stream's
 gradient added to the dispatch's) the add and its phase go too; the sum then starts from base's
 row, one rounding instead of two. No torch at import; the reference imports it lazily.
 """
@@ -90,12 +90,3 @@ SPECS = [
         extra={"reference": _ref, "tiling": tiling_gather_sum},
     ),
 ]
-
-
-def fold_adds(g) -> tuple[object, int]:
-    """``add(gather_sum(src, index), G)`` -> ``gather_sum(src, index, G)`` (latch_ops.fold: nothing
-    else reads the gather_sum, no program output names it, G has the result's type); the
-    gather_sum moves to the add's place. (graph, adds folded)."""
-    from ..fold import fold_adds as fold
-
-    return fold(g, GATHER_SUM, 2)

@@ -26,6 +26,7 @@ import attrs
 from latch_core.document import Document
 from latch_core.ir import Graph, Node, Value, fresh_name
 
+from ..fold import fold_adds
 from . import gather_sum, route_split, specs
 
 INDEX_ADD, INDEX_SELECT, FULL = "latch::index_add", "latch::index_select", "latch::full"
@@ -41,12 +42,12 @@ def rewrite_scatters(g: Graph) -> tuple[Graph, int, int]:
         if n.op == specs.ROUTE_ORDER and len(n.outputs) == 3:
             routes[n.outputs[0]] = ("token", n.inputs[0], n.outputs[1], None)
             routes[n.outputs[1]] = ("position", n.inputs[0], n.outputs[1], None)
+    rows = {m.inputs: m for m in g.nodes if m.op == route_split.ROUTE_ROWS}
     for n in g.nodes:
-        if n.op == route_split.ROUTE_PLACE:
-            for m in g.nodes:
-                if m.op == route_split.ROUTE_ROWS and m.inputs == n.inputs:
-                    routes[m.outputs[0]] = ("token", n.inputs[0], n.outputs[0], m.outputs[1])
-                    routes[n.outputs[0]] = ("position", n.inputs[0], n.outputs[0], m.outputs[1])
+        m = rows.get(n.inputs) if n.op == route_split.ROUTE_PLACE else None
+        if m is not None:  # the same indices and counts
+            routes[m.outputs[0]] = ("token", n.inputs[0], n.outputs[0], m.outputs[1])
+            routes[n.outputs[0]] = ("position", n.inputs[0], n.outputs[0], m.outputs[1])
 
     def zeros(v: str | None) -> bool:
         p = producers.get(v)
@@ -91,7 +92,7 @@ def rewrite_scatters(g: Graph) -> tuple[Graph, int, int]:
     gone = {o for n in nodes if n.name in dead for o in n.outputs}
     nodes = [n for n in nodes if n.name not in dead]
     values = [v for v in values if v.name not in gone]
-    folded, adds = gather_sum.fold_adds(attrs.evolve(g, values=values, nodes=nodes))
+    folded, adds = fold_adds(attrs.evolve(g, values=values, nodes=nodes), gather_sum.GATHER_SUM, 2)
     return folded, len(todo), adds
 
 
