@@ -159,6 +159,39 @@ def test_compiled_control_traces_an_example_whose_model_spans_two_files():
     assert all(math.isfinite(v) for v in losses) and losses[1] < losses[0]
 
 
+def test_compiled_control_compiles_the_loss_with_the_model():
+    """The strongest control must not run the objective eagerly: TinyMoE's cross-entropy outside
+    torch.compile materialises FP32 copies of the logits (6.4 GB at 32 x 1024; the form every run up
+    to 2026-12-06 timed, kept as ``graph_model``). A recording backend sees which aten ops the
+    compiled graphs hold: the loss's log-softmax must be among them."""
+    from latch_capture.examples import load_example
+    from latch_check.controls import control
+
+    seen: list[str] = []
+
+    def recording_backend(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    ex = load_example(EXAMPLES / "transformer.py", vocab=64, d_model=32, layers=1, heads=2, batch=2, seq=16)
+    with control(ex, "cpu", "compiled", [ex.microbatch(0)], backend=recording_backend) as step:
+        losses = [float(step()) for _ in range(2)]
+    assert all(math.isfinite(v) for v in losses) and losses[1] < losses[0]
+    assert any("cross_entropy" in t or "log_softmax" in t or "nll_loss" in t for t in seen), sorted(set(seen))[:40]
+
+
+def test_controls_name_every_kind_and_refuse_an_unknown_one():
+    from latch_capture.examples import load_example
+    from latch_check.bench import CONTROLS, DEFAULT_CONTROLS
+    from latch_check.controls import GRAPHED, KINDS, ControlError, control
+
+    assert set(CONTROLS) == set(KINDS) and set(GRAPHED) <= set(KINDS) and "graph_model" not in DEFAULT_CONTROLS
+    ex = load_example(EXAMPLES / "mlp.py")
+    with pytest.raises(ControlError, match="graph_model"):
+        with control(ex, "cpu", "graph-model"):
+            pass
+
+
 def test_compiled_control_at_a_second_shape_in_the_same_process():
     """A bench times its shapes in one process, each with its own load of the example. Run 35 (H200):
     the second shape's compiled and graph controls failed in dynamo ("'NoneType' object is not
@@ -219,3 +252,17 @@ def test_cpu_qualification_of_transformers_mixtral_replays_pytorchs_own_topk():
     torch_update(c.example, c.example.params(), c.example.initial_state(), [c.example.microbatch(0)],
                  dict(c.example.hyper or {}), routing=rec)
     assert len(rec) == 2 and all(r.shape[-1] == 2 for r in rec)   # one top-2 per layer, in call order
+
+
+def test_the_strongest_line_reports_both_graph_controls():
+    from types import SimpleNamespace
+
+    from latch_check.commands import _strongest_line
+
+    compiled = SimpleNamespace(name="transformer", doc=SimpleNamespace(schedule=SimpleNamespace(strategy="barrier")))
+    line = _strongest_line(compiled, {"compiled_graph_ms": 6.0, "latch_ms": 8.0, "compiled_graph_model_ms": 7.2})
+    assert "compiled model and loss" in line and "6.0000 ms" in line and "0.750x" in line
+    assert "loss outside torch.compile" in line and "7.2000 ms, 0.900x" in line
+    failed = _strongest_line(compiled, {"compiled_graph_ms": 6.0, "latch_ms": 8.0,
+                                        "compiled_graph_model_ms": "control failed: RuntimeError: x"})
+    assert "control failed: RuntimeError: x" in failed

@@ -8,8 +8,9 @@ with the update after the last), the example is built with ``batch``, ``seq`` an
 BF16 policy unless --no-policy), and in the same process, on the same weights and batches:
 - ``latch``: one update of the generated program (all its launches), the loss left on the device;
 - the controls of TARGETS.md (``latch_check.controls``): ``eager``, ``compiled`` (torch.compile
-  with fused AdamW), ``graph`` (the compiled model with the whole update in ONE CUDA graph, with
-  the graph-safe MoE of ``latch_check.torch_native``).
+  of the forward and the loss together, with fused AdamW), ``graph`` (the same with the whole update
+  in ONE CUDA graph, with the graph-safe MoE of ``latch_check.torch_native``); ``graph_model`` (on
+  request: the loss outside torch.compile, the strongest control as measured up to 2026-12-06).
 ``--gate-steps N`` / ``--trained M`` also gate the program against FP64 with PyTorch's own BF16
 update as the ``torch`` column (``latch_check.gpu.gpu_compare``): N fresh updates, and one at the
 state after M eager FP32 updates (200 is the benchmark's qualification; the FP64 reference runs on
@@ -34,7 +35,8 @@ from latch_core.cli import InterspersedCommand
 from .timing import events_ms
 
 DEFAULT_SHAPES = "2x1024,32x1024,16x8x1024"
-CONTROLS = ("eager", "compiled", "graph")
+CONTROLS = ("eager", "compiled", "graph", "graph_model")
+DEFAULT_CONTROLS = ("eager", "compiled", "graph")
 
 
 class BenchError(ValueError):
@@ -203,8 +205,8 @@ def _table(rows: list[dict], controls: tuple[str, ...], reps: int | None) -> str
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="argument for the example's build()")
 @click.option("--iters", type=int, default=20, show_default=True, help="timed updates per control")
 @click.option("--latch-iters", type=int, default=None, help="timed updates of the generated program (default: --iters)")
-@click.option("--controls", "controls_", default=",".join(CONTROLS), show_default=True,
-              help="which controls to time (eager, compiled, graph); empty for none")
+@click.option("--controls", "controls_", default=",".join(DEFAULT_CONTROLS), show_default=True,
+              help="which controls to time (eager, compiled, graph; graph_model: the loss outside torch.compile); empty for none")
 @click.option("--no-latch", is_flag=True, help="time only the controls (no build)")
 @click.option("--policy/--no-policy", default=True, show_default=True, help="the BF16 policy (and autocast in the controls)")
 @click.option("--scheduler", default=None, help="scheduling strategy (default: $LATCH_SCHEDULER or barrier)")

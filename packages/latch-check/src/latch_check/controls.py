@@ -7,10 +7,14 @@
 Kinds (``KINDS``):
 - ``eager``: the model as written, ``loss.backward()``, ``torch.nn.utils.clip_grad_norm_``
   (foreach), ``torch.optim.AdamW(foreach=True)``;
-- ``compiled``: ``torch.compile(model)`` forward, the same backward and clipping,
-  ``torch.optim.AdamW(fused=True)``;
+- ``compiled``: the forward AND the objective in one ``torch.compile``'d function (inductor fuses
+  the loss into what produces its input: the cross-entropy reads the BF16 logits once instead of
+  materialising FP32 copies of them), the same backward and clipping, ``torch.optim.AdamW(fused=True)``;
 - ``graph`` (the strongest): ``compiled`` with ``AdamW(fused=True, capturable=True)`` and the whole
-  update, every microbatch included, captured in ONE CUDA graph and replayed.
+  update, every microbatch included, captured in ONE CUDA graph and replayed;
+- ``graph_model``: ``graph`` with only the model compiled and the objective run eagerly inside the
+  graph: the strongest control as this project measured it up to 2026-12-06 (results/gpu.md runs
+  24-56), kept so that those ratios can be set beside the new ones.
 Each needs an example whose optimizer says what it is in torch terms (``TensorUpdate.control``,
 e.g. examples/_optim.py's ``adamw``). Parameters are FP32 like the Latch program's master weights;
 the forward runs under ``torch.autocast(bf16)`` when ``bf16`` (the policy the Latch program follows).
@@ -31,7 +35,8 @@ import torch
 from .timing import capture_graph
 from .torch_native import torch_native
 
-KINDS = ("eager", "compiled", "graph")
+KINDS = ("eager", "compiled", "graph", "graph_model")
+GRAPHED = ("graph", "graph_model")  # the kinds captured in one CUDA graph
 
 
 class ControlError(RuntimeError):
@@ -99,13 +104,13 @@ def control(example, device, kind: str, batches: Sequence[tuple[Any, Any]] | Non
         opt = torch.optim.AdamW(params, lr=ctl["lr"], betas=ctl["betas"], eps=ctl["eps"],
                                 weight_decay=ctl["weight_decay"], foreach=True)
     else:
-        lr = torch.tensor(ctl["lr"], device=device) if kind == "graph" else ctl["lr"]
+        lr = torch.tensor(ctl["lr"], device=device) if kind in GRAPHED else ctl["lr"]
         opt = torch.optim.AdamW(params, lr=lr, betas=ctl["betas"], eps=ctl["eps"], weight_decay=ctl["weight_decay"],
-                                fused=True, capturable=kind == "graph")
+                                fused=True, capturable=kind in GRAPHED)
     max_norm = ctl.get("max_norm")
     if kind != "eager":
         torch._dynamo.reset()  # each control compiles its own copy from nothing, not against an earlier one's guards
-    fwd = model if kind == "eager" else torch.compile(model, backend=backend)
+    fwd = torch.compile(model, backend=backend) if kind == "graph_model" else model
     batches = [_to(b, device) for b in (batches if batches is not None else [example.microbatch(0)])]
     K = len(batches)
 
@@ -116,12 +121,18 @@ def control(example, device, kind: str, batches: Sequence[tuple[Any, Any]] | Non
             return fwd(*x)
         return fwd(x)
 
+    def forward_loss(x, y):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
+            res = example.objective(call(x), y)
+        return res if isinstance(res, torch.Tensor) else res[0]
+
+    if kind in ("compiled", "graph"):
+        forward_loss = torch.compile(forward_loss, backend=backend)
+
     def step():
         total = None
         for x, y in batches:
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16, cache_enabled=False):
-                res = example.objective(call(x), y)
-            loss = res if isinstance(res, torch.Tensor) else res[0]
+            loss = forward_loss(x, y)
             (loss / K if K > 1 else loss).backward()
             total = loss.detach() if total is None else total + loss.detach()
         if max_norm is not None:
@@ -131,7 +142,7 @@ def control(example, device, kind: str, batches: Sequence[tuple[Any, Any]] | Non
         return total / K if K > 1 else total
 
     with torch_native(model), importable(model):
-        if kind != "graph":
+        if kind not in GRAPHED:
             yield step
             return
         # the warm-up calls compile, allocate the gradients and the optimizer state
@@ -140,12 +151,16 @@ def control(example, device, kind: str, batches: Sequence[tuple[Any, Any]] | Non
 
 
 def compiled_graph_step(example, device, *, bf16: bool = True, warmup: int = 3,
-                        batches: Sequence[tuple[Any, Any]] | None = None) -> tuple[Callable[[], Any], dict]:
-    """The strongest control as ``(replay, info)``: ``replay()`` runs one update (module docstring)."""
-    gen = control(example, device, "graph", batches, bf16=bf16, warmup=warmup)
+                        batches: Sequence[tuple[Any, Any]] | None = None,
+                        kind: str = "graph") -> tuple[Callable[[], Any], dict]:
+    """The strongest control as ``(replay, info)``: ``replay()`` runs one update (module docstring);
+    ``kind`` one of ``GRAPHED``."""
+    if kind not in GRAPHED:
+        raise ControlError(f"compiled_graph_step: {kind!r} is not captured in a CUDA graph; choose from {GRAPHED}")
+    gen = control(example, device, kind, batches, bf16=bf16, warmup=warmup)
     replay = gen.__enter__()  # the graph needs nothing of the context after capture
     gen.__exit__(None, None, None)
     return replay, {"parameters": sum(p.numel() for p in example.model.parameters()), "bf16": bf16}
 
 
-__all__ = ["control", "compiled_graph_step", "KINDS", "ControlError"]
+__all__ = ["control", "compiled_graph_step", "KINDS", "GRAPHED", "ControlError"]

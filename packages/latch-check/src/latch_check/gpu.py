@@ -468,8 +468,9 @@ def launch_counts(step: Callable[[], Any], updates: int = 5) -> dict[str, float]
 def bench(example, build_dir: str | Path, *, iters: int = 50, warmup: int = 10, strongest: bool = False,
           eager: bool = True) -> dict[str, Any]:
     """Median ms per update: the Latch program, eager PyTorch, and eager captured in a CUDA graph;
-    with ``strongest`` also the compiled model with the whole update in one CUDA graph
-    (latch_check.controls); ``eager=False`` skips the two eager controls."""
+    with ``strongest`` also the compiled model and loss with the whole update in one CUDA graph, and
+    the same with only the model compiled (latch_check.controls ``graph`` and ``graph_model``);
+    ``eager=False`` skips the two eager controls."""
     run = GpuRun(example, build_dir)
     batches = run.batches(0)
     gb = [run.gpu_batch(b) for b in batches]
@@ -508,6 +509,11 @@ def bench(example, build_dir: str | Path, *, iters: int = 50, warmup: int = 10, 
             res["compiled_parameters"] = info["parameters"]
         except Exception as e:  # reported, never a silent pass
             res["compiled_graph_ms"] = f"control failed: {type(e).__name__}: {e}"
+        try:  # the same with the loss outside torch.compile: the strongest control as measured before 2026-12-06
+            replay, _ = compiled_graph_step(example, run.device, bf16=policy_of(run.doc) == "bf16", kind="graph_model")
+            res["compiled_graph_model_ms"] = statistics.median(events_ms(replay, iters, min(warmup, 3)))
+        except Exception as e:
+            res["compiled_graph_model_ms"] = f"control failed: {type(e).__name__}: {e}"
     if not eager:
         return res
     step, _ = eager_step_fn(example, run.device)
