@@ -21,6 +21,8 @@ def main(argv=None) -> int:
     ap.add_argument("example")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--trained", type=int, default=200, help="eager FP32 updates before the trained-state table")
+    ap.add_argument("--store-products", action="store_true",
+                    help="memory.policy option products: products feeding only BF16 consumers write BF16")
     ap.add_argument("--no-simulate", action="store_true", help="the FP64 interpreter instead of the arena simulator")
     args = ap.parse_args(argv)
 
@@ -29,7 +31,7 @@ def main(argv=None) -> int:
     from latch_check.qualify import cpu_tables
 
     c = compile_example(args.example, overrides=parse_overrides(args.overrides), build=False,
-                        split_reductions=not args.no_simulate)
+                        split_reductions=not args.no_simulate, store_products=args.store_products)
     tables = cpu_tables(c.example, c.doc, trained=args.trained, simulate=not args.no_simulate)
     for t in tables:
         print(t.format())

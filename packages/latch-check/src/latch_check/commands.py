@@ -60,6 +60,9 @@ def _fail(e: Exception, code: int = 2):
               help="memory.policy: attention's q, k, v, dO stored in BF16 and its out, dq, dk, dv written in BF16, so "
                    "the ring's wgmma attention bodies run (--no-attention-storage: FP32 storage, rounded in the "
                    "mma.sync bodies)")
+@click.option("--store-products/--no-store-products", default=False, show_default=True,
+              help="memory.policy option products: a BF16-policy product whose result only feeds BF16 consumers "
+                   "(through elementwise ops) writes BF16")
 @click.option("--routing/--no-routing", default=None,
               help="output routing decisions and replay them in the reference (default: when the update routes)")
 @click.option("--target", type=click.Choice(TARGETS), default="auto", show_default=True,
@@ -84,7 +87,7 @@ def _fail(e: Exception, code: int = 2):
               help="default: build/EXAMPLE-STRATEGY")
 @click.option("-q", "--quiet", is_flag=True, help="no per-stage lines and no progress bars")
 def compile_command(example, overrides, scheduler, num_sms, policy, remat_budget, split_reductions, alias_views, row_groups,
-                    fuse_views, weight_copies, attention_storage, routing, target,
+                    fuse_views, weight_copies, attention_storage, store_products, routing, target,
                     steps, seed, bench, iters, strongest, no_eager, torch_column, trained, twice, no_build, no_cache,
                     output, build_dir, quiet):
     """Compile EXAMPLE.py's whole training update into one kernel, run it and check it.
@@ -120,7 +123,7 @@ def compile_command(example, overrides, scheduler, num_sms, policy, remat_budget
                   remat_budget=remat_budget, split_reductions=split_reductions, build_dir=build_dir,
                   build=not no_build, routing=routing, cache=not no_cache, alias_views=alias_views,
                   row_groups=row_groups, fuse_views=fuse_views, weight_copies=weight_copies,
-                  attention_storage=attention_storage)
+                  attention_storage=attention_storage, store_products=store_products)
         compiled = compile_example(example, say=say, **kw)
         click.echo(summary_line(compiled))
         if output:

@@ -74,7 +74,8 @@ def thresholds_for(doc: Document) -> dict[str, float]:
 
 def policy_faithful_ops(ops=None):
     """The op registry with every reference rounding its float operands to bf16 where the node
-    says ``operand_dtype="bf16"`` (math still in float64). Running the FP64 interpreter with it
+    says ``operand_dtype="bf16"``, and its results where it says ``out_dtype="bf16"`` (math still in
+    float64). Running the FP64 interpreter with it
     gives what a policy-following GPU computes, to rounding; comparing that against the plain
     FP64 reference tells a policy effect (e.g. a routing decision flipped by BF16 router operands)
     from a kernel error: a gate that fails for both has nothing to do with the kernel."""
@@ -93,7 +94,11 @@ def policy_faithful_ops(ops=None):
             if node_attrs.get("operand_dtype") == "bf16":
                 inputs = [t.to(torch.bfloat16).to(t.dtype) if t is not None and t.is_floating_point() else t
                           for t in inputs]
-            return ref(inputs, node_attrs)
+            out = ref(inputs, node_attrs)
+            if node_attrs.get("out_dtype") == "bf16":  # a result the node writes in BF16 (memory.policy)
+                out = [t.to(torch.bfloat16).to(t.dtype) if t is not None and t.is_floating_point() else t
+                       for t in out]
+            return out
         return run
 
     for name, spec in ops.items():

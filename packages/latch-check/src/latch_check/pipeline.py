@@ -98,7 +98,8 @@ def compile_example(example_path: str | Path, *, overrides: Mapping[str, Any] | 
                     build_dir: str | Path | None = None, build: bool = True, routing: bool | str | None = None,
                     cache: bool = True, say: Callable[[str], None] = lambda m: None,
                     alias_views: bool = True, row_groups: bool = True, fuse_views: bool = True,
-                    weight_copies: bool = True, attention_storage: bool = True) -> Compiled:
+                    weight_copies: bool = True, attention_storage: bool = True,
+                    store_products: bool = False) -> Compiled:
     """Run the whole pipeline (``latch_core.pipeline``) on one example; ``say`` gets one line per pass.
 
     ``routing``: expose routing decisions as outputs (``None``: exactly when the update routes tokens).
@@ -109,7 +110,7 @@ def compile_example(example_path: str | Path, *, overrides: Mapping[str, Any] | 
         split_reductions=split_reductions, build=build, build_dir=None if build_dir is None else str(build_dir),
         routing="auto" if routing is None else routing, cache=cache, progress=say, alias_views=alias_views,
         row_groups=row_groups, fuse_views=fuse_views, weight_copies=weight_copies,
-        attention_storage=attention_storage)
+        attention_storage=attention_storage, store_products=store_products)
 
     def on_pass(p, doc):
         rec = doc.provenance[-1]

@@ -114,6 +114,7 @@ class Request:
     fuse_views: bool = True  # schedule.fuse_views + schedule option fuse_concat (issue 11: views and concats fused)
     weight_copies: bool = True  # BF16 weight copies as optimizer state (memory.weight_copies)
     attention_storage: bool = True  # memory.policy option attention: attention's operands stored in BF16
+    store_products: bool = False  # memory.policy option products: products feeding only BF16 consumers write BF16
     row_groups: bool = True  # a row reduction, its statistic's chain and its consumer in one group (schedule option)
     build: bool = True
     build_dir: str | None = None  # default: build/<example>-<strategy>
@@ -141,6 +142,8 @@ class Request:
         }
         if not self.attention_storage:
             opts["memory.policy"] = {"attention": False}
+        if self.store_products:
+            opts.setdefault("memory.policy", {})["products"] = True
         if self.scheduler:
             opts["schedule"]["scheduler"] = self.scheduler
         if self.remat_budget is not None:

@@ -436,12 +436,129 @@ def store_attention(g: Graph, counts: dict) -> Graph:
     return attrs.evolve(g, values=list(values.values()), nodes=out_nodes)
 
 
+# ---------------------------------------------------------------------------------------------
+# Stored products (opt-in): a BF16-policy product whose result only feeds BF16 consumers writes BF16.
+
+PRODUCT_OPS = frozenset({MATMUL_OP, "latch::ragged_mm", "latch::ragged_mm_grad_x"})
+PASS_THROUGH = frozenset({"latch::concat"})  # structural ops that only move values (RoPE's halves joined)
+
+
+def store_products(g: Graph, ops: Registry, counts: dict) -> Graph:
+    """A product (``latch::matmul``, ``latch::ragged_mm``, ``latch::ragged_mm_grad_x``) with
+    ``operand_dtype`` bf16/f16 and an f32 result writes its result in that dtype when everything
+    the result reaches, through elementwise ops, views and concats, ends in that dtype's consumers: a cast to
+    it, or a product / attention with that ``operand_dtype`` (which will store its operands so).
+    A program output, a value a repeated region touches, a reduction or any other reader on the way
+    keeps the result f32. The node writes ``<value>.<dtype>`` (``out_dtype``); views on the way are
+    retyped with it and every other reader reads its own cast back to f32, which fuses into that
+    reader's group, so the group reads the low dtype (the rounding torch's autocast has: its products return BF16). Off by default."""
+    from latch_core import registry as r
+
+    outs = set(g.output_names())
+    region_vals: set[str] = set()
+
+    def touch(rg: Graph) -> None:
+        for n in rg.nodes:
+            region_vals.update(v for v in (*n.inputs, *n.outputs) if v is not None)
+        for rr in rg.regions:
+            touch(rr)
+    for rg in g.regions:
+        touch(rg)
+    consumers = g.consumers()
+    memo: dict[tuple[str, str], bool] = {}
+
+    def tags(n: Node) -> frozenset:
+        return frozenset(ops.get(n.op).tags) if n.op in ops else frozenset()
+
+    def reaches_low(v: str, dt: str) -> bool:
+        key = (v, dt)
+        if key not in memo:
+            memo[key] = False  # a cycle cannot happen in a DAG; this only guards the recursion
+            cs = consumers.get(v, [])
+            memo[key] = (v not in outs and v not in region_vals and bool(cs)
+                         and all(_low_reader(c, dt) for c in cs))
+        return memo[key]
+
+    def _low_reader(c: Node, dt: str) -> bool:
+        t = tags(c)
+        if c.op == CAST_OP:
+            return c.attr("dtype") == dt
+        if (r.MATMUL in t or r.ATTENTION in t) and c.attr("operand_dtype") == dt:
+            return True
+        if ((r.ELEMENTWISE in t or r.VIEW in t or c.op in PASS_THROUGH)
+                and not t & {r.REDUCTION, r.MATMUL, r.ATTENTION, r.RANDOM}):
+            return all(o is not None and reaches_low(o, dt) for o in c.outputs)
+        return False
+
+    chosen: dict[str, str] = {}
+    for n in g.nodes:
+        dt = n.attr("operand_dtype")
+        if (n.op in PRODUCT_OPS and dt in LOW and len(n.outputs) == 1 and g.value(n.outputs[0]).dtype == "f32"
+                and n.attr("out_dtype") in (None, "f32") and reaches_low(n.outputs[0], dt)):
+            chosen[n.name] = dt
+    if not chosen:
+        return g
+    names = {v.name for v in g.values} | {n.name for n in g.nodes}
+    values = {v.name: v for v in g.values}
+    out_to: dict[str, str] = {}  # product -> the low value it now writes
+    # (reader, slot) -> (the low value, the dtype it is widened from; None: read as it is)
+    widen: dict[tuple[str, int], tuple[str, str | None]] = {}
+    saved = 0
+
+    def serve(v: str, low: str, dt: str) -> None:
+        # a view reader is retyped with its input (its output keeps its name); any other reader
+        # gets its own cast back to f32 just before it: a cast with one reader fuses into that
+        # reader's group, where one cast shared by readers in several groups would be stored
+        for c in consumers.get(v, []):
+            if r.VIEW in tags(c) and len(c.inputs) == 1:
+                w = c.outputs[0]
+                values[w] = attrs.evolve(values[w], dtype=dt)
+                widen[(c.name, 0)] = (low, None)  # reads the low value itself
+                serve(w, w, dt)
+            else:
+                for j, x in enumerate(c.inputs):
+                    if x == v:
+                        widen[(c.name, j)] = (low, dt)
+
+    for n in g.nodes:
+        if n.name in chosen:
+            old, dt = values[n.outputs[0]], chosen[n.name]
+            low = out_to[n.name] = fresh_name(names, f"{old.name}.{dt}")
+            values[low] = Value(low, old.shape, dt)
+            saved += math.prod(old.shape) * 2 * (1 + len(consumers.get(old.name, [])))
+            serve(old.name, low, dt)
+            del values[old.name]
+    nodes: list[Node] = []
+    for n in g.nodes:
+        if n.name in out_to:
+            nodes.append(attrs.evolve(n, outputs=(out_to[n.name],), attrs=dict(n.attr_dict, out_dtype=chosen[n.name])))
+            continue
+        ins = list(n.inputs)
+        for j, v in enumerate(n.inputs):
+            if (n.name, j) in widen:
+                low, dt = widen[(n.name, j)]
+                if dt is None or (n.op == CAST_OP and n.attr("dtype") == dt):
+                    ins[j] = low  # a cast to the low dtype reads the low value (an exact copy)
+                    continue
+                w = fresh_name(names, f"{v}.f32")
+                values[w] = Value(w, values[low].shape, "f32")
+                nodes.append(Node(fresh_name(names, f"cast.{w}"), CAST_OP, (low,), (w,), {"dtype": "f32"},
+                                  source=n.source))
+                ins[j] = w
+        nodes.append(n if ins == list(n.inputs) else attrs.evolve(n, inputs=ins))
+    values = list(values.values())
+    counts["products_stored_low"] = counts.get("products_stored_low", 0) + len(chosen)
+    counts["product_bytes_saved"] = counts.get("product_bytes_saved", 0) + saved
+    return attrs.evolve(g, values=values, nodes=nodes)
+
+
 def apply_policy(section: GraphSection, ops: Registry, *, table: Mapping | None = None, ops_table: Mapping | None = None,
                  nodes: Mapping | None = None, master: str | None = DEFAULT_MASTER,
-                 store: bool = True, attention: bool = True) -> tuple[GraphSection, dict]:
+                 store: bool = True, attention: bool = True, products: bool = False) -> tuple[GraphSection, dict]:
     """The policy applied to every program; returns the new section and a summary. ``store``: insert
     the casts that store low-precision matmul operands (:func:`store_operands`); with ``attention``
-    too, attention's operands and results (:func:`store_attention`)."""
+    too, attention's operands and results (:func:`store_attention`); with ``products`` too, products
+    whose results only feed low-precision consumers write that precision (:func:`store_products`)."""
     if master is not None:
         if master not in FLOAT_DTYPES:
             raise PolicyError(f"memory.policy: master={master!r} is not a float dtype; known: {sorted(FLOAT_DTYPES)}")
@@ -464,6 +581,8 @@ def apply_policy(section: GraphSection, ops: Registry, *, table: Mapping | None 
         programs = [store_operands(p, stored) for p in programs]
         if attention:
             programs = [store_attention(p, stored) for p in programs]
+        if products:
+            programs = [store_products(p, ops, stored) for p in programs]
     summary = {"master": master, "table": merged, "ops": op_over, "nodes": node_over, "counts": counts,
                "stored": stored}
     meta = dict(section.metadata)
@@ -472,15 +591,16 @@ def apply_policy(section: GraphSection, ops: Registry, *, table: Mapping | None 
 
 
 def policy_pass(doc: Document, *, table=None, ops=None, nodes=None, master=DEFAULT_MASTER, store=True,
-                attention=True, registry=None) -> Document:
+                attention=True, products=False, registry=None) -> Document:
     """Pass ``memory.policy``. ``registry``: an op registry (default: the installed plugins');
     ``store=False`` keeps the attributes only (no casts: operands rounded inside the bodies);
     ``attention=False`` stores matmul operands only (attention keeps FP32 storage and rounds in its
-    bodies: the mma.sync path, not the ring's wgmma bodies)."""
+    bodies: the mma.sync path, not the ring's wgmma bodies); ``products=True`` (off by default): a
+    product whose result only feeds BF16 consumers through elementwise ops writes BF16."""
     if registry is None:
         from latch_core.plugins import registries
 
         registry = registries().ops
     section, _ = apply_policy(doc.graph, registry, table=table, ops_table=ops, nodes=nodes, master=master,
-                              store=bool(store), attention=bool(attention))
+                              store=bool(store), attention=bool(attention), products=bool(products))
     return attrs.evolve(doc, graph=section)
