@@ -191,7 +191,7 @@ def _bench(compiled, iters: int, again=None, *, strongest: bool = False, eager: 
 
 def _strongest_line(compiled, r: dict) -> str:
     c, latch = r.get("compiled_graph_ms"), r.get("latch_ms")
-    ratio = f"{c / latch:.3f}x" if isinstance(c, float) and isinstance(latch, float) else "-"
+    ratio = _ratio(c, latch)
     shown = f"{c:.4f}" if isinstance(c, float) else str(c)
     return (f"\nSTRONGEST {compiled.name} {compiled.doc.schedule.strategy}: compiled model and loss + whole update in ONE "
             f"CUDA graph {shown} ms (setup {r.get('compiled_setup_s', 0):.1f} s); latch {latch if isinstance(latch, str) else f'{latch:.4f}'} ms; "
@@ -199,12 +199,16 @@ def _strongest_line(compiled, r: dict) -> str:
             + _model_only(r.get("compiled_graph_model_ms"), latch))
 
 
+def _ratio(control, latch) -> str:
+    """control / latch (> 1: the program is faster), or '-' where either is an error text."""
+    return f"{control / latch:.3f}x" if isinstance(control, float) and isinstance(latch, float) else "-"
+
+
 def _model_only(c, latch) -> str:
     if c is None:
         return ""
-    ratio = f"{c / latch:.3f}x" if isinstance(c, float) and isinstance(latch, float) else "-"
     return (f"; with the loss outside torch.compile (the control of earlier runs) "
-            f"{c:.4f} ms, {ratio}" if isinstance(c, float) else f"; loss outside torch.compile: {c}")
+            f"{c:.4f} ms, {_ratio(c, latch)}" if isinstance(c, float) else f"; loss outside torch.compile: {c}")
 
 
 @click.command("check", cls=InterspersedCommand)

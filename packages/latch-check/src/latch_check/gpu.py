@@ -89,16 +89,17 @@ def policy_faithful_ops(ops=None):
         ops = registries().ops
     out = Registry("op")
 
+    def rounded(ts):
+        return [t.to(torch.bfloat16).to(t.dtype) if t is not None and t.is_floating_point() else t for t in ts]
+
     def rounding(ref):
         def run(inputs, node_attrs):
             if node_attrs.get("operand_dtype") == "bf16":
-                inputs = [t.to(torch.bfloat16).to(t.dtype) if t is not None and t.is_floating_point() else t
-                          for t in inputs]
-            out = ref(inputs, node_attrs)
+                inputs = rounded(inputs)
+            res = ref(inputs, node_attrs)
             if node_attrs.get("out_dtype") == "bf16":  # a result the node writes in BF16 (memory.policy)
-                out = [t.to(torch.bfloat16).to(t.dtype) if t is not None and t.is_floating_point() else t
-                       for t in out]
-            return out
+                res = rounded(res)
+            return res
         return run
 
     for name, spec in ops.items():
@@ -505,9 +506,10 @@ def bench(example, build_dir: str | Path, *, iters: int = 50, warmup: int = 10, 
     if strongest:
         from .controls import compiled_graph_step
 
+        bf16 = policy_of(run.doc) == "bf16"
         try:
             t0 = time.perf_counter()
-            replay, info = compiled_graph_step(example, run.device, bf16=policy_of(run.doc) == "bf16")
+            replay, info = compiled_graph_step(example, run.device, bf16=bf16)
             res["compiled_setup_s"] = time.perf_counter() - t0
             res["compiled_graph_ms"] = statistics.median(events_ms(replay, iters, min(warmup, 3)))
             res["compiled_graph_pipelined_ms"] = _pipelined_ms(replay, 20)
@@ -515,7 +517,7 @@ def bench(example, build_dir: str | Path, *, iters: int = 50, warmup: int = 10, 
         except Exception as e:  # reported, never a silent pass
             res["compiled_graph_ms"] = f"control failed: {type(e).__name__}: {e}"
         try:  # the same with the loss outside torch.compile: the strongest control as measured before 2026-12-06
-            replay, _ = compiled_graph_step(example, run.device, bf16=policy_of(run.doc) == "bf16", kind="graph_model")
+            replay, _ = compiled_graph_step(example, run.device, bf16=bf16, kind="graph_model")
             res["compiled_graph_model_ms"] = statistics.median(events_ms(replay, iters, min(warmup, 3)))
         except Exception as e:
             res["compiled_graph_model_ms"] = f"control failed: {type(e).__name__}: {e}"

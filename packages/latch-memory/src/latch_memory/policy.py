@@ -300,6 +300,20 @@ _LOW_IN = {SDPA_OP: (0, 1, 2), SDPA_BWD_OP: (0, 2, 3, 4, 5)}  # q, k, v | grad_o
 _LOW_OUT = {SDPA_OP: (0,), SDPA_BWD_OP: (0, 1, 2)}  # out (lse stays f32) | dq, dk, dv
 
 
+def _region_values(g: Graph) -> set[str]:
+    """Every value a node of ``g``'s repeated regions (and theirs, nested) reads or writes."""
+    vals: set[str] = set()
+
+    def touch(rg: Graph) -> None:
+        for n in rg.nodes:
+            vals.update(v for v in (*n.inputs, *n.outputs) if v is not None)
+        for rr in rg.regions:
+            touch(rr)
+    for rg in g.regions:
+        touch(rg)
+    return vals
+
+
 def store_attention(g: Graph, counts: dict) -> Graph:
     """Store the operands and results of BF16/F16-policy attention in that dtype.
 
@@ -321,15 +335,7 @@ def store_attention(g: Graph, counts: dict) -> Graph:
     The FP64 reference is unchanged (a cast between float dtypes keeps the reference's width); on
     the GPU the results gain the roundings torch's autocast attention has (out, dq, dk, dv in BF16)."""
     outs = set(g.output_names())
-    region_vals: set[str] = set()
-
-    def touch(r: Graph) -> None:
-        for n in r.nodes:
-            region_vals.update(v for v in (*n.inputs, *n.outputs) if v is not None)
-        for rr in r.regions:
-            touch(rr)
-    for r in g.regions:
-        touch(r)
+    region_vals = _region_values(g)
 
     def eligible(n: Node) -> str | None:
         dt = n.attr("operand_dtype")
@@ -455,15 +461,7 @@ def store_products(g: Graph, ops: Registry, counts: dict) -> Graph:
     from latch_core import registry as r
 
     outs = set(g.output_names())
-    region_vals: set[str] = set()
-
-    def touch(rg: Graph) -> None:
-        for n in rg.nodes:
-            region_vals.update(v for v in (*n.inputs, *n.outputs) if v is not None)
-        for rr in rg.regions:
-            touch(rr)
-    for rg in g.regions:
-        touch(rg)
+    region_vals = _region_values(g)
     consumers = g.consumers()
     memo: dict[tuple[str, str], bool] = {}
 
