@@ -520,6 +520,7 @@ if want bench; then
     if [ "${LATCH_GPU_BENCH_SMALL:-1}" = 1 ]; then   # LATCH_GPU_BENCH_SMALL=0: the full-size bench alone
         timeout "${LATCH_GPU_BENCH_SMALL_S:-200}" "$PY" -m latch_core.cli bench examples/tinymoe.py "${MOE_SMALL_B[@]}" \
             --shapes "${LATCH_GPU_BENCH_SMALL_SHAPES:-2x32,4x2x32}" --iters 20 --gate-steps 1 --trained "${LATCH_GPU_TRAINED:-200}" \
+            ${LATCH_GPU_BENCH_SMALL_ARGS:-} \
             --dir "$WORK/build/bench-small" --json "$WORK/bench-small.json" > "$WORK/bench-small.log" 2>&1
         rc=$?
         { echo "===== bench tinymoe small (exit $rc)"; cat "$WORK/bench-small.log"; } >> "$OUT/examples.log"
@@ -540,6 +541,19 @@ if want bench; then
     else
         row "  BENCH tinymoe-200M: not run (LATCH_GPU_FULL=${LATCH_GPU_FULL:-1}, ${LEFT}s left of the call)"
     fi
+    # LATCH_GPU_BENCH_VARIANTS="store-products": the same shapes built with bench's --VARIANT flag, each
+    # against the strongest control (graph) timed again in the same process; bench-<variant>.json in $OUT
+    for V in ${LATCH_GPU_BENCH_VARIANTS:-}; do
+        LEFT=$(( ${LATCH_GPU_BUDGET_S:-570} - SECONDS ))
+        if [ "$LEFT" -le 90 ]; then row "  BENCH tinymoe-200M --$V: not run (${LEFT}s left of the call)"; continue; fi
+        timeout "$LEFT" "$PY" -m latch_core.cli bench examples/tinymoe.py --shapes "${LATCH_GPU_BENCH_SHAPES:-2x1024,32x1024}" \
+            ${LATCH_GPU_BENCH_ARGS:---iters 10} "--$V" --controls graph --dir "$WORK/build/bench-$V" \
+            --json "$OUT/bench-$V.json" > "$WORK/bench-$V.log" 2>&1
+        rc=$?
+        { echo "===== bench tinymoe --$V (exit $rc)"; cat "$WORK/bench-$V.log"; } >> "$OUT/examples.log"
+        { echo "  BENCH tinymoe-200M --$V (exit $rc):"; sed -n '/^BENCH TABLE/,$p' "$WORK/bench-$V.log" | sed 's/^/    /'
+          [ $rc -eq 0 ] || tail -3 "$WORK/bench-$V.log" | sed 's/^/    /'; } >> "$SUMMARY"
+    done
     # LATCH_GPU_BENCH_SCHEDULERS="dataflow tickets_data": the same shapes (or LATCH_GPU_BENCH_SCHEDULER_SHAPES)
     # under other schedulers, each against the strongest control (graph) timed again in the same
     # process (a ratio is always against a control of the same run); bench-<scheduler>.json in $OUT

@@ -38,6 +38,7 @@ def main(argv=None) -> int:
     ap.add_argument("--scheduler", default=None)
     ap.add_argument("--profile", action="store_true", help="the profiling build (-DLATCH_PROFILE=1)")
     ap.add_argument("--no-policy", dest="policy", action="store_false")
+    ap.add_argument("--store-products", action="store_true", help="as compile's and bench's --store-products")
     ap.add_argument("--cache", default=str(ROOT / ".seed-cache"))
     ap.add_argument("--dir", default=None, help="build directory (default: one under $TMPDIR, so that only the "
                     "cache's <key>.so and <key>.json travel)")
@@ -52,8 +53,9 @@ def main(argv=None) -> int:
 
     say = lambda m: print(f"  {m}", flush=True)  # noqa: E731
     c = compile_example(args.example, overrides=parse_overrides(args.overrides), scheduler=args.scheduler,
-                        policy=args.policy, build=False, say=say)
-    tag = f"{Path(args.example).stem}-{c.doc.schedule.strategy}{'-profile' if args.profile else ''}"
+                        policy=args.policy, build=False, say=say, store_products=args.store_products)
+    tag = (f"{Path(args.example).stem}-{c.doc.schedule.strategy}{'-profile' if args.profile else ''}"
+           f"{'-store-products' if args.store_products else ''}")
     out = Path(args.dir) if args.dir else Path(tempfile.gettempdir()) / "latch-seed" / tag
     t0 = time.perf_counter()
     doc = build(c.doc, out, profile=args.profile)

@@ -266,3 +266,55 @@ def test_the_strongest_line_reports_both_graph_controls():
     failed = _strongest_line(compiled, {"compiled_graph_ms": 6.0, "latch_ms": 8.0,
                                         "compiled_graph_model_ms": "control failed: RuntimeError: x"})
     assert "control failed: RuntimeError: x" in failed
+
+
+def test_bench_builds_the_store_products_variant_when_asked(monkeypatch):
+    """``bench --store-products`` times the program built with products stored in BF16 (the
+    option compile has): the flag reaches the pipeline and the row says which program it timed."""
+    from latch_check import bench, pipeline
+
+    seen = []
+    real = pipeline.compile_example
+
+    def spy(*a, **kw):
+        seen.append(kw.get("store_products"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(pipeline, "compile_example", spy)
+    small = {"vocab": 256, "d_model": 64, "layers": 1, "heads": 4, "experts": 4, "expert_hidden": 32}
+    for flag in (True, False):
+        row = bench.bench_shape(str(EXAMPLES / "tinymoe.py"), (1, 2, 16), overrides=small, iters=1, latch_iters=1,
+                                controls=(), policy=True, scheduler=None, build_dir=None, say=lambda m: None,
+                                latch=False, store_products=flag)
+        assert row["store_products"] is flag and row["policy"] == "bf16"
+    assert seen == [True, False]
+
+
+def test_cpu_qualification_of_a_routed_program_replays_the_policys_own_routing(monkeypatch):
+    """At the state after 20 updates a near-tie of block 0's top-2 flips under BF16 rounding: gated
+    against the FREE FP64 routing, the policy's FFN and router gradients scored 0.14-0.22 (PyTorch's,
+    replayed on its own routing, 7e-3). Each column is gated against the reference replaying its
+    own decisions, as on the GPU (gpu._routed_run)."""
+    from latch_check import reference
+    from latch_check.pipeline import compile_example
+    from latch_check.qualify import cpu_tables
+
+    forced = []
+    real = reference.run
+
+    def spy(*a, **kw):
+        if kw.get("force") is not None:
+            forced.append(kw["force"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(reference, "run", spy)
+    small = {"vocab": 256, "d_model": 64, "layers": 2, "heads": 4, "experts": 4, "expert_hidden": 32,
+             "batch": 2, "seq": 16}
+    c = compile_example(EXAMPLES / "tinymoe.py", overrides=small, build=False)
+    fresh, trained = cpu_tables(c.example, c.doc, trained=20, simulate=False)
+    assert len(forced) == 4  # per state: the policy's routing and PyTorch's
+    for t in (fresh, trained):
+        rows = {g.group: g for g in t.gates}
+        assert rows["grad blocks.0.ffn.router.weight"].rel_l2 < 2e-2, t.format()
+        assert rows["grad blocks.0.ffn.w2"].rel_l2 < 2e-2, t.format()
+        assert t.passed, t.format()

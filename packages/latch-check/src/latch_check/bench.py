@@ -83,7 +83,7 @@ def _times(fn: Callable[[], Any], iters: int, warmup: int, back_to_back: int = 1
 def bench_shape(example_path: str, shape: tuple[int, int, int], *, overrides: dict, iters: int, latch_iters: int,
                 controls: tuple[str, ...], policy: bool, scheduler: str | None, build_dir: str | None,
                 say: Callable[[str], None], latch: bool = True, gate_steps: int = 0,
-                trained: int = 0, back_to_back: int = 1) -> dict[str, Any]:
+                trained: int = 0, back_to_back: int = 1, store_products: bool = False) -> dict[str, Any]:
     """Every timing of one shape (module docstring) as a JSON-ready dict."""
     import torch
 
@@ -96,7 +96,9 @@ def bench_shape(example_path: str, shape: tuple[int, int, int], *, overrides: di
                            "tokens_per_update": K * B * T}
     t0 = time.perf_counter()
     compiled = compile_example(example_path, overrides=ov, scheduler=scheduler, policy=policy, build=latch,
-                               build_dir=build_dir and f"{build_dir}/{row['shape']}", say=say)
+                               build_dir=build_dir and f"{build_dir}/{row['shape']}", say=say,
+                               store_products=store_products)
+    row["store_products"] = store_products
     row["compile_s"] = time.perf_counter() - t0
     row["strategy"] = compiled.doc.schedule.strategy
     example = compiled.example
@@ -210,6 +212,8 @@ def _table(rows: list[dict], controls: tuple[str, ...], reps: int | None) -> str
 @click.option("--no-latch", is_flag=True, help="time only the controls (no build)")
 @click.option("--policy/--no-policy", default=True, show_default=True, help="the BF16 policy (and autocast in the controls)")
 @click.option("--scheduler", default=None, help="scheduling strategy (default: $LATCH_SCHEDULER or barrier)")
+@click.option("--store-products/--no-store-products", default=False, show_default=True,
+              help="build the program with products feeding only BF16 consumers stored in BF16 (as compile's flag)")
 @click.option("--dir", "build_dir", type=click.Path(file_okay=False), default=None, help="build directories under DIR/SHAPE")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="write every number here")
 @click.option("--gate-steps", type=int, default=0, show_default=True,
@@ -219,8 +223,8 @@ def _table(rows: list[dict], controls: tuple[str, ...], reps: int | None) -> str
 @click.option("--back-to-back", "back_to_back", type=int, default=5, show_default=True,
               help="also time N updates between one event pair (a training loop's steady state); 1: only alone")
 @click.option("-q", "--quiet", is_flag=True)
-def bench_command(example, shapes, overrides, iters, latch_iters, controls_, no_latch, policy, scheduler, build_dir,
-                  json_path, gate_steps, trained, back_to_back, quiet):
+def bench_command(example, shapes, overrides, iters, latch_iters, controls_, no_latch, policy, scheduler,
+                  store_products, build_dir, json_path, gate_steps, trained, back_to_back, quiet):
     """Time EXAMPLE.py's generated program against PyTorch's controls on the GPU (same weights, batches)."""
     from .pipeline import PipelineError, resolve_target
 
@@ -246,7 +250,7 @@ def bench_command(example, shapes, overrides, iters, latch_iters, controls_, no_
             rows.append(bench_shape(example, shape, overrides=ov, iters=iters, latch_iters=latch_iters or iters,
                                     controls=controls, policy=policy, scheduler=scheduler, build_dir=build_dir,
                                     say=say, latch=not no_latch, gate_steps=gate_steps, trained=trained,
-                                    back_to_back=back_to_back))
+                                    back_to_back=back_to_back, store_products=store_products))
             if json_path:  # after every shape: a later shape's failure keeps the earlier numbers
                 _write(json_path, example, rows, torch)
     except (BenchError, PipelineError) as e:
@@ -259,7 +263,8 @@ def bench_command(example, shapes, overrides, iters, latch_iters, controls_, no_
         if "gates" in r:
             click.echo(r["gates"]["tables"])
             click.echo(f"GATES {Path(example).stem} {r['shape']}: {'PASS' if r['gates']['passed'] else 'FAIL'}")
-    click.echo(f"BENCH TABLE {Path(example).stem} on {torch.cuda.get_device_name(0)}")
+    click.echo(f"BENCH TABLE {Path(example).stem}{' --store-products' if store_products else ''} "
+               f"on {torch.cuda.get_device_name(0)}")
     click.echo(format_table(rows, controls))
     if json_path:
         click.echo(f"wrote {json_path}")

@@ -121,7 +121,10 @@ def cpu_tables(example, doc, *, trained: int = 0, thresholds: Mapping[str, float
       document) or the FP64 interpreter, each op rounding its operands to BF16 where the node says
       so (``gpu.policy_faithful_ops``; the math in FP64, so it is a lower bound of a GPU's error),
     - PyTorch's own BF16 autocast update (:func:`torch_update`, the ``torch`` column),
-    both against Latch's FP64 interpreter on the same inputs, with the GPU's thresholds."""
+    both against Latch's FP64 interpreter on the same inputs, with the GPU's thresholds; for a routed
+    program each against the interpreter replaying its own routing (the policy's decisions for the
+    policy, PyTorch's for the torch column), as the GPU's gates do: a near-tie flip of the top-k
+    moves whole tokens between experts and is not a numerical error."""
     from latch_capture import batch_inputs, bind_inputs, program_inputs
 
     from . import reference
@@ -153,13 +156,19 @@ def cpu_tables(example, doc, *, trained: int = 0, thresholds: Mapping[str, float
                            targets=example.targets, hyper=hyper)
         flat.update(batch_inputs(*batches[0]))
         ins = program_inputs(last, flat)
-        ref = reference.run(doc, last.name, ins)
         if planned:
             from .simulator import simulate as sim
 
             prog = sim(doc, last.name, ins, seed, ops=rounded)
         else:
-            prog = reference.run(doc, last.name, ins, ops=rounded)
+            prog = reference.run(doc, last.name, ins, ops=rounded, keep=decisions)
+        ref = reference.run(doc, last.name, ins)
+        if decisions:  # the policy's own routing replayed, as the GPU's gates do (gpu._routed_run)
+            missing = [d for d in decisions if d not in prog]
+            if missing:
+                raise ValueError(f"qualify.cpu_tables: the program's outputs lack the routing decisions {missing[:4]}; "
+                                 "compile with routing exposed (compile_example(routing=True))")
+            ref = reference.run(doc, last.name, ins, force={d: prog[d] for d in decisions})
         t_routing: list = []
         t_out = torch_update(example, params, state, batches, hyper, bf16=True, routing=t_routing)
         ref_t = ref
