@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--scheduler", default=None, help="scheduling strategy (default: LATCH_SCHEDULER or barrier)")
     ap.add_argument("--policy", action="store_true", help="apply memory.policy (BF16 matmul/attention operands)")
+    ap.add_argument("--store-products", action="store_true",
+                    help="products feeding only BF16 consumers stored in BF16 (compile's and bench's --store-products)")
     ap.add_argument("--updates", type=int, default=3, help="profiled updates after one warm-up update")
     ap.add_argument("--dir", default=None, help="build directory (default: build/<example>-<strategy>-profile)")
     ap.add_argument("--top", type=int, default=15)
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     name = Path(args.example).stem
     say = lambda m: print(f"  {m}", flush=True)  # noqa: E731
     c = compile_example(args.example, overrides=parse_overrides(args.overrides), scheduler=args.scheduler,
-                        policy=args.policy, build=False, say=say)
+                        policy=args.policy, build=False, say=say, store_products=args.store_products)
     out = Path(args.dir or f"build/{name}-{c.doc.schedule.strategy}-profile")
     t0 = time.perf_counter()
     doc = build(c.doc, out, profile=True)
